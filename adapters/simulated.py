@@ -1,0 +1,170 @@
+"""Simulated member clusters: the embedded default for the demo, the simulator and tests.
+
+Clusters are built from node lists (the trace inventories) or generated from node shapes and
+counts, and driven by a virtual clock: a launched pod is bound at once and deleted when its
+run time is over. They speak to the ledger in the same capacity events a real adapter emits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from broker.model import (
+    MILLI_PER_GPU,
+    CapacityEvent,
+    Cluster,
+    GpuType,
+    Node,
+    NodeUpdated,
+    Placement,
+    PodBound,
+    PodDeleted,
+    Resources,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    gpu_type: str
+    gpus: int
+    cpu_milli: int
+    memory_mib: int
+    count: int
+
+
+# The six largest node shapes of the openb production cluster (Weng et al., ATC'23; counts
+# and sizes from openb_node_list_gpu_node.csv): 1,155 of its 1,213 GPU nodes.
+OPENB_MIX: tuple[NodeShape, ...] = (
+    NodeShape("G2", 8, 96_000, 393_216, 549),
+    NodeShape("T4", 2, 104_000, 524_288, 387),
+    NodeShape("P100", 2, 16_000, 122_880, 131),
+    NodeShape("G3", 8, 128_000, 786_432, 39),
+    NodeShape("V100M16", 4, 32_000, 131_072, 28),
+    NodeShape("V100M32", 8, 96_000, 786_432, 21),
+)
+
+
+def generate_nodes(shapes: Iterable[NodeShape], prefix: str = "node", scale: float = 1.0) -> list[Node]:
+    """Nodes of the given shapes, interleaved so any round-robin split keeps the mix.
+    ``scale`` multiplies every count (at least one node of each shape remains)."""
+    pools = [
+        [s] * max(1, round(s.count * scale))
+        for s in shapes
+    ]
+    order: list[NodeShape] = []
+    while any(pools):
+        for pool in pools:
+            if pool:
+                order.append(pool.pop())
+    width = max(4, len(str(len(order))))
+    return [
+        Node(
+            f"{prefix}-{i:0{width}d}",
+            GpuType(s.gpu_type),
+            Resources(gpus=s.gpus, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib),
+            labels={"gpu-type": s.gpu_type},
+        )
+        for i, s in enumerate(order)
+    ]
+
+
+def split_round_robin(nodes: Sequence[Node], clusters: int) -> list[list[Node]]:
+    """Deal the nodes out to ``clusters`` member clusters, node by node."""
+    if clusters < 1:
+        raise ValueError("clusters must be at least 1")
+    return [list(nodes[i::clusters]) for i in range(clusters)]
+
+
+@dataclass(order=True, slots=True)
+class _Ending:
+    at: float
+    cluster: str = field(compare=False)
+    pod: str = field(compare=False)
+
+
+class SimulatedFederation:
+    """In-process clusters on a virtual clock: launch binds pods at once; ``advance`` ends
+    the pods whose run time is over and returns the events to feed the ledger."""
+
+    def __init__(self) -> None:
+        self.clusters: dict[str, tuple[Cluster, list[Node]]] = {}
+        self.now = 0.0
+        self._endings: list[_Ending] = []
+        self._running: dict[tuple[str, str], Placement] = {}
+
+    def add(self, cluster: Cluster, nodes: Sequence[Node]) -> None:
+        self.clusters[cluster.name] = (cluster, list(nodes))
+
+    def node_events(self) -> list[CapacityEvent]:
+        return [NodeUpdated(name, n) for name, (_, nodes) in self.clusters.items() for n in nodes]
+
+    def launch(self, placement: Placement, run_seconds: float) -> list[CapacityEvent]:
+        events: list[CapacityEvent] = []
+        for pod in placement.pods:
+            events.append(PodBound(placement.cluster, pod.pod, pod.node, pod.resources, pod.gpus))
+            heapq.heappush(self._endings, _Ending(self.now + run_seconds, placement.cluster, pod.pod))
+        return events
+
+    def next_ending(self) -> float | None:
+        return self._endings[0].at if self._endings else None
+
+    def advance(self, to: float) -> list[CapacityEvent]:
+        """Move the clock to ``to``; the pods that ended meanwhile are deleted."""
+        self.now = max(self.now, to)
+        events: list[CapacityEvent] = []
+        while self._endings and self._endings[0].at <= self.now:
+            ending = heapq.heappop(self._endings)
+            events.append(PodDeleted(ending.cluster, ending.pod))
+        return events
+
+
+@dataclass(frozen=True, slots=True)
+class GangShape:
+    pods: int
+    gpus_per_pod: int
+    weight: float
+
+
+# The generated gang workload (no public trace has multi-pod gangs; see traces/README.md).
+# Sizes follow the shape of published training-job mixes: most jobs are one pod, a long tail
+# of data-parallel gangs of whole 8-GPU nodes. Seeded; documented in the README.
+GANG_MIX: tuple[GangShape, ...] = (
+    GangShape(1, 1, 0.40),
+    GangShape(1, 2, 0.10),
+    GangShape(1, 4, 0.08),
+    GangShape(2, 4, 0.10),
+    GangShape(2, 8, 0.10),
+    GangShape(4, 8, 0.12),
+    GangShape(8, 8, 0.07),
+    GangShape(16, 8, 0.03),
+)
+
+
+def draw_gang(rng: random.Random, mix: Sequence[GangShape] = GANG_MIX) -> GangShape:
+    return rng.choices(list(mix), weights=[g.weight for g in mix])[0]
+
+
+def generated_pod_mix(rng: random.Random) -> Resources:
+    """A single pod drawn like the openb default list: 48 % one whole GPU, 38 % a share of
+    one GPU, 13 % CPU-only, 1 % 2-8 GPUs (shares of the 8,152 pods of the trace)."""
+    roll = rng.random()
+    if roll < 0.48:
+        return Resources(gpus=1, cpu_milli=rng.choice((4000, 8000, 12000)), memory_mib=rng.choice((16384, 32768)))
+    if roll < 0.86:
+        milli = rng.choice((100, 200, 250, 300, 400, 500, 600, 700, 750))
+        return Resources(gpu_milli=milli, cpu_milli=rng.choice((2000, 4000, 6000)), memory_mib=rng.choice((8192, 12288)))
+    if roll < 0.99:
+        return Resources(cpu_milli=rng.choice((4000, 8000, 16000)), memory_mib=rng.choice((8192, 30517)))
+    gpus = rng.choice((2, 4, 8))
+    return Resources(gpus=gpus, cpu_milli=gpus * 8000, memory_mib=gpus * 32768)
+
+
+def gpus_of(nodes: Iterable[Node]) -> int:
+    return sum(n.allocatable.gpus for n in nodes)
+
+
+def gpu_milli_of(nodes: Iterable[Node]) -> int:
+    return gpus_of(nodes) * MILLI_PER_GPU

@@ -1,0 +1,183 @@
+"""The ``fedbroker`` command line: the composition root of the one-shot commands.
+
+Users' mistakes (missing files, wrong columns, unknown policies, bad numbers) end in one line
+on stderr naming the problem and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
+from broker.model import Node
+from broker.traces import TraceError, TracePod, read_openb_nodes, read_openb_pods
+from policies import POLICY_NAMES
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line."""
+
+
+def _loads(text: str) -> list[int]:
+    try:
+        loads = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--loads must be whole percentages like 80,90,130, not {text!r}") from None
+    if not loads or any(x <= 0 for x in loads):
+        raise argparse.ArgumentTypeError(f"--loads must be positive percentages, not {text!r}")
+    return loads
+
+
+def _positive(name: str) -> type[int]:
+    class Positive(int):
+        def __new__(cls, text: str) -> Positive:
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{name} must be a whole number, not {text!r}") from None
+            if value < 1:
+                raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {value}")
+            return super().__new__(cls, value)
+
+    return Positive
+
+
+def _policy(text: str) -> str:
+    if text not in POLICY_NAMES:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r} (known: {', '.join(POLICY_NAMES)})")
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"fedbroker: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedbroker", description="Multi-cluster GPU federation broker")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sim = sub.add_parser("simulate", help="replay real traces through the placement core")
+    sim.add_argument("--protocol", choices=("fill", "replay"), default="fill")
+    sim.add_argument("--nodes", type=Path, help="node list CSV (default: a generated openb-mix federation)")
+    sim.add_argument("--pods", type=Path, help="pod list CSV (default: a generated openb-like workload)")
+    sim.add_argument("--policy", type=_policy, action="append", help="policy to run (repeatable)")
+    sim.add_argument("--clusters", type=_positive("--clusters"), default=1, help="split nodes round-robin")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seeds", type=_positive("--seeds"), default=1, help="run seeds S..S+N-1 and average")
+    sim.add_argument("--loads", type=_loads, default=[80, 90, 100, 110, 130])
+    sim.add_argument("--json", action="store_true")
+    sim.add_argument("--dump-placements", type=Path, metavar="FILE")
+    sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
+    sim.add_argument("--jobs", type=_positive("--jobs"), default=2000, help="replay: gang jobs to generate")
+    sim.add_argument("--time-scale", type=float, default=60.0, help="replay: trace seconds per simulated second")
+
+    bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
+    bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
+    bench.add_argument("--nodes-per-cluster", type=_positive("--nodes-per-cluster"), default=500)
+    bench.add_argument("--decisions", type=_positive("--decisions"), default=5000)
+    bench.add_argument("--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "simulate":
+            return _simulate(args)
+        if args.command == "bench":
+            from broker.bench import run_bench
+
+            return run_bench(args)
+    except (UsageError, TraceError) as exc:
+        sys.stderr.write(f"fedbroker: error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    return EXIT_USAGE
+
+
+def load_inputs(nodes_path: Path | None, pods_path: Path | None, seed: int) -> tuple[list[Node], list[TracePod]]:
+    """Trace files when given, else the generated openb-mix federation and workload."""
+    import random
+
+    nodes = read_openb_nodes(nodes_path) if nodes_path else generate_nodes(OPENB_MIX, "openb-node")
+    if pods_path:
+        pods = read_openb_pods(pods_path)
+    else:
+        rng = random.Random(seed)
+        pods = [TracePod(f"gen-pod-{i:05d}", generated_pod_mix(rng), frozenset()) for i in range(8000)]
+    return nodes, pods
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    policies = args.policy or ["binpack", "fgd"]
+    nodes, pods = load_inputs(args.nodes, args.pods, args.seed)
+    if args.protocol == "replay":
+        from broker.replay import run_replay
+
+        return run_replay(args, nodes, pods, policies)
+    from broker.simulator import as_dict, fill, mean_by_policy_and_load
+
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    dump = None
+    if args.dump_placements:
+        try:
+            dump = args.dump_placements.open("w")
+        except OSError as exc:
+            raise UsageError(f"--dump-placements {args.dump_placements}: {exc.strerror}") from None
+    try:
+        results = fill(nodes, pods, policies, args.clusters, seeds, args.loads, dump)
+    finally:
+        if dump is not None:
+            dump.close()
+    rows = mean_by_policy_and_load(results)
+    gpus = sum(n.allocatable.gpus for n in nodes)
+    if args.json:
+        doc: dict[str, object] = {
+            "protocol": "fill",
+            "nodes": len(nodes),
+            "gpus": gpus,
+            "clusters": args.clusters,
+            "seed": args.seed,
+            "results": rows,
+        }
+        if args.seeds > 1:
+            doc["seeds"] = seeds
+            doc["per_seed"] = [as_dict(r) for r in results]
+        print(json.dumps(doc))
+    else:
+        _print_fill_table(rows, len(nodes), gpus, args.clusters, seeds)
+    if args.plot:
+        from broker.plot import plot_fill
+
+        plot_fill(rows, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _print_fill_table(rows: list[dict[str, object]], nodes: int, gpus: int, clusters: int, seeds: list[int]) -> None:
+    loads = sorted({int(str(r["load_pct"])) for r in rows})
+    policies = list(dict.fromkeys(str(r["policy"]) for r in rows))
+    by = {(str(r["policy"]), int(str(r["load_pct"]))): r for r in rows}
+    print(f"fill protocol: {nodes} nodes, {gpus} GPUs, {clusters} cluster(s), seeds {seeds[0]}..{seeds[-1]}")
+    print("GPU allocation (%) at arrived load:")
+    header = f"{'policy':<10}" + "".join(f"{str(load) + '%':>9}" for load in loads) + f"{'placed':>9}{'failed':>9}"
+    print(header)
+    for p in policies:
+        last = by[(p, loads[-1])]
+        cells = "".join(f"{by[(p, load)]['gpu_alloc_pct']:>9.2f}" for load in loads)
+        print(f"{p:<10}{cells}{last['placed']:>9}{last['failed']:>9}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

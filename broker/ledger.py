@@ -1,0 +1,443 @@
+"""The ledger: the one owner of capacity state in the federation.
+
+It applies node and pod events from the clusters, records the broker's own decisions as
+*assumed* reservations (kube-scheduler's assume: the decision counts at once, before the
+launch is written), turns them into bound usage on ``confirm`` and drops them on
+``forget``. ``snapshot()`` hands the policies an immutable, indexed view in O(clusters):
+each cluster's view is frozen when a snapshot takes it and copied on the ledger's next
+write to that cluster only, so a decision never sees a half-applied change.
+
+Invariant kept here (and property-tested): for every node, bound + assumed requests never
+exceed allocatable in any resource. ``assume`` checks a whole placement before it applies
+any of it, so a gang is reserved wholly or not at all.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from broker.model import (
+    MILLI_PER_GPU,
+    CapacityEvent,
+    Cluster,
+    GpuType,
+    Node,
+    NodeGroup,
+    NodeDeleted,
+    NodeState,
+    NodeUpdated,
+    Placement,
+    PodBound,
+    PodDeleted,
+    Resources,
+)
+
+
+class ConflictError(Exception):
+    """A placement no longer fits the ledger (it was decided on an older snapshot)."""
+
+
+@dataclass(slots=True)
+class _GroupIndex:
+    """Per-group buckets: nodes by total free GPU milli, and by count of whole free GPUs."""
+
+    by_free: dict[int, dict[str, None]] = field(default_factory=dict)
+    free_keys: list[int] = field(default_factory=list)
+    by_whole: dict[int, dict[str, None]] = field(default_factory=dict)
+    whole_keys: list[int] = field(default_factory=list)
+    gpus_total: int = 0
+    free_milli: int = 0
+    nodes: int = 0
+
+    def copy(self) -> _GroupIndex:
+        return _GroupIndex(
+            {k: dict(v) for k, v in self.by_free.items()},
+            list(self.free_keys),
+            {k: dict(v) for k, v in self.by_whole.items()},
+            list(self.whole_keys),
+            self.gpus_total,
+            self.free_milli,
+            self.nodes,
+        )
+
+    def add(self, state: NodeState) -> None:
+        _bucket_add(self.by_free, self.free_keys, state.free_milli, state.name)
+        _bucket_add(self.by_whole, self.whole_keys, state.whole_free, state.name)
+        self.gpus_total += len(state.gpu_free)
+        self.free_milli += state.free_milli
+        self.nodes += 1
+
+    def remove(self, state: NodeState) -> None:
+        _bucket_remove(self.by_free, self.free_keys, state.free_milli, state.name)
+        _bucket_remove(self.by_whole, self.whole_keys, state.whole_free, state.name)
+        self.gpus_total -= len(state.gpu_free)
+        self.free_milli -= state.free_milli
+        self.nodes -= 1
+
+
+def _bucket_add(buckets: dict[int, dict[str, None]], keys: list[int], key: int, name: str) -> None:
+    bucket = buckets.get(key)
+    if bucket is None:
+        buckets[key] = bucket = {}
+        bisect.insort(keys, key)
+    bucket[name] = None
+
+
+def _bucket_remove(
+    buckets: dict[int, dict[str, None]], keys: list[int], key: int, name: str
+) -> None:
+    bucket = buckets[key]
+    del bucket[name]
+    if not bucket:
+        del buckets[key]
+        del keys[bisect.bisect_left(keys, key)]
+
+
+def group_of(node: Node) -> NodeGroup:
+    return (node.gpu_type, frozenset(t.key for t in node.taints if t.blocks))
+
+
+class ClusterView:
+    """One cluster's capacity, indexed. Read-only once a snapshot holds it."""
+
+    __slots__ = ("_frozen", "_groups", "cluster", "nodes", "stale")
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.stale = False
+        self.nodes: dict[str, NodeState] = {}
+        self._groups: dict[NodeGroup, _GroupIndex] = {}
+        self._frozen = False
+
+    # -- reading (policies) -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.cluster.name
+
+    def groups(self) -> Iterable[NodeGroup]:
+        return self._groups.keys()
+
+    def gpu_types(self) -> set[GpuType | None]:
+        return {g[0] for g, idx in self._groups.items() if idx.nodes}
+
+    def by_free_at_least(self, group: NodeGroup, milli: int) -> Iterator[tuple[int, Collection[str]]]:
+        """Buckets of schedulable nodes of ``group`` with at least ``milli`` free GPU milli
+        in total, fullest first: (free milli, node names)."""
+        idx = self._groups.get(group)
+        if idx is None:
+            return
+        keys = idx.free_keys
+        for i in range(bisect.bisect_left(keys, milli), len(keys)):
+            yield keys[i], idx.by_free[keys[i]].keys()
+
+    def by_whole_at_least(self, group: NodeGroup, whole: int) -> Iterator[tuple[int, Collection[str]]]:
+        """Buckets of schedulable nodes of ``group`` with at least ``whole`` completely free
+        GPUs, fullest first: (whole free GPUs, node names)."""
+        idx = self._groups.get(group)
+        if idx is None:
+            return
+        keys = idx.whole_keys
+        for i in range(bisect.bisect_left(keys, whole), len(keys)):
+            yield keys[i], idx.by_whole[keys[i]].keys()
+
+    def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]:
+        """(whole free GPUs, number of nodes) for each non-empty bucket: O(buckets)."""
+        idx = self._groups.get(group)
+        if idx is None:
+            return []
+        return [(k, len(idx.by_whole[k])) for k in idx.whole_keys]
+
+    def gpus_total(self, group: NodeGroup | None = None) -> int:
+        if group is not None:
+            idx = self._groups.get(group)
+            return idx.gpus_total if idx else 0
+        return sum(idx.gpus_total for idx in self._groups.values())
+
+    def free_milli(self, group: NodeGroup | None = None) -> int:
+        if group is not None:
+            idx = self._groups.get(group)
+            return idx.free_milli if idx else 0
+        return sum(idx.free_milli for idx in self._groups.values())
+
+    def allocation(self) -> float:
+        """Share of the cluster's schedulable GPU capacity taken (0..1)."""
+        total = self.gpus_total() * MILLI_PER_GPU
+        return 0.0 if total == 0 else 1.0 - self.free_milli() / total
+
+    # -- writing (ledger only) ----------------------------------------------------------
+
+    def _copy(self) -> ClusterView:
+        view = ClusterView(self.cluster)
+        view.stale = self.stale
+        view.nodes = dict(self.nodes)
+        view._groups = {g: idx.copy() for g, idx in self._groups.items()}
+        return view
+
+    def _put(self, state: NodeState) -> None:
+        old = self.nodes.get(state.name)
+        if old is not None and old.node.schedulable:
+            self._groups[group_of(old.node)].remove(old)
+        self.nodes[state.name] = state
+        if state.node.schedulable:
+            group = group_of(state.node)
+            idx = self._groups.get(group)
+            if idx is None:
+                self._groups[group] = idx = _GroupIndex()
+            idx.add(state)
+
+    def _drop(self, name: str) -> None:
+        old = self.nodes.pop(name)
+        if old.node.schedulable:
+            self._groups[group_of(old.node)].remove(old)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An immutable view of every cluster, taken in O(clusters)."""
+
+    clusters: Mapping[str, ClusterView]
+    version: int
+
+    def node(self, cluster: str, node: str) -> NodeState:
+        return self.clusters[cluster].nodes[node]
+
+
+@dataclass(slots=True)
+class _Pod:
+    cluster: str
+    node: str
+    resources: Resources
+    gpus: tuple[int, ...]
+    job: str | None
+    assumed: bool
+
+
+class Ledger:
+    """Capacity of every member cluster: bound usage from the clusters plus assumptions."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, ClusterView] = {}
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._pods_on_node: dict[tuple[str, str], set[str]] = {}
+        self._assumed: dict[str, Placement] = {}
+        self._version = 0
+        self.overcommitted_pods = 0
+
+    # -- clusters and events --------------------------------------------------------------
+
+    def add_cluster(self, cluster: Cluster, nodes: Iterable[Node] = ()) -> None:
+        if cluster.name in self._views:
+            raise ValueError(f"cluster {cluster.name!r} is already a member")
+        view = ClusterView(cluster)
+        self._views[cluster.name] = view
+        for node in nodes:
+            view._put(NodeState.empty(node))
+        self._version += 1
+
+    def set_stale(self, cluster: str, stale: bool) -> None:
+        self._writable(cluster).stale = stale
+
+    def apply(self, event: CapacityEvent) -> list[str]:
+        """Apply one capacity event. Returns the jobs whose assumptions it evicted (a
+        foreign pod took capacity we had reserved; those jobs must be requeued)."""
+        match event:
+            case NodeUpdated(cluster, node):
+                return self._upsert_node(cluster, node)
+            case NodeDeleted(cluster, name):
+                return self._delete_node(cluster, name)
+            case PodBound(cluster, pod, node, resources, gpus):
+                return self._bind(cluster, pod, node, resources, gpus)
+            case PodDeleted(cluster, pod):
+                self._unbind(cluster, pod)
+                return []
+
+    def _upsert_node(self, cluster: str, node: Node) -> list[str]:
+        view = self._writable(cluster)
+        view._put(NodeState.empty(node))
+        return self._replay_node(cluster, node.name)
+
+    def _delete_node(self, cluster: str, name: str) -> list[str]:
+        view = self._writable(cluster)
+        if name not in view.nodes:
+            return []
+        view._drop(name)
+        evicted = set()
+        for pod in self._pods_on_node.pop((cluster, name), set()):
+            record = self._pods.pop((cluster, pod))
+            if record.assumed and record.job:
+                evicted.add(record.job)
+        for job in evicted:
+            self.forget(job)
+        return sorted(evicted)
+
+    def _replay_node(self, cluster: str, name: str) -> list[str]:
+        """Recompute a node's usage from its pods after the node or reality changed: bound
+        pods first (reality wins, clamped at zero), then our assumptions, which give way
+        (are forgotten, and returned for requeueing) where they no longer fit."""
+        view = self._views[cluster]
+        state = NodeState.empty(view.nodes[name].node)
+        records = sorted(
+            (self._pods[(cluster, pod)] for pod in self._pods_on_node.get((cluster, name), ())),
+            key=lambda r: r.assumed,
+        )
+        evicted: set[str] = set()
+        for record in records:
+            if not _fits_on(state, record.resources, record.gpus):
+                if record.assumed and record.job:
+                    evicted.add(record.job)
+                    continue
+                record.gpus = state.gpus_for(record.resources) or _any_gpus(state, record)
+                if not _fits_on(state, record.resources, record.gpus):
+                    self.overcommitted_pods += 1
+            state = _take_clamped(state, record.resources, record.gpus)
+        view._put(state)
+        for job in sorted(evicted):
+            self.forget(job)
+        return sorted(evicted)
+
+    def _bind(
+        self,
+        cluster: str,
+        pod: str,
+        node: str,
+        resources: Resources,
+        gpus: tuple[int, ...] | None,
+    ) -> list[str]:
+        view = self._writable(cluster)
+        known = self._pods.get((cluster, pod))
+        if known is not None and known.node == node:
+            known.assumed = False  # our own pod reported running where we put it
+            return []
+        if known is not None:
+            self._unbind(cluster, pod)
+        state = view.nodes.get(node)
+        if state is None:
+            return []  # pods on nodes we do not track (no GPU node, or not yet listed)
+        if gpus is None or not _fits_on(state, resources, gpus):
+            gpus = state.gpus_for(resources)
+        self._pods[(cluster, pod)] = _Pod(cluster, node, resources, gpus or (), None, False)
+        self._pods_on_node.setdefault((cluster, node), set()).add(pod)
+        if gpus is not None:
+            view._put(state.take(resources, gpus))
+            return []
+        # Reality disagrees with our books: a pod runs where our reservations said there
+        # was no room. Reality wins; the reservations on that node give way.
+        return self._replay_node(cluster, node)
+
+    def _unbind(self, cluster: str, pod: str) -> None:
+        record = self._pods.pop((cluster, pod), None)
+        if record is None:
+            return
+        self._pods_on_node.get((cluster, record.node), set()).discard(pod)
+        view = self._writable(cluster)
+        state = view.nodes.get(record.node)
+        if state is not None:
+            view._put(state.give_back(record.resources, record.gpus))
+
+    # -- the broker's own decisions ---------------------------------------------------------
+
+    def assume(self, placement: Placement) -> None:
+        """Reserve a whole placement atomically, or raise ConflictError and change nothing."""
+        if placement.job in self._assumed:
+            raise ConflictError(f"job {placement.job} already holds a reservation")
+        view = self._views.get(placement.cluster)
+        if view is None:
+            raise ConflictError(f"cluster {placement.cluster!r} is not a member")
+        if view.stale:
+            raise ConflictError(f"cluster {placement.cluster!r} is stale")
+        trial: dict[str, NodeState] = {}
+        for pod in placement.pods:
+            if (placement.cluster, pod.pod) in self._pods:
+                raise ConflictError(f"pod {pod.pod} already exists in {placement.cluster}")
+            state = trial.get(pod.node) or view.nodes.get(pod.node)
+            if state is None or not state.node.schedulable:
+                raise ConflictError(f"node {pod.node} is gone or unschedulable")
+            if not _fits_on(state, pod.resources, pod.gpus):
+                raise ConflictError(f"pod {pod.pod} no longer fits node {pod.node}")
+            trial[pod.node] = state.take(pod.resources, pod.gpus)
+        view = self._writable(placement.cluster)
+        for state in trial.values():
+            view._put(state)
+        for pod in placement.pods:
+            self._pods[(placement.cluster, pod.pod)] = _Pod(
+                placement.cluster, pod.node, pod.resources, pod.gpus, placement.job, True
+            )
+            self._pods_on_node.setdefault((placement.cluster, pod.node), set()).add(pod.pod)
+        self._assumed[placement.job] = placement
+
+    def forget(self, job: str) -> None:
+        """Release a job's reservation (launch failed, gang timed out, job cancelled)."""
+        placement = self._assumed.pop(job, None)
+        if placement is None:
+            return
+        for pod in placement.pods:
+            record = self._pods.get((placement.cluster, pod.pod))
+            if record is not None and record.job == job:
+                self._unbind(placement.cluster, pod.pod)
+
+    def confirm(self, job: str) -> None:
+        """The gang is running: its reservation becomes bound usage."""
+        placement = self._assumed.pop(job, None)
+        if placement is None:
+            raise KeyError(f"job {job} holds no reservation")
+        for pod in placement.pods:
+            record = self._pods.get((placement.cluster, pod.pod))
+            if record is not None:
+                record.assumed = False
+
+    def release(self, job: str, placement: Placement) -> None:
+        """A confirmed job ended: its pods are gone."""
+        for pod in placement.pods:
+            self._unbind(placement.cluster, pod.pod)
+
+    def reservations(self) -> Mapping[str, Placement]:
+        return MappingProxyType(self._assumed)
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        for view in self._views.values():
+            view._frozen = True
+        return Snapshot(MappingProxyType(dict(self._views)), self._version)
+
+    def _writable(self, cluster: str) -> ClusterView:
+        view = self._views.get(cluster)
+        if view is None:
+            raise KeyError(f"cluster {cluster!r} is not a member")
+        if view._frozen:
+            view = view._copy()
+            self._views[cluster] = view
+        self._version += 1
+        return view
+
+
+def _fits_on(state: NodeState, resources: Resources, gpus: tuple[int, ...]) -> bool:
+    if resources.cpu_milli > state.cpu_free or resources.memory_mib > state.memory_free:
+        return False
+    if len(gpus) != resources.gpu_count or len(set(gpus)) != len(gpus):
+        return False
+    per_gpu = resources.per_gpu_milli
+    return all(0 <= i < len(state.gpu_free) and state.gpu_free[i] >= per_gpu for i in gpus)
+
+
+def _any_gpus(state: NodeState, record: _Pod) -> tuple[int, ...]:
+    """GPUs for a pod that does not fit: the emptiest ones, so the overcommit shows."""
+    order = sorted(range(len(state.gpu_free)), key=lambda i: -state.gpu_free[i])
+    return tuple(order[: record.resources.gpu_count])
+
+
+def _take_clamped(state: NodeState, resources: Resources, gpus: tuple[int, ...]) -> NodeState:
+    frees = list(state.gpu_free)
+    for i in gpus:
+        if i < len(frees):
+            frees[i] = max(0, frees[i] - resources.per_gpu_milli)
+    return NodeState.of(
+        state.node,
+        max(0, state.cpu_free - resources.cpu_milli),
+        max(0, state.memory_free - resources.memory_mib),
+        tuple(frees),
+    )

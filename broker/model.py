@@ -1,0 +1,383 @@
+"""The federation's vocabulary: resources, nodes, clusters, jobs, placements and reasons.
+
+Everything here is a frozen dataclass with no I/O and no third-party imports, so the
+placement core (ledger snapshots and policies) can be replayed, compared and property-tested
+as plain values. Capacity arithmetic is in integers: GPUs are counted in milli-GPUs
+(1000 = one whole GPU), CPU in millicores and memory in MiB.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, NewType, Protocol
+
+MILLI_PER_GPU = 1000
+
+GpuType = NewType("GpuType", str)
+ClusterKind = Literal["onprem", "cloud"]
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What one pod asks for (or one node offers, with ``gpus`` as its GPU count).
+
+    A pod asks either for ``gpus`` whole GPUs or for ``gpu_milli`` (1..999) of one shared GPU,
+    as in the Alibaba traces' ``gpu_milli`` column; never both.
+    """
+
+    gpus: int = 0
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpu_milli", "cpu_milli", "memory_mib"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative")
+        if self.gpu_milli >= MILLI_PER_GPU:
+            raise ValueError("gpu_milli is a share of one GPU and must be below 1000")
+        if self.gpus and self.gpu_milli:
+            raise ValueError("ask for whole gpus or a gpu_milli share, not both")
+
+    @property
+    def shared(self) -> bool:
+        return self.gpu_milli > 0
+
+    @property
+    def gpu_request_milli(self) -> int:
+        """The GPU request in milli-GPUs, as the FGD paper counts load."""
+        return self.gpus * MILLI_PER_GPU + self.gpu_milli
+
+    @property
+    def per_gpu_milli(self) -> int:
+        """Milli needed on each GPU the pod takes (1000 for whole GPUs)."""
+        return self.gpu_milli if self.gpu_milli else (MILLI_PER_GPU if self.gpus else 0)
+
+    @property
+    def gpu_count(self) -> int:
+        """How many distinct GPUs the pod touches."""
+        return 1 if self.gpu_milli else self.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "NoExecute", "PreferNoSchedule"] = "NoSchedule"
+
+    @property
+    def blocks(self) -> bool:
+        return self.effect != "PreferNoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node's description as its cluster reports it (what it has, not what is used)."""
+
+    name: str
+    gpu_type: GpuType | None
+    allocatable: Resources
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    ready: bool = True
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and not self.unschedulable
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node plus what is taken on it right now (bound and assumed pods together).
+
+    ``gpu_free`` holds the free milli of each GPU by index, so shared pods can pack onto one
+    GPU. The derived fields are kept because every policy reads them in its hot loop.
+    """
+
+    node: Node
+    cpu_free: int
+    memory_free: int
+    gpu_free: tuple[int, ...]
+    free_milli: int
+    whole_free: int
+
+    @staticmethod
+    def of(node: Node, cpu_free: int, memory_free: int, gpu_free: tuple[int, ...]) -> NodeState:
+        return NodeState(
+            node,
+            cpu_free,
+            memory_free,
+            gpu_free,
+            sum(gpu_free),
+            sum(1 for f in gpu_free if f == MILLI_PER_GPU),
+        )
+
+    @staticmethod
+    def empty(node: Node) -> NodeState:
+        alloc = node.allocatable
+        return NodeState.of(
+            node, alloc.cpu_milli, alloc.memory_mib, (MILLI_PER_GPU,) * alloc.gpus
+        )
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def gpus_for(self, request: Resources) -> tuple[int, ...] | None:
+        """The GPUs a pod would take here by best fit, or None when it does not fit.
+
+        Whole GPUs: the lowest-indexed completely free ones. A shared pod: the GPU with the
+        least free milli that still fits (the fullest), lowest index among equals.
+        """
+        if request.cpu_milli > self.cpu_free or request.memory_mib > self.memory_free:
+            return None
+        if request.gpu_milli:
+            best = -1
+            for i, free in enumerate(self.gpu_free):
+                if free >= request.gpu_milli and (best < 0 or free < self.gpu_free[best]):
+                    best = i
+            return None if best < 0 else (best,)
+        if request.gpus > self.whole_free:
+            return None
+        if not request.gpus:
+            return ()
+        picked = [i for i, free in enumerate(self.gpu_free) if free == MILLI_PER_GPU]
+        return tuple(picked[: request.gpus])
+
+    def take(self, request: Resources, gpus: tuple[int, ...]) -> NodeState:
+        """This node with ``request`` placed on ``gpus``; raises if it does not fit."""
+        per_gpu = request.per_gpu_milli
+        frees = list(self.gpu_free)
+        for i in gpus:
+            if frees[i] < per_gpu:
+                raise ValueError(f"GPU {i} of node {self.name} lacks {per_gpu} free milli")
+            frees[i] -= per_gpu
+        cpu = self.cpu_free - request.cpu_milli
+        mem = self.memory_free - request.memory_mib
+        if cpu < 0 or mem < 0 or len(gpus) != request.gpu_count:
+            raise ValueError(f"pod does not fit node {self.name}")
+        return NodeState.of(self.node, cpu, mem, tuple(frees))
+
+    def give_back(self, request: Resources, gpus: tuple[int, ...]) -> NodeState:
+        per_gpu = request.per_gpu_milli
+        frees = list(self.gpu_free)
+        for i in gpus:
+            frees[i] = min(MILLI_PER_GPU, frees[i] + per_gpu)
+        alloc = self.node.allocatable
+        return NodeState.of(
+            self.node,
+            min(alloc.cpu_milli, self.cpu_free + request.cpu_milli),
+            min(alloc.memory_mib, self.memory_free + request.memory_mib),
+            tuple(frees),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    kind: ClusterKind = "onprem"
+    cost_per_gpu_hour: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    """``count`` identical pods of a job."""
+
+    name: str
+    count: int
+    resources: Resources
+    tolerations: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"pod set {self.name}: count must be at least 1")
+
+
+PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd"]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A federated job: one or more pod sets placed together on one cluster."""
+
+    name: str
+    pod_sets: tuple[PodSet, ...]
+    tenant: str = "default"
+    queue: str = "default"
+    priority: int = 0
+    gpu_types: frozenset[GpuType] = frozenset()
+    cluster_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    min_member: int = 0
+    schedule_timeout_seconds: int = 600
+    policy: PolicyName = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.pod_sets:
+            raise ValueError(f"job {self.name}: needs at least one pod set")
+        if self.min_member < 0 or self.min_member > self.total_pods:
+            raise ValueError(f"job {self.name}: minMember must be within 0..{self.total_pods}")
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+    @property
+    def total_pods(self) -> int:
+        return sum(ps.count for ps in self.pod_sets)
+
+    @property
+    def required_pods(self) -> int:
+        """Pods that must be placed together: minMember, or all of them."""
+        return self.min_member or self.total_pods
+
+    @property
+    def elastic(self) -> bool:
+        return self.required_pods < self.total_pods
+
+    @property
+    def gpu_request_milli(self) -> int:
+        return sum(ps.count * ps.resources.gpu_request_milli for ps in self.pod_sets)
+
+    def allows_gpu_type(self, gpu_type: GpuType | None) -> bool:
+        return not self.gpu_types or gpu_type in self.gpu_types
+
+    def pods(self) -> list[tuple[str, PodSet]]:
+        """Deterministic pod names ``<job>-<podset>-<index>`` with their pod set."""
+        return [(f"{self.name}-{ps.name}-{i}", ps) for ps in self.pod_sets for i in range(ps.count)]
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A whole decision for one job: one cluster and a node (and GPUs) for each pod."""
+
+    job: str
+    cluster: str
+    pods: tuple[PodPlacement, ...]
+    policy: str = ""
+
+    @property
+    def gpu_milli(self) -> int:
+        return sum(p.resources.gpu_request_milli for p in self.pods)
+
+
+class ReasonCode(enum.StrEnum):
+    STALE = "ClusterStale"
+    SELECTOR = "ClusterSelectorMismatch"
+    GPU_TYPE = "NoAllowedGpuType"
+    INSUFFICIENT_GPUS = "InsufficientGpus"
+    NODE_FIT = "NoNodeFits"
+    GANG_TOO_LARGE = "GangLargerThanNodeLevelFit"
+    TAINT = "Taint"
+    CPU_MEMORY = "InsufficientCpuOrMemory"
+    NO_CLUSTERS = "NoClusters"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: ReasonCode
+    message: str
+    cluster: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.cluster}: " if self.cluster else ""
+        return f"{where}{self.code}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    """Why a job does not fit now: the reasons for each cluster, and the largest gang
+    (in pods) each cluster could take at node level."""
+
+    job: str
+    reasons: tuple[Reason, ...]
+    largest_fit: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+
+    def for_cluster(self, cluster: str) -> tuple[Reason, ...]:
+        return tuple(r for r in self.reasons if r.cluster == cluster)
+
+
+Decision = Placement | Unplaceable
+
+
+# Capacity events: what adapters (simulated, Kubernetes, MQTT agents) tell the ledger.
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUpdated:
+    cluster: str
+    node: Node
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDeleted:
+    cluster: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodBound:
+    """A non-terminal pod bound to a node: its requests count as used, whoever made it.
+    ``gpus`` is known for pods the broker placed; the ledger picks GPUs for the others."""
+
+    cluster: str
+    pod: str
+    node: str
+    resources: Resources
+    gpus: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeleted:
+    cluster: str
+    pod: str
+
+
+CapacityEvent = NodeUpdated | NodeDeleted | PodBound | PodDeleted
+
+
+# What a policy sees of capacity. The ledger's snapshot implements these; policies depend on
+# the shape only, so they import nothing but this module.
+
+NodeGroup = tuple[GpuType | None, frozenset[str]]
+"""Nodes are indexed by group: GPU type and the keys of taints that block untolerating pods."""
+
+
+class ClusterCapacity(Protocol):
+    @property
+    def cluster(self) -> Cluster: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def stale(self) -> bool: ...
+    @property
+    def nodes(self) -> Mapping[str, NodeState]: ...
+    def groups(self) -> Iterable[NodeGroup]: ...
+    def gpu_types(self) -> set[GpuType | None]: ...
+    def by_free_at_least(self, group: NodeGroup, milli: int) -> Iterator[tuple[int, Collection[str]]]: ...
+    def by_whole_at_least(self, group: NodeGroup, whole: int) -> Iterator[tuple[int, Collection[str]]]: ...
+    def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]: ...
+    def gpus_total(self, group: NodeGroup | None = None) -> int: ...
+    def free_milli(self, group: NodeGroup | None = None) -> int: ...
+    def allocation(self) -> float: ...
+
+
+class CapacitySnapshot(Protocol):
+    @property
+    def clusters(self) -> Mapping[str, ClusterCapacity]: ...
+    @property
+    def version(self) -> int: ...

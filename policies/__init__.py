@@ -1,0 +1,56 @@
+"""Placement policies: pure, synchronous functions of (job, snapshot), deterministic for a
+seed. They import broker.model only (enforced by import-linter)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
+from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
+from policies.framework import Policy
+from policies.gang import GangPolicy
+from policies.scoring import binpack, firstfit, random_policy, spread
+
+POLICY_NAMES = ("auto", "gang", "binpack", "spread", "firstfit", "random", "fgd")
+
+
+class AutoPolicy:
+    """Gang for jobs of more than one pod, binpack for single pods; a queue may override."""
+
+    name = "auto"
+
+    def __init__(self, seed: int = 0, overrides: Mapping[str, str] | None = None) -> None:
+        self._gang = GangPolicy()
+        self._binpack = binpack()
+        self._overrides = {q: make_policy(p, seed) for q, p in (overrides or {}).items()}
+
+    def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
+        policy = self._overrides.get(job.queue)
+        if policy is None:
+            policy = self._gang if job.total_pods > 1 else self._binpack
+        return policy.decide(job, snapshot)
+
+
+def make_policy(
+    name: str, seed: int = 0, workload: Sequence[tuple[PodShape, float]] | None = None
+) -> Policy:
+    """The policy called ``name``; ValueError names the known ones otherwise."""
+    match name:
+        case "auto":
+            return AutoPolicy(seed)
+        case "gang":
+            return GangPolicy()
+        case "binpack":
+            return binpack()
+        case "spread":
+            return spread()
+        case "firstfit":
+            return firstfit()
+        case "random":
+            return random_policy(seed)
+        case "fgd":
+            return fgd(workload or DEFAULT_WORKLOAD)
+    raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+
+
+__all__ = ["POLICY_NAMES", "AutoPolicy", "Policy", "make_policy"]

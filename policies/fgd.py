@@ -1,0 +1,171 @@
+"""Fragmentation Gradient Descent (FGD), after Weng et al., USENIX ATC 2023.
+
+A node's *fragmentation* for a workload is the GPU capacity that the workload's typical pod
+shapes could not use there: for each popular shape, all of the node's free GPU milli when the
+shape cannot run on the node at all, else the free milli of the GPUs too small for it;
+weighted by how popular each shape is. FGD places a pod where it *increases* fragmentation
+least: score = int(100 x sigmoid((F_before - F_after) / 1000)), ties to the node name that
+sorts first, and for a shared pod the best of its candidate GPUs (lowest index among equals).
+
+Here the search runs across every cluster of the federation and every feasible node, and
+fragmentation is memoised by node state (GPU type, free CPU, free milli per GPU), which many
+nodes share. This is the most thorough policy and costs O(candidate nodes) per pod.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from broker.model import (
+    MILLI_PER_GPU,
+    GpuType,
+    NodeGroup,
+    NodeState,
+    Resources,
+)
+from policies.framework import Choice, Overlay, candidate_states
+from policies.scoring import NodeScoringPolicy, by_name
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """A pod's shape as FGD sees it: memory is not part of it."""
+
+    cpu_milli: int
+    per_gpu_milli: int
+    gpus: int
+    gpu_types: frozenset[GpuType] = frozenset()
+
+    @staticmethod
+    def of(res: Resources, gpu_types: frozenset[GpuType] = frozenset()) -> PodShape:
+        return PodShape(res.cpu_milli, res.per_gpu_milli, res.gpu_count, gpu_types)
+
+
+def popular_shapes(
+    shapes: Iterable[PodShape], coverage: float = 0.95
+) -> tuple[tuple[PodShape, float], ...]:
+    """The most frequent shapes covering at least ``coverage`` of the pods (the shape that
+    crosses the line is kept), each with its popularity among the kept ones."""
+    counts = Counter(shapes)
+    total = sum(counts.values())
+    kept: list[tuple[PodShape, int]] = []
+    covered = 0
+    ordered = sorted(
+        counts.items(),
+        key=lambda kv: (-kv[1], kv[0].gpus, kv[0].per_gpu_milli, kv[0].cpu_milli, sorted(kv[0].gpu_types)),
+    )
+    for shape, n in ordered:
+        kept.append((shape, n))
+        covered += n
+        if covered >= coverage * total:
+            break
+    kept_total = sum(n for _, n in kept) or 1
+    return tuple((shape, n / kept_total) for shape, n in kept)
+
+
+_StateKey = tuple[GpuType | None, int, tuple[int, ...]]
+
+
+class Fragmentation:
+    """F(node) for one workload, memoised by node state."""
+
+    def __init__(self, workload: Sequence[tuple[PodShape, float]]) -> None:
+        self.workload = tuple(workload)
+        self._memo: dict[_StateKey, float] = {}
+
+    def of(self, gpu_type: GpuType | None, cpu_free: int, gpu_free: tuple[int, ...]) -> float:
+        key = (gpu_type, cpu_free, gpu_free)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
+        total_free = sum(gpu_free)
+        frag = 0.0
+        for shape, popularity in self.workload:
+            if (
+                shape.gpus == 0
+                or (shape.gpu_types and gpu_type not in shape.gpu_types)
+                or cpu_free < shape.cpu_milli
+                or sum(1 for f in gpu_free if f >= shape.per_gpu_milli) < shape.gpus
+            ):
+                frag += popularity * total_free
+            else:
+                frag += popularity * sum(f for f in gpu_free if f < shape.per_gpu_milli)
+        if len(self._memo) > 2_000_000:
+            self._memo.clear()
+        self._memo[key] = frag
+        return frag
+
+
+def _sigmoid_score(delta: float) -> int:
+    return int(100 / (1 + math.exp(-delta / MILLI_PER_GPU)))
+
+
+class FgdChooser:
+    def __init__(self, workload: Sequence[tuple[PodShape, float]]) -> None:
+        self.frag = Fragmentation(workload)
+        self._scores: dict[tuple[_StateKey, int, int, int], tuple[int, tuple[int, ...]]] = {}
+
+    def score(self, state: NodeState, res: Resources) -> tuple[int, tuple[int, ...]] | None:
+        gpus = state.gpus_for(res)  # also filters CPU, memory and GPU fit
+        if gpus is None:
+            return None
+        gpu_type = state.node.gpu_type
+        key = ((gpu_type, state.cpu_free, state.gpu_free), res.cpu_milli, res.per_gpu_milli, res.gpu_count)
+        cached = self._scores.get(key)
+        if cached is not None:
+            return cached
+        before = self.frag.of(gpu_type, state.cpu_free, tuple(sorted(state.gpu_free)))
+        cpu_after = state.cpu_free - res.cpu_milli
+        frees = list(state.gpu_free)
+        if res.gpu_milli:
+            best: tuple[int, tuple[int, ...]] | None = None
+            for i, free in enumerate(state.gpu_free):
+                if free < res.gpu_milli:
+                    continue
+                frees[i] = free - res.gpu_milli
+                after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
+                frees[i] = free
+                score = _sigmoid_score(before - after)
+                if best is None or score > best[0]:
+                    best = (score, (i,))
+            result = best
+        else:
+            for i in gpus:
+                frees[i] = 0
+            after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
+            result = (_sigmoid_score(before - after), gpus)
+        if result is not None:
+            if len(self._scores) > 2_000_000:
+                self._scores.clear()
+            self._scores[key] = result
+        return result
+
+    def __call__(self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources) -> Choice | None:
+        best: Choice | None = None
+        for state in candidate_states(overlay, groups, res.gpu_request_milli):
+            scored = self.score(state, res)
+            if scored is None:
+                continue
+            score = float(scored[0])
+            if best is None or score > best[2] or (score == best[2] and state.name < best[0]):
+                best = (state.name, scored[1], score)
+        return best
+
+
+DEFAULT_WORKLOAD: tuple[tuple[PodShape, float], ...] = (
+    # Used when no workload is known: the most common shapes of the openb trace
+    # (Weng et al., ATC'23): 1 whole GPU, shared halves and quarters, 8-GPU pods, CPU-only.
+    (PodShape(8000, MILLI_PER_GPU, 1), 0.45),
+    (PodShape(4000, 500, 1), 0.15),
+    (PodShape(4000, 250, 1), 0.15),
+    (PodShape(64000, MILLI_PER_GPU, 8), 0.1),
+    (PodShape(16000, 0, 0), 0.15),
+)
+
+
+def fgd(workload: Sequence[tuple[PodShape, float]] = DEFAULT_WORKLOAD) -> NodeScoringPolicy:
+    """FGD across the whole federation: every cluster is scored, the best node wins."""
+    return NodeScoringPolicy("fgd", FgdChooser(workload), by_name, best_cluster=True)
