@@ -47,13 +47,12 @@ OPENB_MIX: tuple[NodeShape, ...] = (
 )
 
 
-def generate_nodes(shapes: Iterable[NodeShape], prefix: str = "node", scale: float = 1.0) -> list[Node]:
+def generate_nodes(
+    shapes: Iterable[NodeShape], prefix: str = "node", scale: float = 1.0
+) -> list[Node]:
     """Nodes of the given shapes, interleaved so any round-robin split keeps the mix.
     ``scale`` multiplies every count (at least one node of each shape remains)."""
-    pools = [
-        [s] * max(1, round(s.count * scale))
-        for s in shapes
-    ]
+    pools = [[s] * max(1, round(s.count * scale)) for s in shapes]
     order: list[NodeShape] = []
     while any(pools):
         for pool in pools:
@@ -105,7 +104,9 @@ class SimulatedFederation:
         events: list[CapacityEvent] = []
         for pod in placement.pods:
             events.append(PodBound(placement.cluster, pod.pod, pod.node, pod.resources, pod.gpus))
-            heapq.heappush(self._endings, _Ending(self.now + run_seconds, placement.cluster, pod.pod))
+            heapq.heappush(
+                self._endings, _Ending(self.now + run_seconds, placement.cluster, pod.pod)
+            )
         return events
 
     def next_ending(self) -> float | None:
@@ -121,16 +122,32 @@ class SimulatedFederation:
         return events
 
 
+# Each generated gang pod asks 8 cores and 32 GiB per GPU: the ratio of openb's tightest
+# common GPU nodes (V100M16: 4 GPUs, 32 cores, 128 GiB; its 8-GPU variant likewise), so a
+# whole-node pod fits every 8-GPU node shape of the trace and CPU or memory never decide alone.
+GANG_CPU_MILLI_PER_GPU = 8_000
+GANG_MEMORY_MIB_PER_GPU = 32_768
+
+
 @dataclass(frozen=True, slots=True)
 class GangShape:
     pods: int
     gpus_per_pod: int
     weight: float
 
+    def pod_resources(self) -> Resources:
+        return Resources(
+            gpus=self.gpus_per_pod,
+            cpu_milli=self.gpus_per_pod * GANG_CPU_MILLI_PER_GPU,
+            memory_mib=self.gpus_per_pod * GANG_MEMORY_MIB_PER_GPU,
+        )
+
 
 # The generated gang workload (no public trace has multi-pod gangs; see traces/README.md).
 # Sizes follow the shape of published training-job mixes: most jobs are one pod, a long tail
-# of data-parallel gangs of whole 8-GPU nodes. Seeded; documented in the README.
+# of data-parallel gangs of whole 8-GPU nodes. Seeded; the whole distribution (with arrival
+# and run times) is documented in broker/arrivals.py, its one user. Mean 2.5 pods and 15.5 GPUs
+# per job; 42 % of jobs are gangs (more than one pod), holding 94 % of the GPUs asked for.
 GANG_MIX: tuple[GangShape, ...] = (
     GangShape(1, 1, 0.40),
     GangShape(1, 2, 0.10),
@@ -152,12 +169,20 @@ def generated_pod_mix(rng: random.Random) -> Resources:
     one GPU, 13 % CPU-only, 1 % 2-8 GPUs (shares of the 8,152 pods of the trace)."""
     roll = rng.random()
     if roll < 0.48:
-        return Resources(gpus=1, cpu_milli=rng.choice((4000, 8000, 12000)), memory_mib=rng.choice((16384, 32768)))
+        return Resources(
+            gpus=1, cpu_milli=rng.choice((4000, 8000, 12000)), memory_mib=rng.choice((16384, 32768))
+        )
     if roll < 0.86:
         milli = rng.choice((100, 200, 250, 300, 400, 500, 600, 700, 750))
-        return Resources(gpu_milli=milli, cpu_milli=rng.choice((2000, 4000, 6000)), memory_mib=rng.choice((8192, 12288)))
+        return Resources(
+            gpu_milli=milli,
+            cpu_milli=rng.choice((2000, 4000, 6000)),
+            memory_mib=rng.choice((8192, 12288)),
+        )
     if roll < 0.99:
-        return Resources(cpu_milli=rng.choice((4000, 8000, 16000)), memory_mib=rng.choice((8192, 30517)))
+        return Resources(
+            cpu_milli=rng.choice((4000, 8000, 16000)), memory_mib=rng.choice((8192, 30517))
+        )
     gpus = rng.choice((2, 4, 8))
     return Resources(gpus=gpus, cpu_milli=gpus * 8000, memory_mib=gpus * 32768)
 

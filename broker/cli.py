@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
 from broker.model import Node
-from broker.traces import TraceError, TracePod, read_openb_nodes, read_openb_pods
+from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
 from policies import POLICY_NAMES
 
 EXIT_USAGE = 2
@@ -28,29 +28,47 @@ def _loads(text: str) -> list[int]:
     try:
         loads = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--loads must be whole percentages like 80,90,130, not {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--loads must be whole percentages like 80,90,130, not {text!r}"
+        ) from None
     if not loads or any(x <= 0 for x in loads):
         raise argparse.ArgumentTypeError(f"--loads must be positive percentages, not {text!r}")
     return loads
 
 
-def _positive(name: str) -> type[int]:
-    class Positive(int):
-        def __new__(cls, text: str) -> Positive:
-            try:
-                value = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{name} must be a whole number, not {text!r}") from None
-            if value < 1:
-                raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {value}")
-            return super().__new__(cls, value)
+def _positive(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be a whole number, not {text!r}"
+            ) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {value}")
+        return value
 
-    return Positive
+    return parse
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, not {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be a positive number, not {text!r}")
+        return value
+
+    return parse
 
 
 def _policy(text: str) -> str:
     if text not in POLICY_NAMES:
-        raise argparse.ArgumentTypeError(f"unknown policy {text!r} (known: {', '.join(POLICY_NAMES)})")
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {text!r} (known: {', '.join(POLICY_NAMES)})"
+        )
     return text
 
 
@@ -66,24 +84,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="replay real traces through the placement core")
     sim.add_argument("--protocol", choices=("fill", "replay"), default="fill")
-    sim.add_argument("--nodes", type=Path, help="node list CSV (default: a generated openb-mix federation)")
-    sim.add_argument("--pods", type=Path, help="pod list CSV (default: a generated openb-like workload)")
+    sim.add_argument(
+        "--nodes", type=Path, help="node list CSV (default: a generated openb-mix federation)"
+    )
+    sim.add_argument(
+        "--pods", type=Path, help="pod list CSV (default: a generated openb-like workload)"
+    )
     sim.add_argument("--policy", type=_policy, action="append", help="policy to run (repeatable)")
-    sim.add_argument("--clusters", type=_positive("--clusters"), default=1, help="split nodes round-robin")
+    sim.add_argument(
+        "--clusters", type=_positive("--clusters"), default=1, help="split nodes round-robin"
+    )
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--seeds", type=_positive("--seeds"), default=1, help="run seeds S..S+N-1 and average")
+    sim.add_argument(
+        "--seeds", type=_positive("--seeds"), default=1, help="run seeds S..S+N-1 and average"
+    )
     sim.add_argument("--loads", type=_loads, default=[80, 90, 100, 110, 130])
     sim.add_argument("--json", action="store_true")
     sim.add_argument("--dump-placements", type=Path, metavar="FILE")
     sim.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
-    sim.add_argument("--jobs", type=_positive("--jobs"), default=2000, help="replay: gang jobs to generate")
-    sim.add_argument("--time-scale", type=float, default=60.0, help="replay: trace seconds per simulated second")
+    sim.add_argument(
+        "--workers", type=_positive("--workers"), default=1, help="fill: runs in parallel"
+    )
+    sim.add_argument(
+        "--jobs", type=_positive("--jobs"), default=2000, help="replay: gang jobs to generate"
+    )
+    sim.add_argument(
+        "--time-scale",
+        type=_positive_float("--time-scale"),
+        default=60.0,
+        help="replay: trace seconds per simulated second",
+    )
+    sim.add_argument(
+        "--gang-load",
+        type=_positive_float("--gang-load"),
+        default=90.0,
+        help="replay: GPU load the generated jobs offer over the trace span, %% of all GPUs",
+    )
+    sim.add_argument(
+        "--cycle-seconds",
+        type=_positive_float("--cycle-seconds"),
+        default=10.0,
+        help="replay: simulated seconds between scheduling cycles (also run on every event)",
+    )
+    sim.add_argument(
+        "--scan-misses",
+        type=_positive("--scan-misses"),
+        default=32,
+        help="replay: a cycle stops after this many queued jobs in a row do not fit",
+    )
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
     bench.add_argument("--nodes-per-cluster", type=_positive("--nodes-per-cluster"), default=500)
     bench.add_argument("--decisions", type=_positive("--decisions"), default=5000)
-    bench.add_argument("--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes")
+    bench.add_argument(
+        "--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes"
+    )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true")
     return parser
@@ -106,16 +162,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_USAGE
 
 
-def load_inputs(nodes_path: Path | None, pods_path: Path | None, seed: int) -> tuple[list[Node], list[TracePod]]:
+def load_inputs(
+    nodes_path: Path | None, pods_path: Path | None, seed: int
+) -> tuple[list[Node], list[TracePod]]:
     """Trace files when given, else the generated openb-mix federation and workload."""
     import random
 
-    nodes = read_openb_nodes(nodes_path) if nodes_path else generate_nodes(OPENB_MIX, "openb-node")
+    nodes = read_nodes(nodes_path) if nodes_path else generate_nodes(OPENB_MIX, "openb-node")
     if pods_path:
         pods = read_openb_pods(pods_path)
     else:
         rng = random.Random(seed)
-        pods = [TracePod(f"gen-pod-{i:05d}", generated_pod_mix(rng), frozenset()) for i in range(8000)]
+        pods = [
+            TracePod(f"gen-pod-{i:05d}", generated_pod_mix(rng), frozenset()) for i in range(8000)
+        ]
     return nodes, pods
 
 
@@ -136,7 +196,7 @@ def _simulate(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"--dump-placements {args.dump_placements}: {exc.strerror}") from None
     try:
-        results = fill(nodes, pods, policies, args.clusters, seeds, args.loads, dump)
+        results = fill(nodes, pods, policies, args.clusters, seeds, args.loads, dump, args.workers)
     finally:
         if dump is not None:
             dump.close()
@@ -160,18 +220,31 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from broker.plot import plot_fill
 
-        plot_fill(rows, args.plot)
-        print(f"plot written to {args.plot}")
+        try:
+            plot_fill(rows, args.plot)
+        except OSError as exc:
+            raise UsageError(f"--plot {args.plot}: {exc.strerror}") from None
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0
 
 
-def _print_fill_table(rows: list[dict[str, object]], nodes: int, gpus: int, clusters: int, seeds: list[int]) -> None:
+def _print_fill_table(
+    rows: list[dict[str, object]], nodes: int, gpus: int, clusters: int, seeds: list[int]
+) -> None:
     loads = sorted({int(str(r["load_pct"])) for r in rows})
     policies = list(dict.fromkeys(str(r["policy"]) for r in rows))
     by = {(str(r["policy"]), int(str(r["load_pct"]))): r for r in rows}
-    print(f"fill protocol: {nodes} nodes, {gpus} GPUs, {clusters} cluster(s), seeds {seeds[0]}..{seeds[-1]}")
+    print(
+        f"fill protocol: {nodes} nodes, {gpus} GPUs, {clusters} cluster(s), "
+        f"seeds {seeds[0]}..{seeds[-1]}"
+    )
     print("GPU allocation (%) at arrived load:")
-    header = f"{'policy':<10}" + "".join(f"{str(load) + '%':>9}" for load in loads) + f"{'placed':>9}{'failed':>9}"
+    header = (
+        f"{'policy':<10}"
+        + "".join(f"{str(load) + '%':>9}" for load in loads)
+        + f"{'placed':>9}{'failed':>9}"
+    )
     print(header)
     for p in policies:
         last = by[(p, loads[-1])]

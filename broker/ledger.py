@@ -25,8 +25,8 @@ from broker.model import (
     Cluster,
     GpuType,
     Node,
-    NodeGroup,
     NodeDeleted,
+    NodeGroup,
     NodeState,
     NodeUpdated,
     Placement,
@@ -42,7 +42,13 @@ class ConflictError(Exception):
 
 @dataclass(slots=True)
 class _GroupIndex:
-    """Per-group buckets: nodes by total free GPU milli, and by count of whole free GPUs."""
+    """Per-group buckets: nodes by total free GPU milli, and by count of whole free GPUs.
+
+    Buckets are copied on write, one by one: a copy shares every bucket with the frozen
+    index it came from (``shared_*`` hold their keys) and copies a bucket the first time it
+    changes it. The ledger's first write after a snapshot then costs O(buckets), not
+    O(nodes), and the frozen index, which a snapshot may hold, never changes.
+    """
 
     by_free: dict[int, dict[str, None]] = field(default_factory=dict)
     free_keys: list[int] = field(default_factory=list)
@@ -51,45 +57,59 @@ class _GroupIndex:
     gpus_total: int = 0
     free_milli: int = 0
     nodes: int = 0
+    shared_free: set[int] = field(default_factory=set)
+    shared_whole: set[int] = field(default_factory=set)
 
     def copy(self) -> _GroupIndex:
         return _GroupIndex(
-            {k: dict(v) for k, v in self.by_free.items()},
+            dict(self.by_free),
             list(self.free_keys),
-            {k: dict(v) for k, v in self.by_whole.items()},
+            dict(self.by_whole),
             list(self.whole_keys),
             self.gpus_total,
             self.free_milli,
             self.nodes,
+            set(self.by_free),
+            set(self.by_whole),
         )
 
     def add(self, state: NodeState) -> None:
-        _bucket_add(self.by_free, self.free_keys, state.free_milli, state.name)
-        _bucket_add(self.by_whole, self.whole_keys, state.whole_free, state.name)
+        _bucket_add(self.by_free, self.free_keys, self.shared_free, state.free_milli, state.name)
+        _bucket_add(self.by_whole, self.whole_keys, self.shared_whole, state.whole_free, state.name)
         self.gpus_total += len(state.gpu_free)
         self.free_milli += state.free_milli
         self.nodes += 1
 
     def remove(self, state: NodeState) -> None:
-        _bucket_remove(self.by_free, self.free_keys, state.free_milli, state.name)
-        _bucket_remove(self.by_whole, self.whole_keys, state.whole_free, state.name)
+        _bucket_remove(self.by_free, self.free_keys, self.shared_free, state.free_milli, state.name)
+        _bucket_remove(
+            self.by_whole, self.whole_keys, self.shared_whole, state.whole_free, state.name
+        )
         self.gpus_total -= len(state.gpu_free)
         self.free_milli -= state.free_milli
         self.nodes -= 1
 
 
-def _bucket_add(buckets: dict[int, dict[str, None]], keys: list[int], key: int, name: str) -> None:
+def _bucket_add(
+    buckets: dict[int, dict[str, None]], keys: list[int], shared: set[int], key: int, name: str
+) -> None:
     bucket = buckets.get(key)
     if bucket is None:
         buckets[key] = bucket = {}
         bisect.insort(keys, key)
+    elif key in shared:
+        shared.discard(key)
+        buckets[key] = bucket = dict(bucket)
     bucket[name] = None
 
 
 def _bucket_remove(
-    buckets: dict[int, dict[str, None]], keys: list[int], key: int, name: str
+    buckets: dict[int, dict[str, None]], keys: list[int], shared: set[int], key: int, name: str
 ) -> None:
     bucket = buckets[key]
+    if key in shared:
+        shared.discard(key)
+        buckets[key] = bucket = dict(bucket)
     del bucket[name]
     if not bucket:
         del buckets[key]
@@ -103,13 +123,17 @@ def group_of(node: Node) -> NodeGroup:
 class ClusterView:
     """One cluster's capacity, indexed. Read-only once a snapshot holds it."""
 
-    __slots__ = ("_frozen", "_groups", "cluster", "nodes", "stale")
+    __slots__ = ("_free_milli", "_frozen", "_gpus_total", "_groups", "cluster", "nodes", "stale")
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.stale = False
         self.nodes: dict[str, NodeState] = {}
         self._groups: dict[NodeGroup, _GroupIndex] = {}
+        # Cluster-wide totals of the groups' own, kept so allocation() (which binpack's
+        # cluster order asks of every cluster in every decision) is O(1).
+        self._gpus_total = 0
+        self._free_milli = 0
         self._frozen = False
 
     # -- reading (policies) -------------------------------------------------------------
@@ -124,7 +148,9 @@ class ClusterView:
     def gpu_types(self) -> set[GpuType | None]:
         return {g[0] for g, idx in self._groups.items() if idx.nodes}
 
-    def by_free_at_least(self, group: NodeGroup, milli: int) -> Iterator[tuple[int, Collection[str]]]:
+    def by_free_at_least(
+        self, group: NodeGroup, milli: int
+    ) -> Iterator[tuple[int, Collection[str]]]:
         """Buckets of schedulable nodes of ``group`` with at least ``milli`` free GPU milli
         in total, fullest first: (free milli, node names)."""
         idx = self._groups.get(group)
@@ -134,7 +160,9 @@ class ClusterView:
         for i in range(bisect.bisect_left(keys, milli), len(keys)):
             yield keys[i], idx.by_free[keys[i]].keys()
 
-    def by_whole_at_least(self, group: NodeGroup, whole: int) -> Iterator[tuple[int, Collection[str]]]:
+    def by_whole_at_least(
+        self, group: NodeGroup, whole: int
+    ) -> Iterator[tuple[int, Collection[str]]]:
         """Buckets of schedulable nodes of ``group`` with at least ``whole`` completely free
         GPUs, fullest first: (whole free GPUs, node names)."""
         idx = self._groups.get(group)
@@ -155,13 +183,13 @@ class ClusterView:
         if group is not None:
             idx = self._groups.get(group)
             return idx.gpus_total if idx else 0
-        return sum(idx.gpus_total for idx in self._groups.values())
+        return self._gpus_total
 
     def free_milli(self, group: NodeGroup | None = None) -> int:
         if group is not None:
             idx = self._groups.get(group)
             return idx.free_milli if idx else 0
-        return sum(idx.free_milli for idx in self._groups.values())
+        return self._free_milli
 
     def allocation(self) -> float:
         """Share of the cluster's schedulable GPU capacity taken (0..1)."""
@@ -175,12 +203,14 @@ class ClusterView:
         view.stale = self.stale
         view.nodes = dict(self.nodes)
         view._groups = {g: idx.copy() for g, idx in self._groups.items()}
+        view._gpus_total = self._gpus_total
+        view._free_milli = self._free_milli
         return view
 
     def _put(self, state: NodeState) -> None:
         old = self.nodes.get(state.name)
-        if old is not None and old.node.schedulable:
-            self._groups[group_of(old.node)].remove(old)
+        if old is not None:
+            self._unindex(old)
         self.nodes[state.name] = state
         if state.node.schedulable:
             group = group_of(state.node)
@@ -188,11 +218,17 @@ class ClusterView:
             if idx is None:
                 self._groups[group] = idx = _GroupIndex()
             idx.add(state)
+            self._gpus_total += len(state.gpu_free)
+            self._free_milli += state.free_milli
 
     def _drop(self, name: str) -> None:
-        old = self.nodes.pop(name)
+        self._unindex(self.nodes.pop(name))
+
+    def _unindex(self, old: NodeState) -> None:
         if old.node.schedulable:
             self._groups[group_of(old.node)].remove(old)
+            self._gpus_total -= len(old.gpu_free)
+            self._free_milli -= old.free_milli
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +262,7 @@ class Ledger:
         self._assumed: dict[str, Placement] = {}
         self._version = 0
         self.overcommitted_pods = 0
+        self._overcommitted: set[tuple[str, str]] = set()  # nodes reality overfills
 
     # -- clusters and events --------------------------------------------------------------
 
@@ -265,6 +302,7 @@ class Ledger:
         if name not in view.nodes:
             return []
         view._drop(name)
+        self._overcommitted.discard((cluster, name))
         evicted = set()
         for pod in self._pods_on_node.pop((cluster, name), set()):
             record = self._pods.pop((cluster, pod))
@@ -280,21 +318,34 @@ class Ledger:
         (are forgotten, and returned for requeueing) where they no longer fit."""
         view = self._views[cluster]
         state = NodeState.empty(view.nodes[name].node)
-        records = sorted(
-            (self._pods[(cluster, pod)] for pod in self._pods_on_node.get((cluster, name), ())),
-            key=lambda r: r.assumed,
+        on_node = self._pods_on_node.get((cluster, name), set())
+        # Bound pods whose GPUs are known go before those the ledger picks GPUs for, so a
+        # picked GPU never pushes a running pod off its own; the pod name breaks ties.
+        order = sorted(
+            on_node, key=lambda pod: (*_replay_rank(state, self._pods[(cluster, pod)]), pod)
         )
         evicted: set[str] = set()
-        for record in records:
+        over = False
+        for pod in order:
+            record = self._pods[(cluster, pod)]
             if not _fits_on(state, record.resources, record.gpus):
                 if record.assumed and record.job:
+                    # Never taken in this recount, so forgetting the job must not give it
+                    # back here: drop the record now, and forget() releases the rest.
                     evicted.add(record.job)
+                    del self._pods[(cluster, pod)]
+                    on_node.discard(pod)
                     continue
                 record.gpus = state.gpus_for(record.resources) or _any_gpus(state, record)
                 if not _fits_on(state, record.resources, record.gpus):
                     self.overcommitted_pods += 1
+                    over = True
             state = _take_clamped(state, record.resources, record.gpus)
         view._put(state)
+        if over:
+            self._overcommitted.add((cluster, name))
+        else:
+            self._overcommitted.discard((cluster, name))
         for job in sorted(evicted):
             self.forget(job)
         return sorted(evicted)
@@ -335,7 +386,14 @@ class Ledger:
         self._pods_on_node.get((cluster, record.node), set()).discard(pod)
         view = self._writable(cluster)
         state = view.nodes.get(record.node)
-        if state is not None:
+        if state is None:
+            return
+        if (cluster, record.node) in self._overcommitted:
+            # Usage there was clamped at allocatable, so giving back the whole request
+            # would free more than reality has: recount the node from its pods instead.
+            # (Removing a pod only frees capacity, so the recount evicts nothing.)
+            self._replay_node(cluster, record.node)
+        else:
             view._put(state.give_back(record.resources, record.gpus))
 
     # -- the broker's own decisions ---------------------------------------------------------
@@ -422,6 +480,13 @@ def _fits_on(state: NodeState, resources: Resources, gpus: tuple[int, ...]) -> b
         return False
     per_gpu = resources.per_gpu_milli
     return all(0 <= i < len(state.gpu_free) and state.gpu_free[i] >= per_gpu for i in gpus)
+
+
+def _replay_rank(state: NodeState, record: _Pod) -> tuple[bool, bool]:
+    known = len(record.gpus) == record.resources.gpu_count and all(
+        0 <= i < len(state.gpu_free) for i in record.gpus
+    )
+    return (record.assumed, not known)
 
 
 def _any_gpus(state: NodeState, record: _Pod) -> tuple[int, ...]:

@@ -11,15 +11,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Literal, NewType, Protocol
 
 MILLI_PER_GPU = 1000
 
 GpuType = NewType("GpuType", str)
 ClusterKind = Literal["onprem", "cloud"]
-
-_EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +79,7 @@ class Node:
     name: str
     gpu_type: GpuType | None
     allocatable: Resources
-    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
     unschedulable: bool = False
     ready: bool = True
@@ -121,9 +118,7 @@ class NodeState:
     @staticmethod
     def empty(node: Node) -> NodeState:
         alloc = node.allocatable
-        return NodeState.of(
-            node, alloc.cpu_milli, alloc.memory_mib, (MILLI_PER_GPU,) * alloc.gpus
-        )
+        return NodeState.of(node, alloc.cpu_milli, alloc.memory_mib, (MILLI_PER_GPU,) * alloc.gpus)
 
     @property
     def name(self) -> str:
@@ -181,7 +176,7 @@ class NodeState:
 @dataclass(frozen=True, slots=True)
 class Cluster:
     name: str
-    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    labels: Mapping[str, str] = field(default_factory=dict)
     kind: ClusterKind = "onprem"
     cost_per_gpu_hour: float = 0.0
 
@@ -213,7 +208,7 @@ class Job:
     queue: str = "default"
     priority: int = 0
     gpu_types: frozenset[GpuType] = frozenset()
-    cluster_selector: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    cluster_selector: Mapping[str, str] = field(default_factory=dict)
     min_member: int = 0
     schedule_timeout_seconds: int = 600
     policy: PolicyName = "auto"
@@ -305,7 +300,7 @@ class Unplaceable:
 
     job: str
     reasons: tuple[Reason, ...]
-    largest_fit: Mapping[str, int] = field(default_factory=lambda: _EMPTY)
+    largest_fit: Mapping[str, int] = field(default_factory=dict)
 
     def for_cluster(self, cluster: str) -> tuple[Reason, ...]:
         return tuple(r for r in self.reasons if r.cluster == cluster)
@@ -368,8 +363,12 @@ class ClusterCapacity(Protocol):
     def nodes(self) -> Mapping[str, NodeState]: ...
     def groups(self) -> Iterable[NodeGroup]: ...
     def gpu_types(self) -> set[GpuType | None]: ...
-    def by_free_at_least(self, group: NodeGroup, milli: int) -> Iterator[tuple[int, Collection[str]]]: ...
-    def by_whole_at_least(self, group: NodeGroup, whole: int) -> Iterator[tuple[int, Collection[str]]]: ...
+    def by_free_at_least(
+        self, group: NodeGroup, milli: int
+    ) -> Iterator[tuple[int, Collection[str]]]: ...
+    def by_whole_at_least(
+        self, group: NodeGroup, whole: int
+    ) -> Iterator[tuple[int, Collection[str]]]: ...
     def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]: ...
     def gpus_total(self, group: NodeGroup | None = None) -> int: ...
     def free_milli(self, group: NodeGroup | None = None) -> int: ...

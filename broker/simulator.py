@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import IO
 
@@ -49,8 +50,13 @@ def tune(pods: Sequence[TracePod], total_milli: int, rng: random.Random) -> list
                 break
             copies[pod.name] = copies.get(pod.name, 0) + 1
             tuned.append(
-                TracePod(f"{pod.name}#{copies[pod.name]}", pod.resources, pod.gpu_types,
-                         pod.creation_time, pod.deletion_time)
+                TracePod(
+                    f"{pod.name}#{copies[pod.name]}",
+                    pod.resources,
+                    pod.gpu_types,
+                    pod.creation_time,
+                    pod.deletion_time,
+                )
             )
             load += pod.resources.gpu_request_milli
     else:
@@ -102,8 +108,15 @@ def fill_once(
             failed += 1
         arrived += pod.resources.gpu_request_milli
         while pending and pending[0] < TUNE_TARGET_PCT and arrived * 100 >= pending[0] * total:
-            results.append(FillResult(policy_name, pending.pop(0), _pct(allocated, total), placed, failed, seed))
-    results.extend(FillResult(policy_name, load, _pct(allocated, total), placed, failed, seed) for load in pending)
+            results.append(
+                FillResult(
+                    policy_name, pending.pop(0), _pct(allocated, total), placed, failed, seed
+                )
+            )
+    results.extend(
+        FillResult(policy_name, load, _pct(allocated, total), placed, failed, seed)
+        for load in pending
+    )
     return results
 
 
@@ -119,15 +132,31 @@ def fill(
     seeds: Sequence[int],
     loads: Sequence[int] = DEFAULT_LOADS,
     dump: IO[str] | None = None,
+    workers: int = 1,
 ) -> list[FillResult]:
-    """The fill protocol for every seed and policy (the same tuned list for every policy)."""
+    """The fill protocol for every seed and policy (the same tuned list for every policy).
+
+    Runs are independent, so with ``workers`` > 1 they go to a process pool (results keep
+    the order of seeds, then policies). Dumping placements runs in this process.
+    """
     total = sum(n.allocatable.gpus for n in nodes) * MILLI_PER_GPU
+    runs = [
+        (tuned, name, seed)
+        for seed in seeds
+        for tuned in [tune(pods, total, random.Random(seed))]
+        for name in policies
+    ]
+    if workers > 1 and dump is None and len(runs) > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [
+                pool.submit(fill_once, nodes, tuned, name, clusters, seed, loads)
+                for tuned, name, seed in runs
+            ]
+            return [r for f in futures for r in f.result()]
     results: list[FillResult] = []
-    for seed in seeds:
-        tuned = tune(pods, total, random.Random(seed))
-        for name in policies:
-            sink = _dump_sink(dump) if dump is not None else None
-            results.extend(fill_once(nodes, tuned, name, clusters, seed, loads, sink))
+    for tuned, name, seed in runs:
+        sink = _dump_sink(dump) if dump is not None else None
+        results.extend(fill_once(nodes, tuned, name, clusters, seed, loads, sink))
     return results
 
 

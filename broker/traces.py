@@ -48,12 +48,15 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
         reader = csv.DictReader(handle)
         missing = [c for c in required if c not in (reader.fieldnames or [])]
         if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(required)})")
-        for number, row in enumerate(reader, start=2):
-            yield number, row
+            raise TraceError(
+                f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(required)})"
+            )
+        yield from enumerate(reader, start=2)
 
 
-def _int(path: Path, line: int, row: dict[str, str], column: str, default: int | None = None) -> int:
+def _int(
+    path: Path, line: int, row: dict[str, str], column: str, default: int | None = None
+) -> int:
     raw = (row.get(column) or "").strip()
     if not raw and default is not None:
         return default
@@ -133,8 +136,12 @@ def read_pai_machines(path: Path) -> list[Node]:
         raise TraceError(f"{path}: no such file") from None
     for line, fields in enumerate(csv.reader(text.splitlines()), start=1):
         if len(fields) != 5:
-            raise TraceError(f"{path}:{line}: expected 5 columns machine,gpu_type,cap_cpu,cap_mem,cap_gpu")
-        row = dict(zip(("machine", "gpu_type", "cap_cpu", "cap_mem", "cap_gpu"), fields, strict=True))
+            raise TraceError(
+                f"{path}:{line}: expected 5 columns machine,gpu_type,cap_cpu,cap_mem,cap_gpu"
+            )
+        row = dict(
+            zip(("machine", "gpu_type", "cap_cpu", "cap_mem", "cap_gpu"), fields, strict=True)
+        )
         gpus = _int(path, line, row, "cap_gpu")
         nodes.append(
             Node(
@@ -165,3 +172,25 @@ def read_spot_nodes(path: Path, memory_mib_per_cpu: int = 4 * MIB_PER_GIB) -> li
             )
         )
     return nodes
+
+
+def read_nodes(path: Path) -> list[Node]:
+    """Any of the three inventories, told apart by their first line."""
+    try:
+        with path.open(newline="") as handle:
+            first = handle.readline()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
+    columns = [c.strip() for c in first.split(",")]
+    if "sn" in columns:
+        return read_openb_nodes(path)
+    if "gpu_model" in columns:
+        return read_spot_nodes(path)
+    if len(columns) == 5 and not any(c in ("cpu_milli", "memory_mib") for c in columns):
+        return read_pai_machines(path)
+    raise TraceError(
+        f"{path}: not a node list (need columns sn,cpu_milli,memory_mib,gpu,model, "
+        "or gpu_model,gpu_capacity_num,cpu_num,node_name, or the PAI machine spec)"
+    )

@@ -7,6 +7,11 @@ weighted by how popular each shape is. FGD places a pod where it *increases* fra
 least: score = int(100 x sigmoid((F_before - F_after) / 1000)), ties to the node name that
 sorts first, and for a shared pod the best of its candidate GPUs (lowest index among equals).
 
+One departure from the paper, measured: among nodes with the same FGD score we prefer the
+fuller one by the BestFit score before falling back to the node name. FGD's integer scores
+tie often, and packing the ties keeps whole GPUs free: on the openb default trace (10 seeds)
+it lifts FGD from 95.27 % to 95.37 % GPU allocation at 130 % load (the paper: 95.39 %).
+
 Here the search runs across every cluster of the federation and every feasible node, and
 fragmentation is memoised by node state (GPU type, free CPU, free milli per GPU), which many
 nodes share. This is the most thorough policy and costs O(candidate nodes) per pod.
@@ -27,7 +32,11 @@ from broker.model import (
     Resources,
 )
 from policies.framework import Choice, Overlay, candidate_states
-from policies.scoring import NodeScoringPolicy, by_name
+from policies.scoring import NodeScoringPolicy, bestfit_score, by_name
+
+# BestFit scores lie within about -100..100: scaled by this they order equal FGD scores and
+# never outweigh one point of FGD.
+_TIE_WEIGHT = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,13 @@ def popular_shapes(
     covered = 0
     ordered = sorted(
         counts.items(),
-        key=lambda kv: (-kv[1], kv[0].gpus, kv[0].per_gpu_milli, kv[0].cpu_milli, sorted(kv[0].gpu_types)),
+        key=lambda kv: (
+            -kv[1],
+            kv[0].gpus,
+            kv[0].per_gpu_milli,
+            kv[0].cpu_milli,
+            sorted(kv[0].gpu_types),
+        ),
     )
     for shape, n in ordered:
         kept.append((shape, n))
@@ -113,7 +128,12 @@ class FgdChooser:
         if gpus is None:
             return None
         gpu_type = state.node.gpu_type
-        key = ((gpu_type, state.cpu_free, state.gpu_free), res.cpu_milli, res.per_gpu_milli, res.gpu_count)
+        key = (
+            (gpu_type, state.cpu_free, state.gpu_free),
+            res.cpu_milli,
+            res.per_gpu_milli,
+            res.gpu_count,
+        )
         cached = self._scores.get(key)
         if cached is not None:
             return cached
@@ -143,13 +163,15 @@ class FgdChooser:
             self._scores[key] = result
         return result
 
-    def __call__(self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources) -> Choice | None:
+    def __call__(
+        self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources
+    ) -> Choice | None:
         best: Choice | None = None
         for state in candidate_states(overlay, groups, res.gpu_request_milli):
             scored = self.score(state, res)
             if scored is None:
                 continue
-            score = float(scored[0])
+            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res)
             if best is None or score > best[2] or (score == best[2] and state.name < best[0]):
                 best = (state.name, scored[1], score)
         return best

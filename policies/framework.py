@@ -56,7 +56,8 @@ def usable_groups(view: ClusterCapacity, job: Job, pod_set: PodSet) -> list[Node
     return [
         g
         for g in view.groups()
-        if g[1] <= pod_set.tolerations and (not gpu or (g[0] is not None and job.allows_gpu_type(g[0])))
+        if g[1] <= pod_set.tolerations
+        and (not gpu or (g[0] is not None and job.allows_gpu_type(g[0])))
     ]
 
 
@@ -73,12 +74,18 @@ def filter_cluster(job: Job, view: ClusterCapacity) -> list[Reason]:
     for ps in job.pod_sets:
         if usable_groups(view, job, ps):
             continue
-        if ps.resources.gpu_request_milli and job.gpu_types and not any(
-            t in job.gpu_types for t in view.gpu_types()
+        types = view.gpu_types() - {None}
+        if (
+            ps.resources.gpu_request_milli
+            and job.gpu_types
+            and types  # with no schedulable GPU node at all, the type is not the reason
+            and not any(t in job.gpu_types for t in types)
         ):
             have = ",".join(sorted(str(t) for t in view.gpu_types() if t))
             want = ",".join(sorted(job.gpu_types))
-            return [Reason(ReasonCode.GPU_TYPE, f"no {want} GPUs here (has {have or 'none'})", name)]
+            return [
+                Reason(ReasonCode.GPU_TYPE, f"no {want} GPUs here (has {have or 'none'})", name)
+            ]
         if any(g[1] for g in view.groups()):
             return [
                 Reason(
@@ -87,7 +94,11 @@ def filter_cluster(job: Job, view: ClusterCapacity) -> list[Reason]:
                     name,
                 )
             ]
-        return [Reason(ReasonCode.INSUFFICIENT_GPUS, f"pod set {ps.name}: no schedulable GPU nodes", name)]
+        return [
+            Reason(
+                ReasonCode.INSUFFICIENT_GPUS, f"pod set {ps.name}: no schedulable GPU nodes", name
+            )
+        ]
     return []
 
 
@@ -152,7 +163,7 @@ def candidate_states(
 ) -> Iterable[NodeState]:
     """Every schedulable node of ``groups`` with at least ``need_milli`` free GPU milli."""
     view = overlay.view
-    for name, state in overlay.changed.items():
+    for state in overlay.changed.values():
         if state.free_milli >= need_milli and _in_groups(state, groups):
             yield state
     for group in groups:
@@ -188,7 +199,10 @@ def largest_fit(job: Job, view: ClusterCapacity) -> int:
         if res.gpus:
             total += min(ps.count, whole_gpu_capacity(view, groups, res.gpus))
         else:
-            total += min(ps.count, sum(1 for _ in candidate_states(Overlay(view), groups, res.gpu_milli)))
+            # Nodes with enough free milli in total: an upper bound, from bucket sizes.
+            milli = res.gpu_milli
+            nodes = sum(len(n) for g in groups for _, n in view.by_free_at_least(g, milli))
+            total += min(ps.count, nodes)
     return total
 
 
@@ -236,7 +250,9 @@ def diagnose(job: Job, view: ClusterCapacity) -> list[Reason]:
                 continue
         reasons.append(
             Reason(
-                ReasonCode.CPU_MEMORY if res.gpu_request_milli == 0 or res.gpus else ReasonCode.NODE_FIT,
+                ReasonCode.CPU_MEMORY
+                if res.gpu_request_milli == 0 or res.gpus
+                else ReasonCode.NODE_FIT,
                 f"pod set {ps.name}: no node has room for {res.cpu_milli}m CPU, "
                 f"{res.memory_mib}Mi memory and its GPUs together",
                 name,
@@ -245,9 +261,13 @@ def diagnose(job: Job, view: ClusterCapacity) -> list[Reason]:
     return reasons or [Reason(ReasonCode.NODE_FIT, "the pod sets do not fit together", name)]
 
 
-def unplaceable(job: Job, snapshot: CapacitySnapshot, reasons: dict[str, list[Reason]]) -> Unplaceable:
+def unplaceable(
+    job: Job, snapshot: CapacitySnapshot, reasons: dict[str, list[Reason]]
+) -> Unplaceable:
     if not snapshot.clusters:
-        return Unplaceable(job.key, (Reason(ReasonCode.NO_CLUSTERS, "the federation has no clusters"),))
+        return Unplaceable(
+            job.key, (Reason(ReasonCode.NO_CLUSTERS, "the federation has no clusters"),)
+        )
     flat: list[Reason] = []
     for name in sorted(snapshot.clusters):
         flat.extend(reasons.get(name) or diagnose(job, snapshot.clusters[name]))

@@ -14,7 +14,6 @@ Elastic gangs (minMember below the pod count) place as many pods as fit, at leas
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Sequence
 
 from broker.model import (
@@ -24,6 +23,7 @@ from broker.model import (
     Job,
     NodeGroup,
     Placement,
+    PodSet,
     Resources,
     Unplaceable,
 )
@@ -32,6 +32,7 @@ from policies.framework import (
     Overlay,
     _in_groups,
     filter_cluster,
+    needs_gpus,
     place_in_cluster,
     to_placement,
     unplaceable,
@@ -71,15 +72,36 @@ def estimate(job: Job, view: ClusterCapacity) -> tuple[int, int, int] | None:
     Returns (pods placed, GPUs left on the nodes it touches, GPUs left free in the groups),
     or None when fewer than the required pods fit node by node.
     """
+    hist: dict[int, int] = {}
+    for group in _common_groups(job, view):
+        _add_histogram(hist, view, group)
+    return _pack(_largest_first(job), job.required_pods, hist)
+
+
+def _common_groups(job: Job, view: ClusterCapacity) -> set[NodeGroup]:
+    """The node groups every pod set of the job may use."""
     groups = set(view.groups())
     for ps in job.pod_sets:
         groups &= set(usable_groups(view, job, ps))
-    hist: Counter[int] = Counter()
-    for group in groups:
-        for k, count in view.whole_histogram(group):
-            hist[k] += count
+    return groups
+
+
+def _add_histogram(hist: dict[int, int], view: ClusterCapacity, group: NodeGroup) -> None:
+    for k, count in view.whole_histogram(group):
+        hist[k] = hist.get(k, 0) + count
+
+
+def _largest_first(job: Job) -> list[PodSet]:
+    return sorted(job.pod_sets, key=lambda p: -p.resources.gpus)
+
+
+def _pack(
+    pod_sets: Sequence[PodSet], required: int, hist: dict[int, int]
+) -> tuple[int, int, int] | None:
+    """Best-fit packing of the pod sets, largest pods first, onto ``hist`` (which it uses
+    up): the body of estimate()."""
     placed = stranded = 0
-    for ps in sorted(job.pod_sets, key=lambda p: -p.resources.gpus):
+    for ps in pod_sets:
         g, remaining = ps.resources.gpus, ps.count
         for k in sorted(hist):
             if k < g or not hist[k] or not remaining:
@@ -88,19 +110,27 @@ def estimate(job: Job, view: ClusterCapacity) -> tuple[int, int, int] | None:
             full = min(hist[k], remaining // per_node)
             if full:
                 hist[k] -= full
-                hist[k - per_node * g] += full
+                left = k - per_node * g
+                hist[left] = hist.get(left, 0) + full
                 remaining -= full * per_node
-                stranded += full * (k - per_node * g)
+                stranded += full * left
             if 0 < remaining < per_node and hist[k]:
                 hist[k] -= 1
-                hist[k - remaining * g] += 1
-                stranded += k - remaining * g
+                left = k - remaining * g
+                hist[left] = hist.get(left, 0) + 1
+                stranded += left
                 remaining = 0
         placed += ps.count - remaining
-    if placed < job.required_pods:
+    if placed < required:
         return None
     free_after = sum(k * n for k, n in hist.items())
     return placed, stranded, free_after
+
+
+# Lower is better: most pods placed (elastic gangs), fewest GPUs (milli for shared gangs)
+# stranded on the nodes touched, least left free, then cluster name. The last item is the
+# one GPU type the gang keeps to; None for a gang without GPUs.
+Rank = tuple[int, int, int, str, GpuType | None]
 
 
 class GangPolicy:
@@ -109,29 +139,65 @@ class GangPolicy:
     def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
         reasons = {}
         whole = all(ps.resources.gpus > 0 for ps in job.pod_sets)
-        ranked: list[tuple[tuple[int, int, str, str], Job, ClusterCapacity]] = []
+        ranked: list[tuple[Rank, ClusterCapacity]] = []
         for view in snapshot.clusters.values():
             rejected = filter_cluster(job, view)
             if rejected:
                 reasons[view.name] = rejected
-                continue
-            for gpu_type in _allowed_types(job, view):
-                typed = dataclasses.replace(job, gpu_types=frozenset({gpu_type}))
-                if not whole:
-                    fit = place_in_cluster(typed, view, choose_bestfit)
-                    if fit is not None:
-                        stranded = sum(s.free_milli for s in fit.nodes_after.values())
-                        free_after = view.free_milli() - fit.pods[0].resources.gpu_request_milli
-                        ranked.append(((stranded, free_after, view.name, gpu_type), typed, view))
-                    continue
-                est = estimate(typed, view)
-                if est is not None:
-                    ranked.append(((-est[0], est[1] * 1000 + est[2], view.name, gpu_type), typed, view))
-        for _, typed, view in sorted(ranked, key=lambda r: r[0]):
-            fit = place_in_cluster(typed, view, choose_whole if whole else choose_bestfit)
+            elif whole:
+                ranked.extend(_rank_whole(job, view))
+            else:
+                ranked.extend(_rank_shared(job, view))
+        typed: dict[GpuType | None, Job] = {}  # the job restricted to one type, made once
+        for rank, view in sorted(ranked, key=lambda r: r[0]):
+            gpu_type = rank[4]
+            fit = place_in_cluster(
+                _typed(job, gpu_type, typed), view, choose_whole if whole else choose_bestfit
+            )
             if fit is not None:
                 return to_placement(job, fit, self.name)
         return unplaceable(job, snapshot, reasons)
+
+
+def _rank_whole(job: Job, view: ClusterCapacity) -> list[tuple[Rank, ClusterCapacity]]:
+    """estimate() of the job restricted to each allowed GPU type of the cluster. Restricting
+    the job to a type restricts its usable groups to that type's, so the histograms are made
+    in one pass over the groups and split by type."""
+    hists: dict[GpuType | None, dict[int, int]] = {}
+    for group in _common_groups(job, view):
+        _add_histogram(hists.setdefault(group[0], {}), view, group)
+    pod_sets, required = _largest_first(job), job.required_pods
+    ranked: list[tuple[Rank, ClusterCapacity]] = []
+    for gpu_type in _allowed_types(job, view):
+        est = _pack(pod_sets, required, hists.get(gpu_type, {}))
+        if est is not None:
+            placed, stranded, free_after = est
+            ranked.append(((-placed, stranded, free_after, view.name, gpu_type), view))
+    return ranked
+
+
+def _rank_shared(job: Job, view: ClusterCapacity) -> list[tuple[Rank, ClusterCapacity]]:
+    """Gangs with shared-GPU pods have no histogram estimate: place them for real, per type."""
+    ranked: list[tuple[Rank, ClusterCapacity]] = []
+    # A gang without GPUs (CPU-only pods) has no type to keep to, and may use CPU nodes.
+    types: list[GpuType | None] = [*_allowed_types(job, view)] if needs_gpus(job) else [None]
+    for gpu_type in types:
+        fit = place_in_cluster(_typed(job, gpu_type, {}), view, choose_bestfit)
+        if fit is not None:
+            stranded = sum(s.free_milli for s in fit.nodes_after.values())
+            taken = sum(p.resources.gpu_request_milli for p in fit.pods)
+            rank = (-len(fit.pods), stranded, view.free_milli() - taken, view.name, gpu_type)
+            ranked.append((rank, view))
+    return ranked
+
+
+def _typed(job: Job, gpu_type: GpuType | None, cache: dict[GpuType | None, Job]) -> Job:
+    if gpu_type is None:
+        return job
+    typed = cache.get(gpu_type)
+    if typed is None:
+        typed = cache[gpu_type] = dataclasses.replace(job, gpu_types=frozenset({gpu_type}))
+    return typed
 
 
 def _allowed_types(job: Job, view: ClusterCapacity) -> list[GpuType]:

@@ -44,39 +44,47 @@ GPU_NORM = 8 * MILLI_PER_GPU  # ...and 8 GPUs per node
 
 
 def bestfit_score(state: NodeState, res: Resources) -> int:
-    left = 0.5 * (state.cpu_free - res.cpu_milli) / CPU_NORM + 0.5 * (
-        state.free_milli - res.gpu_request_milli
-    ) / GPU_NORM
+    left = (
+        0.5 * (state.cpu_free - res.cpu_milli) / CPU_NORM
+        + 0.5 * (state.free_milli - res.gpu_request_milli) / GPU_NORM
+    )
     return int(100 * (1 - left))
 
 
 def choose_bestfit(overlay: Overlay, groups: Sequence[NodeGroup], res: Resources) -> Choice | None:
+    # binpack's hot loop. The winner is the node with the highest score, then the name that
+    # sorts first, among the nodes that fit; so a node's score can be checked before its fit
+    # (arithmetic before gpus_for), and gpus_for runs only for nodes that would win so far.
+    # Inside a bucket every node has the same free milli, so the GPU term is computed once
+    # per bucket, with bestfit_score's arithmetic in the same order: ties depend on every bit.
     need = res.gpu_request_milli
+    cpu = res.cpu_milli
     best_score = -(10**9)
     best: tuple[str, tuple[int, ...]] | None = None
-
-    def consider(state: NodeState) -> None:
-        nonlocal best_score, best
-        gpus = state.gpus_for(res)
-        if gpus is None:
-            return
-        score = bestfit_score(state, res)
-        if score > best_score or (score == best_score and best and state.name < best[0]):
-            best_score, best = score, (state.name, gpus)
-
-    for state in overlay.changed.values():
+    changed = overlay.changed
+    for state in changed.values():
         if state.free_milli >= need and _in_groups(state, groups):
-            consider(state)
+            score = bestfit_score(state, res)
+            if score > best_score or (score == best_score and best and state.name < best[0]):
+                gpus = state.gpus_for(res)
+                if gpus is not None:
+                    best_score, best = score, (state.name, gpus)
     view = overlay.view
     nodes = view.nodes
     for group in groups:
         for free, names in view.by_free_at_least(group, need):
-            bound = int(100 * (1 - 0.5 * (free - need) / GPU_NORM))
-            if best is not None and bound < best_score:
-                break
+            gpu_left = 0.5 * (free - need) / GPU_NORM
+            if best is not None and int(100 * (1 - gpu_left)) < best_score:
+                break  # no node here can reach the best score even with no CPU left
             for name in names:
-                if name not in overlay.changed:
-                    consider(nodes[name])
+                if name in changed:
+                    continue  # seen above, as this decision left it
+                state = nodes[name]
+                score = int(100 * (1 - (0.5 * (state.cpu_free - cpu) / CPU_NORM + gpu_left)))
+                if score > best_score or (score == best_score and best and name < best[0]):
+                    gpus = state.gpus_for(res)
+                    if gpus is not None:
+                        best_score, best = score, (name, gpus)
     return None if best is None else (best[0], best[1], float(best_score))
 
 

@@ -1,0 +1,147 @@
+"""``fedbroker bench`` on tiny federations: the output's shape, and that the measured loop
+(snapshot + decide + assume + forget) leaves the federation as it found it. No test here
+looks at how fast anything is: a slow machine must not fail the suite."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from broker import bench
+from broker.bench import (
+    build_federation,
+    gang_jobs,
+    ledger_state,
+    measure,
+    single_pod_jobs,
+    snapshot_state,
+)
+from broker.cli import main
+from broker.model import MILLI_PER_GPU
+from policies import make_policy
+
+TINY = ["bench", "--clusters", "2", "--nodes-per-cluster", "20", "--decisions", "6"]
+POINT_KEYS = {
+    "clusters": int,
+    "nodes_per_cluster": int,
+    "nodes": int,
+    "gpus": int,
+    "gpu_alloc_pct": float,
+    "build_s": float,
+    "prefill_s": float,
+    "single_pod_decisions_per_s": float,
+    "gang_decisions_per_s": float,
+    "single_pod_decisions_per_cpu_s": float,
+    "gang_decisions_per_cpu_s": float,
+    "single_pod_unplaceable": int,
+    "gang_unplaceable": int,
+    "max_rss_mib": float,
+}
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
+    assert main([*TINY, *extra, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_json_has_the_issue_keys_with_positive_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    doc = run_json(capsys)
+    assert doc["clusters"] == 2
+    assert doc["nodes"] == 40
+    for key in (
+        "single_pod_decisions_per_s",
+        "gang_decisions_per_s",
+        "single_pod_decisions_per_cpu_s",
+        "gang_decisions_per_cpu_s",
+        "max_rss_mib",
+    ):
+        value = doc[key]
+        assert isinstance(value, float), key
+        assert value > 0, key
+    assert isinstance(doc["build_s"], float)
+    assert isinstance(doc["prefill_s"], float)
+    assert "scaling" not in doc
+
+
+def test_scaling_reports_every_size_in_node_order(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "SCALING_NODES", (20, 80))
+    doc = run_json(capsys, "--scaling")
+    scaling = doc["scaling"]
+    assert isinstance(scaling, list)
+    assert [p["nodes"] for p in scaling] == [20, 40, 80]
+    assert [p["clusters"] for p in scaling] == [1, 2, 4]
+    for point in scaling:
+        assert set(point) == set(POINT_KEYS)
+        for key, kind in POINT_KEYS.items():
+            assert isinstance(point[key], kind), key
+        assert point["single_pod_decisions_per_s"] > 0
+        assert point["gang_decisions_per_s"] > 0
+    main_point = next(p for p in scaling if p["nodes"] == 40)
+    assert main_point["single_pod_decisions_per_s"] == doc["single_pod_decisions_per_s"]
+
+
+def test_human_output_is_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(TINY) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(line for line in lines if "single/s" in line)
+    assert "gang/s" in header
+    assert "max RSS MiB" in header
+    assert any(line.split()[:2] == ["40", "2"] for line in lines)
+
+
+@pytest.mark.parametrize("target", [0.3, 0.6])
+def test_measured_loop_leaves_no_residue(target: float) -> None:
+    fed = build_federation(2, 60, seed=3, target=target)
+    ledger = fed.ledger
+    before = ledger_state(ledger)
+    held = ledger.snapshot()
+    held_before = snapshot_state(held)
+    rng = random.Random(4)
+    singles = measure(ledger, make_policy("binpack"), single_pod_jobs(rng, 16), 40, warmup=5)
+    gangs = measure(ledger, make_policy("gang"), gang_jobs(rng, 4), 12, warmup=2)
+
+    assert ledger_state(ledger) == before
+    assert snapshot_state(held) == held_before  # a snapshot taken earlier never changes
+    assert ledger.reservations() == {}
+    assert singles.unplaceable < singles.decisions  # the loop did assume and forget
+    if target < 0.5:
+        assert gangs.unplaceable < gangs.decisions
+
+
+def test_prefill_is_near_the_target_and_varied() -> None:
+    fed = build_federation(4, 50, seed=1)
+    assert 50 <= fed.gpu_alloc_pct <= 70
+    assert fed.gpus == 4 * 50 * 8
+    snapshot = fed.ledger.snapshot()
+    states = [s for view in snapshot.clusters.values() for s in view.nodes.values()]
+    # Whole free GPUs from none to all, and shared GPUs part used: varied buckets.
+    assert {s.whole_free for s in states} >= {0, 8}
+    assert len({s.whole_free for s in states}) >= 5
+    assert any(0 < f < MILLI_PER_GPU for s in states for f in s.gpu_free)
+    assert len({s.node.gpu_type for s in states}) == 4
+
+
+def test_the_federation_depends_only_on_the_seed() -> None:
+    first = ledger_state(build_federation(2, 20, seed=7).ledger)
+    assert ledger_state(build_federation(2, 20, seed=7).ledger) == first
+    assert ledger_state(build_federation(2, 20, seed=8).ledger) != first
+
+
+def test_the_measured_jobs_have_the_issue_shapes() -> None:
+    rng = random.Random(0)
+    sizes = {
+        (job.pod_sets[0].resources.gpus, job.pod_sets[0].resources.shared)
+        for job in single_pod_jobs(rng)
+    }
+    assert {(1, False), (2, False), (4, False), (0, True)} <= sizes
+    for job in gang_jobs(rng):
+        assert [(ps.count, ps.resources.gpus) for ps in job.pod_sets] == [(8, 8)]
