@@ -166,22 +166,25 @@ def draw_gang(rng: random.Random, mix: Sequence[GangShape] = GANG_MIX) -> GangSh
 
 def generated_pod_mix(rng: random.Random) -> Resources:
     """A single pod drawn like the openb default list: 48 % one whole GPU, 38 % a share of
-    one GPU, 13 % CPU-only, 1 % 2-8 GPUs (shares of the 8,152 pods of the trace)."""
+    one GPU, 13 % CPU-only, 1 % 2-8 GPUs (shares of the 8,152 pods of the trace), with CPU
+    requests up to 32 cores on GPU pods and 64 on CPU-only ones, so CPU strands GPUs too."""
     roll = rng.random()
     if roll < 0.48:
         return Resources(
-            gpus=1, cpu_milli=rng.choice((4000, 8000, 12000)), memory_mib=rng.choice((16384, 32768))
+            gpus=1,
+            cpu_milli=rng.choice((4000, 8000, 12000, 16000, 32000)),
+            memory_mib=rng.choice((16384, 32768)),
         )
     if roll < 0.86:
         milli = rng.choice((100, 200, 250, 300, 400, 500, 600, 700, 750))
         return Resources(
             gpu_milli=milli,
-            cpu_milli=rng.choice((2000, 4000, 6000)),
+            cpu_milli=rng.choice((1000, 2000, 4000, 6000, 8000)),
             memory_mib=rng.choice((8192, 12288)),
         )
     if roll < 0.99:
         return Resources(
-            cpu_milli=rng.choice((4000, 8000, 16000)), memory_mib=rng.choice((8192, 30517))
+            cpu_milli=rng.choice((8000, 16000, 32000, 64000)), memory_mib=rng.choice((8192, 30517))
         )
     gpus = rng.choice((2, 4, 8))
     return Resources(gpus=gpus, cpu_milli=gpus * 8000, memory_mib=gpus * 32768)
