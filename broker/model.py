@@ -280,6 +280,7 @@ class ReasonCode(enum.StrEnum):
     TAINT = "Taint"
     CPU_MEMORY = "InsufficientCpuOrMemory"
     NO_CLUSTERS = "NoClusters"
+    QUOTA = "QuotaExceeded"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,155 @@
+"""The scheduling cycle: decide, serially, which waiting jobs are placed where, and reserve.
+
+One function, ``run_cycle``, read as Kueue's recipe: (1) take the eligible jobs in queue
+order, (2) for each, take a ledger snapshot and let the job's policy decide, (3) check the
+queue's quota against the placement, (4) assume the placement in the ledger (the atomic,
+all-or-nothing reservation) and charge the queue, (5) leave the rest waiting with their
+reasons. Launching is not done here: the caller writes the decision to the store and hands
+it to the lifecycle, which launches concurrently (kube-scheduler's binding cycle).
+
+No head-of-line blocking, no starvation: a job that does not fit never stops the jobs
+behind it from being tried, so small jobs backfill around a waiting gang. Once a gang has
+waited longer than ``starvation_seconds``, the cluster where it comes closest to fitting is
+*held* for it: jobs behind it in the order may no longer be placed there, so capacity freed
+in that cluster accumulates for the gang instead of being nibbled away. Holding is per
+cycle and recomputed each cycle, so it ends by itself once the gang is placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from broker.ledger import ConflictError, Ledger
+from broker.model import (
+    CapacitySnapshot,
+    ClusterCapacity,
+    GpuType,
+    Placement,
+    Reason,
+    ReasonCode,
+    Unplaceable,
+)
+from broker.queue import JobQueue, Pending, gpu_milli_by_type
+from policies import Policy, make_policy
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    max_jobs_per_cycle: int = 1000
+    starvation_seconds: float = 600.0
+
+
+@dataclass(slots=True)
+class CycleResult:
+    admitted: list[tuple[Pending, Placement]] = field(default_factory=list)
+    waiting: dict[str, Unplaceable] = field(default_factory=dict)
+    held: dict[str, str] = field(default_factory=dict)  # cluster -> the gang it is held for
+    conflicts: int = 0
+
+
+class _Without:
+    """A snapshot with some clusters hidden (held for a starving gang)."""
+
+    def __init__(self, snapshot: CapacitySnapshot, hidden: Mapping[str, str]) -> None:
+        self._snapshot = snapshot
+        self._hidden = hidden
+        self._clusters = {n: v for n, v in snapshot.clusters.items() if n not in hidden}
+
+    @property
+    def clusters(self) -> Mapping[str, ClusterCapacity]:
+        return self._clusters
+
+    @property
+    def version(self) -> int:
+        return self._snapshot.version
+
+
+class PolicyBook:
+    """One policy instance per name, picked per job: the job's own unless ``auto``, else its
+    queue's."""
+
+    def __init__(self, queue: JobQueue, seed: int = 0) -> None:
+        self._queue = queue
+        self._seed = seed
+        self._made: dict[str, Policy] = {}
+
+    def for_job(self, pending: Pending) -> Policy:
+        name: str = pending.job.policy
+        if name == "auto":
+            name = self._queue.spec(pending.job.queue).policy
+        policy = self._made.get(name)
+        if policy is None:
+            policy = self._made[name] = make_policy(name, self._seed)
+        return policy
+
+
+def federation_capacity(snapshot: CapacitySnapshot) -> tuple[dict[str, int], dict[str, int]]:
+    """GPU milli per type: (total, free), over clusters that are not stale."""
+    total: dict[str, int] = {}
+    free: dict[str, int] = {}
+    for view in snapshot.clusters.values():
+        if view.stale:
+            continue
+        for group in view.groups():
+            key = str(group[0] or "")
+            total[key] = total.get(key, 0) + view.gpus_total(group) * 1000
+            free[key] = free.get(key, 0) + view.free_milli(group)
+    return total, free
+
+
+def node_types(snapshot: CapacitySnapshot, placement: Placement) -> dict[str, GpuType | None]:
+    nodes = snapshot.clusters[placement.cluster].nodes
+    return {p.node: nodes[p.node].node.gpu_type for p in placement.pods}
+
+
+def run_cycle(
+    queue: JobQueue,
+    ledger: Ledger,
+    policies: PolicyBook,
+    now: float,
+    settings: SchedulerSettings,
+    on_decision: Callable[[Pending, Placement | Unplaceable], None] | None = None,
+) -> CycleResult:
+    result = CycleResult()
+    # 1. The eligible jobs, in order: priority, queue priority, fair share, FIFO.
+    total, _ = federation_capacity(ledger.snapshot())
+    for pending in queue.ordered(now, total)[: settings.max_jobs_per_cycle]:
+        job = pending.job
+        # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it).
+        snapshot = ledger.snapshot()
+        view = _Without(snapshot, result.held) if result.held else snapshot
+        decision = policies.for_job(pending).decide(job, view)
+        if isinstance(decision, Placement):
+            # 3. Quota: what the placement would take, by GPU type, against the queue's.
+            demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
+            _, idle = federation_capacity(snapshot)
+            refused = queue.quota_allows(job.queue, demand, idle)
+            if refused is not None:
+                decision = Unplaceable(job.key, (Reason(ReasonCode.QUOTA, refused),))
+            else:
+                # 4. Reserve all or nothing, then charge the queue.
+                try:
+                    ledger.assume(decision)
+                except ConflictError:
+                    result.conflicts += 1
+                    continue
+                queue.remove(job.key)
+                queue.charge(job.key, job.queue, demand)
+                result.admitted.append((pending, decision))
+                if on_decision is not None:
+                    on_decision(pending, decision)
+                continue
+        # 5. It waits; a gang that has waited too long gets its closest cluster held.
+        result.waiting[job.key] = decision
+        if on_decision is not None:
+            on_decision(pending, decision)
+        if job.total_pods > 1 and now - pending.enqueued_at >= settings.starvation_seconds:
+            closest = max(
+                (c for c in decision.largest_fit if c not in result.held),
+                key=lambda c: (decision.largest_fit[c], c),
+                default=None,
+            )
+            if closest is not None and decision.largest_fit[closest] > 0:
+                result.held[closest] = job.key
+    return result

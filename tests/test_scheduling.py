@@ -1,0 +1,199 @@
+"""The queue, the scheduling cycle and the gang lifecycle, on an injected clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from builders import ClusterSpec, federation, gang, nodes, single
+
+from broker.ledger import Ledger
+from broker.lifecycle import Lifecycle, LifecycleSettings
+from broker.model import Job, ReasonCode
+from broker.queue import JobQueue, Pending, QueueSpec, backoff_seconds
+from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
+
+
+def queued(
+    job: Job, seq: int, *, queue: str = "default", priority: int = 0, at: float = 0.0
+) -> Pending:
+    return Pending(dataclasses.replace(job, queue=queue, priority=priority), seq, at)
+
+
+def free_milli(ledger: Ledger) -> dict[str, int]:
+    return {name: view.free_milli() for name, view in ledger.snapshot().clusters.items()}
+
+
+class Harness:
+    def __init__(
+        self, ledger: Ledger, queues: list[QueueSpec] | None = None, **settings: float
+    ) -> None:
+        self.ledger = ledger
+        self.queue = JobQueue(queues or [QueueSpec("default")])
+        self.policies = PolicyBook(self.queue)
+        self.settings = SchedulerSettings(starvation_seconds=settings.get("starvation", 600.0))
+        self.lifecycle = Lifecycle(ledger, self.queue, LifecycleSettings(backoff_limit=None))
+
+    def cycle(self, now: float) -> list[str]:
+        result = run_cycle(self.queue, self.ledger, self.policies, now, self.settings)
+        for pending, placement in result.admitted:
+            self.lifecycle.placed(pending, placement, now)
+        return [p.job.key for p, _ in result.admitted]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "expected"),
+    [(0, 0.0), (1, 60.0), (2, 120.0), (3, 240.0), (6, 1920.0), (7, 3600.0), (30, 3600.0)],
+)
+def test_backoff_is_kueues(attempts: int, expected: float) -> None:
+    assert backoff_seconds(attempts) == expected
+
+
+def test_order_is_priority_then_queue_priority_then_fair_share_then_fifo() -> None:
+    queue = JobQueue([QueueSpec("hi", priority=10), QueueSpec("a"), QueueSpec("b")])
+    capacity = {"A100": 16_000}
+    queue.charge("x", "a", {"A100": 8_000})  # queue a already holds half the A100s
+    jobs = [
+        queued(single("late-b"), 5, queue="b"),
+        queued(single("early-b"), 1, queue="b"),
+        queued(single("a"), 0, queue="a"),
+        queued(single("hi"), 9, queue="hi"),
+        queued(single("urgent"), 10, queue="a", priority=5),
+    ]
+    for p in jobs:
+        queue.push(p)
+    order = [p.job.name for p in queue.ordered(0.0, capacity)]
+    assert order == ["urgent", "hi", "early-b", "late-b", "a"]
+
+
+def test_backed_off_jobs_wait_their_turn() -> None:
+    queue = JobQueue([QueueSpec("default")])
+    p = queued(single("j"), 0)
+    p.not_before = 100.0
+    queue.push(p)
+    assert queue.ordered(99.9, {}) == []
+    assert [x.job.name for x in queue.ordered(100.0, {})] == ["j"]
+
+
+def test_two_gangs_never_double_book_the_only_node() -> None:
+    h = Harness(federation({"c": nodes("n", 1, gpus=8)}))
+    h.queue.push(queued(gang("g1", pods=2, gpus=4), 0))
+    h.queue.push(queued(gang("g2", pods=2, gpus=4), 1))
+    assert h.cycle(0.0) == ["default/g1"]
+    assert len(h.queue) == 1 and free_milli(h.ledger) == {"c": 0}
+
+
+def test_small_jobs_backfill_around_a_waiting_gang() -> None:
+    h = Harness(federation({"c": nodes("n", 2, gpus=4)}))
+    h.queue.push(queued(gang("big", pods=3, gpus=4), 0))
+    h.queue.push(queued(single("small", gpus=1), 1))
+    assert h.cycle(0.0) == ["default/small"]
+
+
+def test_a_starving_gang_holds_its_closest_cluster() -> None:
+    # a: 3 nodes, two taken (the gang could get 1 of its 3 pods there); b: 1 node half taken.
+    ledger = federation(
+        {
+            "a": ClusterSpec(nodes("a", 3, gpus=8), labels={"c": "a"}),
+            "b": ClusterSpec(nodes("b", 1, gpus=8), labels={"c": "b"}),
+        }
+    )
+    h = Harness(ledger, starvation=300.0)
+    for i, (cluster, gpus) in enumerate([("a", 8), ("a", 8), ("b", 4)]):
+        filler = dataclasses.replace(single(f"fill{i}", gpus=gpus), cluster_selector={"c": cluster})
+        h.queue.push(queued(filler, i))
+    h.cycle(0.0)
+    assert free_milli(ledger) == {"a": 8000, "b": 4000}
+    h.queue.push(queued(gang("big", pods=3, gpus=8), 10, at=0.0))
+    # Before the bound, binpack puts a small job in the fullest cluster: a, the gang's.
+    h.queue.push(queued(single("early", gpus=1), 11))
+    assert h.cycle(10.0) == ["default/early"]
+    assert ledger.reservations()["default/early"].cluster == "a"
+    h.lifecycle.cancel("default/early")
+    # Past it, a is held for the gang: the small job goes to b instead.
+    h.queue.push(queued(single("late", gpus=1), 12))
+    result = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings)
+    assert result.held == {"a": "default/big"}
+    assert [(p.job.name, pl.cluster) for p, pl in result.admitted] == [("late", "b")]
+
+
+def test_quota_without_borrowing_refuses_with_a_reason() -> None:
+    queues = [QueueSpec("capped", quota={"A100": 8}, borrow=False)]
+    h = Harness(federation({"c": nodes("n", 4, gpus=8)}), queues)
+    h.queue.push(queued(gang("fits", pods=1, gpus=8), 0, queue="capped"))
+    h.queue.push(queued(gang("over", pods=1, gpus=8), 1, queue="capped"))
+    result = run_cycle(h.queue, h.ledger, h.policies, 0.0, h.settings)
+    assert [p.job.name for p, _ in result.admitted] == ["fits"]
+    (reason,) = result.waiting["default/over"].reasons
+    assert reason.code == ReasonCode.QUOTA and "quota for A100 is 8" in reason.message
+
+
+def test_quota_with_borrowing_takes_idle_capacity() -> None:
+    queues = [QueueSpec("lender"), QueueSpec("borrower", quota={"A100": 0}, borrow=True)]
+    h = Harness(federation({"c": nodes("n", 1, gpus=8)}), queues)
+    h.queue.push(queued(single("b", gpus=2), 0, queue="borrower"))
+    assert h.cycle(0.0) == ["default/b"]
+    assert h.queue.usage("borrower") == {"A100": 2000}
+
+
+def test_gang_timeout_deletes_releases_and_requeues_with_backoff() -> None:
+    ledger = federation({"c": nodes("n", 2, gpus=8)})
+    before = free_milli(ledger)
+    h = Harness(ledger)
+    job = dataclasses.replace(gang("g", pods=2, gpus=8), schedule_timeout_seconds=120)
+    h.queue.push(Pending(job, 0, 0.0))
+    assert h.cycle(0.0) == ["default/g"]
+    assert free_milli(ledger) == {"c": 0}
+    assert h.lifecycle.expired(119.0) == []
+    (late,) = h.lifecycle.expired(120.0)
+    outcome = h.lifecycle.roll_back(late.placement.job, 120.0, "pods not all running after 120s")
+    assert outcome is not None and outcome.state == "Queued" and outcome.not_before == 180.0
+    assert free_milli(ledger) == before  # every GPU it held is free again
+    assert ledger.reservations() == {}
+    assert h.cycle(179.0) == []  # backing off
+    assert h.cycle(180.0) == ["default/g"]
+    (late,) = h.lifecycle.expired(300.0)
+    again = h.lifecycle.roll_back(late.placement.job, 300.0, "timeout")
+    assert again is not None and again.attempts == 2 and again.not_before == 420.0
+
+
+def test_backoff_limit_fails_the_job() -> None:
+    ledger = federation({"c": nodes("n", 1, gpus=8)})
+    h = Harness(ledger)
+    h.lifecycle = Lifecycle(ledger, h.queue, LifecycleSettings(backoff_limit=1))
+    h.queue.push(Pending(gang("g", pods=1, gpus=8), 0, 0.0))
+    h.cycle(0.0)
+    first = h.lifecycle.roll_back("default/g", 600.0, "timeout")
+    assert first is not None and first.state == "Queued"
+    h.cycle(660.0)
+    second = h.lifecycle.roll_back("default/g", 1300.0, "timeout")
+    assert second is not None and second.state == "Failed" and "backoff limit 1" in second.reason
+    assert len(h.queue) == 0 and ledger.reservations() == {}
+
+
+def test_running_then_finished_frees_the_capacity() -> None:
+    ledger = federation({"c": nodes("n", 1, gpus=8)})
+    before = free_milli(ledger)
+    h = Harness(ledger)
+    h.queue.push(Pending(gang("g", pods=2, gpus=2), 0, 0.0))
+    h.cycle(0.0)
+    running = h.lifecycle.all_running("default/g", 5.0)
+    assert running is not None and running.state == "Running"
+    assert h.lifecycle.expired(10_000.0) == []  # running gangs never time out
+    assert ledger.reservations() == {}  # bound now, not assumed
+    assert free_milli(ledger) == {"c": 4000}
+    done = h.lifecycle.finished("default/g", True, "exit 0")
+    assert done is not None and done.state == "Succeeded"
+    assert free_milli(ledger) == before and h.queue.usage("default") == {}
+
+
+def test_cancel_removes_a_waiting_or_placed_job() -> None:
+    ledger = federation({"c": nodes("n", 1, gpus=8)})
+    h = Harness(ledger)
+    h.queue.push(Pending(gang("placed", pods=1, gpus=8), 0, 0.0))
+    h.queue.push(Pending(gang("waiting", pods=1, gpus=8), 1, 0.0))
+    h.cycle(0.0)
+    assert h.lifecycle.cancel("default/waiting").state == "Cancelled"
+    assert h.lifecycle.cancel("default/placed").state == "Cancelled"
+    assert len(h.queue) == 0 and ledger.reservations() == {}
+    assert free_milli(ledger) == {"c": 8000}
