@@ -47,8 +47,9 @@ from broker.manifest import (
     memory_mebibytes,
 )
 from broker.model import Cluster, ClusterKind
+from broker.store import sqlite_path, sqlite_url
 
-DEFAULT_STORE_URL = "sqlite:///data/fedbroker.db"
+DEFAULT_STORE_URL = sqlite_url("data/fedbroker.db")  # relative to the working directory
 QueuePolicy = Literal["gang", "binpack", "auto"]
 MAX_SIMULATED_NODES = 50_000  # per cluster: far above the trace inventories, still in memory
 
@@ -71,8 +72,8 @@ class StoreConfig(Section):
     @classmethod
     def _known_scheme(cls, url: str) -> str:
         # The URL itself is not repeated: it may hold a password.
-        if not url.startswith(("sqlite:///", "postgresql://", "postgres://")):
-            raise ValueError("must start with sqlite:/// or postgresql://")
+        if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("must start with sqlite:// or postgresql://")
         return url
 
     @field_serializer("url")
@@ -81,12 +82,13 @@ class StoreConfig(Section):
 
     @property
     def sqlite_path(self) -> Path | None:
-        """The database file of a SQLite URL (``sqlite:///rel/path``, ``sqlite:////abs``)."""
-        return Path(self.url.removeprefix("sqlite:///")) if self.is_sqlite else None
+        """The database file of a SQLite URL (``sqlite://rel/path``, ``sqlite:///abs/path``:
+        the store's convention, see broker.store.sqlite_path)."""
+        return Path(sqlite_path(self.url)) if self.is_sqlite else None
 
     @property
     def is_sqlite(self) -> bool:
-        return self.url.startswith("sqlite:///")
+        return self.url.startswith("sqlite://")
 
     @property
     def redacted_url(self) -> str:
@@ -403,7 +405,7 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
     for tenant in tenants:
         tenant["token"] = {"value": tokens[tenant["name"]]}
     data = {
-        "store": {"url": f"sqlite:///{data_dir / 'fedbroker.db'}"},
+        "store": {"url": sqlite_url(str(data_dir / "fedbroker.db"))},
         # Generous per tenant: the demo's load generator and the crash test submit fast.
         "api": {"rateLimitPerTenant": {"requestsPerSecond": 2000.0, "burst": 4000}},
         "clusters": clusters,

@@ -65,7 +65,7 @@ def test_full_file_loads(tmp_path: Path) -> None:
     path = tmp_path / "broker.yaml"
     path.write_text(FULL)
     config = load_config(path, ENV)
-    assert config.store.sqlite_path == Path("var/lib/fedbroker/broker.db")
+    assert config.store.sqlite_path == Path("/var/lib/fedbroker/broker.db")
     assert (config.api.host, config.api.port, config.api.body_limit_bytes) == (
         "0.0.0.0",
         9090,
@@ -100,7 +100,7 @@ def test_full_file_loads(tmp_path: Path) -> None:
 
 def test_defaults_follow_the_design() -> None:
     config = parse_config("queues: [{name: default}]", "min.yaml", {})
-    assert config.store.url == "sqlite:///data/fedbroker.db"
+    assert config.store.url == "sqlite://data/fedbroker.db"
     assert (config.api.host, config.api.port) == ("127.0.0.1", 8080)
     assert config.api.body_limit_bytes == 1024 * 1024
     s = config.scheduler
@@ -177,7 +177,7 @@ ERRORS: list[tuple[str, str, str]] = [
     ("scheduler: {backoffLimit: -1}", "scheduler.backoffLimit", ">= 0"),
     ("scheduler: {cycle_seconds: 2}", "scheduler.cycle_seconds", "unknown field"),
     ("store: {url: 'mysql://root:pw-secret-77@db/fed'}", "store.url",
-     "must start with sqlite:/// or postgresql://"),
+     "must start with sqlite:// or postgresql://"),
     ("stores: {}", "stores", "unknown field"),
 ]  # fmt: skip
 

@@ -1,0 +1,289 @@
+"""The durable job store: the one place an accepted job is written down.
+
+This package owns the job records and their transition history, the contract every backend
+keeps (``Store``), the errors callers can act on, and the choice of backend from a URL
+(``open_store``): SQLite via aiosqlite for a file under the data directory (the default),
+PostgreSQL via an asyncpg pool for production. A job is acknowledged only after
+``create_job`` has returned, and it returns only after the commit, so a 201 survives
+``kill -9``. Every state change is a compare-and-set that writes its history row in the
+same transaction. The store never reads a clock: callers pass ``now`` (epoch seconds), so
+tests and the simulator drive it with a virtual clock. Backends are imported lazily so a
+SQLite deployment never imports asyncpg.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, get_args
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+JobState = Literal["Queued", "Placed", "Running", "Succeeded", "Failed", "Cancelled"]
+JOB_STATES: Final[tuple[JobState, ...]] = get_args(JobState)
+FINAL_STATES: Final[frozenset[JobState]] = frozenset({"Succeeded", "Failed", "Cancelled"})
+ACTIVE_STATES: Final[tuple[JobState, ...]] = tuple(s for s in JOB_STATES if s not in FINAL_STATES)
+
+# The reason recorded with the Queued transition that create_job writes.
+SUBMITTED_REASON: Final = "Submitted"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    tenant: str
+    name: str
+    queue: str
+    priority: int
+    manifest: dict[str, Any]  # the FederatedJob as submitted (JSON-able)
+    state: JobState
+    cluster: str | None
+    placement: dict[str, Any] | None  # JSON-able placement once placed
+    attempts: int  # times placed (for requeue backoff)
+    not_before: float | None  # epoch seconds: not schedulable before (requeue backoff)
+    reason: str  # the last transition's reason
+    created_at: float
+    updated_at: float
+    seq: int  # increasing submission order (FIFO); gaps are possible
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    at: float
+    state: JobState
+    reason: str
+    cluster: str | None
+
+
+class StoreError(Exception):
+    """Something went wrong in the store that retrying the same call will not fix."""
+
+
+class StateConflict(StoreError):
+    """A compare-and-set transition found the job in a state the caller did not expect."""
+
+    def __init__(self, tenant: str, name: str, current: JobState, expected: Collection[str]):
+        self.tenant, self.name, self.current = tenant, name, current
+        self.expected = tuple(expected)
+        super().__init__(
+            f"job {tenant}/{name} is {current}, expected one of {', '.join(self.expected)}"
+        )
+
+
+class JobNotFound(StoreError, LookupError):
+    """A transition named a job the store does not have."""
+
+    def __init__(self, tenant: str, name: str):
+        self.tenant, self.name = tenant, name
+        super().__init__(f"job {tenant}/{name} does not exist")
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached right now (the service reports not-ready, retries)."""
+
+
+class Store(Protocol):
+    """What the broker needs from a durable job store. Both backends keep it exactly."""
+
+    url_for_logs: str  # the store URL with any password removed: safe for logs and errors
+
+    async def open(self) -> None:
+        """Connect and apply pending migrations. Raises StoreUnavailable if unreachable."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> bool:
+        """Cheap health check for readiness; never raises."""
+        ...
+
+    async def create_job(
+        self,
+        tenant: str,
+        name: str,
+        queue: str,
+        priority: int,
+        manifest: Mapping[str, Any],
+        now: float,
+    ) -> tuple[JobRecord, bool]:
+        """Store a new Queued job, or return ``(existing, False)`` if (tenant, name) exists.
+
+        Commits (job row and its Queued history row) before returning ``(job, True)``.
+        """
+        ...
+
+    async def get_job(self, tenant: str, name: str) -> JobRecord | None: ...
+
+    async def list_jobs(
+        self,
+        *,
+        tenant: str | None = None,
+        queue: str | None = None,
+        state: JobState | Collection[JobState] | None = None,
+        cluster: str | None = None,
+        limit: int = 100,
+        after_seq: int | None = None,
+    ) -> list[JobRecord]:
+        """Jobs matching every given filter, ordered by seq; ``after_seq`` is the cursor."""
+        ...
+
+    async def transition(
+        self,
+        tenant: str,
+        name: str,
+        state: JobState,
+        reason: str,
+        now: float,
+        *,
+        cluster: str | None = None,
+        placement: Mapping[str, Any] | None = None,
+        expect: Collection[JobState] | None = None,
+        attempts: int | None = None,
+        not_before: float | None = None,
+    ) -> JobRecord:
+        """Atomically move a job to ``state`` and append the history row.
+
+        Raises StateConflict (job unchanged) if ``expect`` is given and the current state is
+        not in it, JobNotFound if there is no such job. Field rules: ``cluster`` and
+        ``placement`` replace the stored values when given; moving to Queued clears both (a
+        queued job holds no placement). ``attempts`` is set when given, otherwise it grows by
+        one on every move to Placed. ``not_before`` is set when given, else kept.
+        """
+        ...
+
+    async def history(self, tenant: str, name: str) -> list[Transition]:
+        """The job's transitions, oldest first (empty if the job does not exist)."""
+        ...
+
+    async def active_jobs(self) -> list[JobRecord]:
+        """Every job not in a final state, by seq: what a restart rebuilds from."""
+        ...
+
+
+def open_store(url: str) -> Store:
+    """A store for ``url`` (not yet opened: call ``await store.open()``).
+
+    ``sqlite:///abs/path.db`` (absolute), ``sqlite://rel/path.db`` (relative to the working
+    directory), ``sqlite://:memory:`` (tests); ``postgresql://user:pw@host:port/db`` (or
+    ``postgres://``; asyncpg's query parameters apply).
+    """
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme == "sqlite":
+        from broker.store.sqlite import SqliteStore
+
+        return SqliteStore(sqlite_path(url))
+    if scheme in ("postgresql", "postgres"):
+        from broker.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    # Only the scheme goes into the message: the rest of the URL may hold a password.
+    shown = f"scheme {scheme!r}" if scheme else "no scheme"
+    raise ValueError(
+        f"unsupported store URL ({shown}): use sqlite:///path/to/file.db or "
+        "postgresql://user@host:port/db"
+    )
+
+
+def sqlite_path(url: str) -> str:
+    """The file path in a ``sqlite://`` URL (``:memory:`` for an in-memory database)."""
+    path = url[len("sqlite://") :]
+    if path in (":memory:", "/:memory:"):
+        return ":memory:"
+    if not path:
+        raise ValueError("sqlite store URL has no path: use sqlite:///path/to/file.db")
+    return path
+
+
+def sqlite_url(path: str) -> str:
+    """The URL for a database file, the inverse of ``sqlite_path`` (for config defaults)."""
+    return f"sqlite://{path}"
+
+
+_SECRET_QUERY_KEYS: Final = frozenset({"password", "sslpassword"})
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (userinfo or query parameter); safe to log."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            netloc = f"{userinfo.partition(':')[0]}@{hostinfo}"
+        query = urlencode(
+            [(k, v) for k, v in parse_qsl(parts.query) if k.lower() not in _SECRET_QUERY_KEYS]
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        # A URL we cannot even parse is not echoed at all: it might be mostly password.
+        return "<unparseable store URL>"
+
+
+# Column order shared by both backends' SELECT/RETURNING lists and job_from_row.
+JOB_COLUMNS: Final = (
+    "tenant, name, queue, priority, manifest, state, cluster, placement, attempts, "
+    "not_before, reason, created_at, updated_at, seq"
+)
+
+
+def job_from_row(row: Sequence[Any], decode_json: Callable[[Any], Any]) -> JobRecord:
+    """A JobRecord from a row in JOB_COLUMNS order; ``decode_json`` handles the JSON columns
+    (SQLite hands back TEXT, asyncpg's codec hands back Python objects already).
+
+    Numbers are coerced because SQLite's RETURNING hands back a REAL column holding 1.0 as
+    the integer 1; callers should see the same types from every backend and every query.
+    """
+    placement, not_before = row[7], row[9]
+    return JobRecord(
+        tenant=row[0],
+        name=row[1],
+        queue=row[2],
+        priority=int(row[3]),
+        manifest=decode_json(row[4]),
+        state=row[5],
+        cluster=row[6],
+        placement=None if placement is None else decode_json(placement),
+        attempts=int(row[8]),
+        not_before=None if not_before is None else float(not_before),
+        reason=row[10],
+        created_at=float(row[11]),
+        updated_at=float(row[12]),
+        seq=int(row[13]),
+    )
+
+
+def encode_json(value: Mapping[str, Any]) -> str:
+    # allow_nan=False: NaN/Infinity are not JSON, and PostgreSQL's JSONB rejects them; fail
+    # here, with Python's message, instead of deep in a driver.
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def check_state(state: str) -> JobState:
+    if state not in JOB_STATES:
+        raise ValueError(f"unknown job state {state!r}: expected one of {', '.join(JOB_STATES)}")
+    return state
+
+
+def states_filter(state: JobState | Collection[JobState] | None) -> tuple[JobState, ...] | None:
+    """Normalise list_jobs' ``state`` argument (one state or several) to a tuple."""
+    if state is None:
+        return None
+    if isinstance(state, str):
+        return (check_state(state),)
+    return tuple(check_state(s) for s in state)
+
+
+__all__ = [
+    "ACTIVE_STATES",
+    "FINAL_STATES",
+    "JOB_STATES",
+    "JobNotFound",
+    "JobRecord",
+    "JobState",
+    "StateConflict",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "Transition",
+    "open_store",
+    "redact_url",
+    "sqlite_url",
+]

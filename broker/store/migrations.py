@@ -1,0 +1,137 @@
+"""The store's schema: one ordered list of versioned migrations shared by both backends.
+
+Each migration is a version number and a tuple of DDL statements written once, with a few
+``{placeholders}`` for the types the two dialects spell differently (the auto-numbered
+``seq`` key, JSON columns, 64-bit integers, floats). ``render`` expands them for
+``"sqlite"`` or ``"postgres"``; everything else is portable SQL, so the two schemas cannot
+drift apart. The backends apply the pending ones in a single transaction under a lock
+(SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: an advisory transaction lock) and record each
+version once in ``schema_migrations``; re-opening an up-to-date database applies nothing.
+
+Rules for adding a migration: append, never edit a released one; a new version is the last
+version plus one; statements must be transactional DDL/DML in both dialects (no
+``CREATE INDEX CONCURRENTLY``, no ``VACUUM``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from broker.store import StoreError
+
+Dialect = Literal["sqlite", "postgres"]
+
+# Why per dialect: SQLite needs INTEGER PRIMARY KEY AUTOINCREMENT for a key that is never
+# reused (FIFO order must survive deletes and restarts); PostgreSQL spells that an identity
+# column. JSON is TEXT in SQLite and JSONB in PostgreSQL (queryable, validated on write).
+_TYPES: dict[Dialect, dict[str, str]] = {
+    "sqlite": {
+        "seq_key": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "id_key": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "json": "TEXT",
+        "int64": "INTEGER",
+        "float": "REAL",
+    },
+    "postgres": {
+        "seq_key": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "id_key": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        "json": "JSONB",
+        "int64": "BIGINT",
+        "float": "DOUBLE PRECISION",
+    },
+}
+
+# The bookkeeping table itself is created outside the numbered list (it has to exist before
+# we can ask which versions are applied), inside the same locked transaction.
+SCHEMA_MIGRATIONS_DDL = (
+    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+    " version INTEGER PRIMARY KEY,"
+    " name TEXT NOT NULL)"
+)
+
+_STATES_CHECK = "('Queued', 'Placed', 'Running', 'Succeeded', 'Failed', 'Cancelled')"
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+    def render(self, dialect: Dialect) -> tuple[str, ...]:
+        return tuple(statement.format(**_TYPES[dialect]) for statement in self.statements)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "jobs and job_history",
+        (
+            f"""CREATE TABLE jobs (
+                seq {{seq_key}},
+                tenant TEXT NOT NULL,
+                name TEXT NOT NULL,
+                queue TEXT NOT NULL,
+                priority {{int64}} NOT NULL,
+                manifest {{json}} NOT NULL,
+                state TEXT NOT NULL CHECK (state IN {_STATES_CHECK}),
+                cluster TEXT,
+                placement {{json}},
+                attempts INTEGER NOT NULL DEFAULT 0,
+                not_before {{float}},
+                reason TEXT NOT NULL DEFAULT '',
+                created_at {{float}} NOT NULL,
+                updated_at {{float}} NOT NULL,
+                UNIQUE (tenant, name)
+            )""",
+            # active_jobs() and the state filter of list_jobs; (state, seq) keeps FIFO order
+            # without a sort.
+            "CREATE INDEX jobs_state_seq ON jobs (state, seq)",
+            "CREATE INDEX jobs_queue_seq ON jobs (queue, seq)",
+            "CREATE INDEX jobs_cluster_seq ON jobs (cluster, seq)",
+            # (tenant, seq) serves per-tenant listing; the UNIQUE index is on (tenant, name).
+            "CREATE INDEX jobs_tenant_seq ON jobs (tenant, seq)",
+            f"""CREATE TABLE job_history (
+                id {{id_key}},
+                tenant TEXT NOT NULL,
+                name TEXT NOT NULL,
+                at {{float}} NOT NULL,
+                state TEXT NOT NULL CHECK (state IN {_STATES_CHECK}),
+                reason TEXT NOT NULL,
+                cluster TEXT,
+                FOREIGN KEY (tenant, name) REFERENCES jobs (tenant, name) ON DELETE CASCADE
+            )""",
+            "CREATE INDEX job_history_job ON job_history (tenant, name, id)",
+        ),
+    ),
+)
+
+
+def check_order(migrations: Sequence[Migration]) -> None:
+    """Versions must be 1, 2, 3, ... so that "applied up to N" means one thing everywhere."""
+    for expected, migration in enumerate(migrations, start=1):
+        if migration.version != expected:
+            raise StoreError(
+                f"migration list is out of order: found version {migration.version} "
+                f"where {expected} was expected"
+            )
+
+
+def pending(migrations: Sequence[Migration], applied: Sequence[int]) -> list[Migration]:
+    """The migrations still to apply, given the versions a database already has.
+
+    A database that knows a version this code does not is refused rather than used: an
+    older broker writing to a newer schema is how rolling deploys corrupt data.
+    """
+    check_order(migrations)
+    known = {m.version for m in migrations}
+    unknown = sorted(set(applied) - known)
+    if unknown:
+        raise StoreError(
+            f"database schema has version(s) {unknown} that this broker does not know "
+            f"(it knows up to {len(migrations)}); upgrade the broker"
+        )
+    done = set(applied)
+    return [m for m in migrations if m.version not in done]
