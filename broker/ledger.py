@@ -462,6 +462,24 @@ class Ledger:
             view._frozen = True
         return Snapshot(MappingProxyType(dict(self._views)), self._version)
 
+    def snapshot_without(self, placements: Iterable[Placement]) -> Snapshot:
+        """What-if: a snapshot in which ``placements`` (held jobs) have given their capacity
+        back. The live state is untouched (the changed views are copies), so preemption can
+        try victims on it (Kueue simulates removal on its snapshot the same way)."""
+        base = self.snapshot()
+        views = dict(base.clusters)
+        for placement in placements:
+            view = views.get(placement.cluster)
+            if view is None:
+                continue
+            if view is base.clusters[placement.cluster]:
+                view = views[placement.cluster] = view._copy()
+            for pod in placement.pods:
+                state = view.nodes.get(pod.node)
+                if state is not None:
+                    view._put(state.give_back(pod.resources, pod.gpus))
+        return Snapshot(MappingProxyType(views), base.version)
+
     def _writable(self, cluster: str) -> ClusterView:
         view = self._views.get(cluster)
         if view is None:

@@ -108,6 +108,21 @@ class Lifecycle:
         self._queue.push(pending)
         return Outcome(job, "Queued", f"{reason}; retry in {delay:.0f}s", attempts, now + delay)
 
+    def preempt(self, job: str, now: float, by: str) -> Outcome | None:
+        """Evicted for a higher-priority gang: release everything, requeue at once (no
+        backoff: the job did nothing wrong). The caller deletes its pods."""
+        launch = self._launches.pop(job, None)
+        if launch is None:
+            return None
+        if launch.running:
+            self._ledger.release(job, launch.placement)
+        else:
+            self._ledger.forget(job)
+        self._queue.release(job)
+        launch.pending.not_before = now
+        self._queue.push(launch.pending)
+        return Outcome(job, "Queued", f"preempted by {by}", launch.pending.attempts, now)
+
     def finished(self, job: str, succeeded: bool, reason: str) -> Outcome | None:
         """A running job ended: its pods are gone, its capacity is free."""
         launch = self._launches.pop(job, None)

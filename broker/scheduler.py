@@ -7,6 +7,13 @@ all-or-nothing reservation) and charge the queue, (5) leave the rest waiting wit
 reasons. Launching is not done here: the caller writes the decision to the store and hands
 it to the lifecycle, which launches concurrently (kube-scheduler's binding cycle).
 
+Preemption (kube-scheduler's PostFilter): a job that fits nowhere may evict whole jobs of
+*reclaimable* queues with a lower priority than its own, never part of a gang. Per cluster,
+victims are tried smallest first (then lowest priority, then newest) on a what-if snapshot
+until the job fits, then any victim not needed is dropped again; the cluster whose victims
+free the fewest GPUs wins. The victims are requeued at once and the job is placed in the same
+cycle, so nothing else can take the freed capacity first.
+
 No head-of-line blocking, no starvation: a job that does not fit never stops the jobs
 behind it from being tried, so small jobs backfill around a waiting gang. Once a gang has
 waited longer than ``starvation_seconds``, the cluster where it comes closest to fitting is
@@ -21,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from broker.ledger import ConflictError, Ledger
+from broker.lifecycle import Launch, Lifecycle, Outcome
 from broker.model import (
     CapacitySnapshot,
     ClusterCapacity,
@@ -45,6 +53,7 @@ class CycleResult:
     admitted: list[tuple[Pending, Placement]] = field(default_factory=list)
     waiting: dict[str, Unplaceable] = field(default_factory=dict)
     held: dict[str, str] = field(default_factory=dict)  # cluster -> the gang it is held for
+    preempted: list[tuple[Launch, Outcome]] = field(default_factory=list)
     conflicts: int = 0
 
 
@@ -110,6 +119,7 @@ def run_cycle(
     now: float,
     settings: SchedulerSettings,
     on_decision: Callable[[Pending, Placement | Unplaceable], None] | None = None,
+    lifecycle: Lifecycle | None = None,
 ) -> CycleResult:
     result = CycleResult()
     # 1. The eligible jobs, in order: priority, queue priority, fair share, FIFO.
@@ -120,6 +130,16 @@ def run_cycle(
         snapshot = ledger.snapshot()
         view = _Without(snapshot, result.held) if result.held else snapshot
         decision = policies.for_job(pending).decide(job, view)
+        if isinstance(decision, Unplaceable) and lifecycle is not None:
+            victims = choose_victims(pending, ledger, queue, lifecycle, policies, result.held)
+            if victims is not None:
+                for victim in victims:
+                    outcome = lifecycle.preempt(victim.placement.job, now, job.key)
+                    if outcome is not None:
+                        result.preempted.append((victim, outcome))
+                snapshot = ledger.snapshot()
+                view = _Without(snapshot, result.held) if result.held else snapshot
+                decision = policies.for_job(pending).decide(job, view)
         if isinstance(decision, Placement):
             # 3. Quota: what the placement would take, by GPU type, against the queue's.
             demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
@@ -153,3 +173,50 @@ def run_cycle(
             if closest is not None and decision.largest_fit[closest] > 0:
                 result.held[closest] = job.key
     return result
+
+
+def choose_victims(
+    pending: Pending,
+    ledger: Ledger,
+    queue: JobQueue,
+    lifecycle: Lifecycle,
+    policies: PolicyBook,
+    held: Mapping[str, str],
+) -> list[Launch] | None:
+    """The fewest GPUs of whole lower-priority reclaimable jobs whose eviction lets the job
+    fit, or None when no such set exists."""
+    job = pending.job
+    policy = policies.for_job(pending)
+    by_cluster: dict[str, list[Launch]] = {}
+    for launch in lifecycle.launches():
+        other = launch.pending.job
+        if other.priority < job.priority and queue.spec(other.queue).reclaimable:
+            by_cluster.setdefault(launch.placement.cluster, []).append(launch)
+    best: tuple[int, str, list[Launch]] | None = None
+    for cluster, candidates in sorted(by_cluster.items()):
+        if cluster in held:
+            continue
+        candidates.sort(
+            key=lambda la: (la.placement.gpu_milli, la.pending.job.priority, -la.pending.seq)
+        )
+
+        def fits(victims: list[Launch], cluster: str = cluster) -> bool:
+            what_if = ledger.snapshot_without(v.placement for v in victims)
+            only = _Without(what_if, {c: "" for c in what_if.clusters if c != cluster})
+            return isinstance(policy.decide(job, only), Placement)
+
+        chosen: list[Launch] = []
+        for launch in candidates:
+            chosen.append(launch)
+            if fits(chosen):
+                break
+        else:
+            continue
+        for launch in sorted(chosen, key=lambda la: -la.placement.gpu_milli):
+            trial = [v for v in chosen if v is not launch]
+            if trial and fits(trial):
+                chosen = trial
+        freed = sum(v.placement.gpu_milli for v in chosen)
+        if best is None or (freed, cluster) < (best[0], best[1]):
+            best = (freed, cluster, chosen)
+    return None if best is None else best[2]

@@ -35,7 +35,10 @@ class Harness:
         self.lifecycle = Lifecycle(ledger, self.queue, LifecycleSettings(backoff_limit=None))
 
     def cycle(self, now: float) -> list[str]:
-        result = run_cycle(self.queue, self.ledger, self.policies, now, self.settings)
+        result = run_cycle(
+            self.queue, self.ledger, self.policies, now, self.settings, lifecycle=self.lifecycle
+        )
+        self.preempted = [outcome for _, outcome in result.preempted]
         for pending, placement in result.admitted:
             self.lifecycle.placed(pending, placement, now)
         return [p.job.key for p, _ in result.admitted]
@@ -197,3 +200,67 @@ def test_cancel_removes_a_waiting_or_placed_job() -> None:
     assert h.lifecycle.cancel("default/placed").state == "Cancelled"
     assert len(h.queue) == 0 and ledger.reservations() == {}
     assert free_milli(ledger) == {"c": 8000}
+
+
+def preemption_harness() -> Harness:
+    queues = [QueueSpec("research", reclaimable=True), QueueSpec("prod"), QueueSpec("urgent")]
+    ledger = federation({"c": nodes("n", 2, gpus=8)})
+    h = Harness(ledger, queues)
+    # One node holds big (8 GPUs); the other small (2) + mid (4), all research; 2 free.
+    for seq, (name, gpus) in enumerate([("big", 8), ("mid", 4), ("small", 2)]):
+        h.queue.push(queued(single(name, gpus=gpus), seq, queue="research"))
+        assert h.cycle(0.0) == [f"default/{name}"]
+        h.lifecycle.all_running(f"default/{name}", 1.0)
+    return h
+
+
+def test_a_higher_priority_job_evicts_the_fewest_gpus_of_reclaimable_jobs() -> None:
+    h = preemption_harness()
+    mid = h.lifecycle.get("default/mid")
+    assert mid is not None
+    h.queue.push(queued(single("vip", gpus=8), 10, queue="urgent", priority=100))
+    assert h.cycle(5.0) == ["default/vip"]
+    # Evicting small + mid frees 6 GPUs (enough beside the 2 free); big would free 8.
+    assert sorted(o.job for o in h.preempted) == ["default/mid", "default/small"]
+    assert all(o.state == "Queued" and "preempted by default/vip" in o.reason for o in h.preempted)
+    assert {p.job.name for p in h.queue.pending()} == {"mid", "small"}
+    assert h.ledger.reservations()["default/vip"].pods[0].node == mid.placement.pods[0].node
+
+
+def test_equal_priority_and_unreclaimable_jobs_are_never_evicted() -> None:
+    h = preemption_harness()
+    h.queue.push(queued(single("peer", gpus=8), 10, queue="urgent", priority=0))
+    assert h.cycle(5.0) == [] and h.preempted == []
+    queues = [QueueSpec("prod"), QueueSpec("urgent")]
+    h2 = Harness(federation({"c": nodes("n", 1, gpus=8)}), queues)
+    h2.queue.push(queued(single("keep", gpus=8), 0, queue="prod"))
+    h2.cycle(0.0)
+    h2.queue.push(queued(single("vip", gpus=8), 1, queue="urgent", priority=100))
+    assert h2.cycle(1.0) == [] and h2.preempted == []
+
+
+def test_a_gang_is_evicted_whole_or_not_at_all() -> None:
+    queues = [QueueSpec("research", reclaimable=True), QueueSpec("urgent")]
+    ledger = federation({"c": nodes("n", 2, gpus=8)})
+    before = free_milli(ledger)
+    h = Harness(ledger, queues)
+    h.queue.push(queued(gang("pair", pods=2, gpus=4), 0, queue="research"))
+    h.cycle(0.0)
+    pair_nodes = {p.node for p in ledger.reservations()["default/pair"].pods}
+    h.lifecycle.all_running("default/pair", 1.0)
+    h.queue.push(queued(gang("vip", pods=2, gpus=8), 1, queue="urgent", priority=10))
+    assert h.cycle(2.0) == ["default/vip"]
+    assert [o.job for o in h.preempted] == ["default/pair"]
+    assert len(pair_nodes) >= 1 and free_milli(ledger) == {"c": 0}
+    h.lifecycle.finished("default/vip", True, "done")
+    assert free_milli(ledger) == before  # nothing of the evicted gang was left behind
+
+
+def test_snapshot_without_leaves_the_live_ledger_alone() -> None:
+    h = preemption_harness()
+    live = free_milli(h.ledger)
+    big = h.lifecycle.get("default/big")
+    assert big is not None
+    what_if = h.ledger.snapshot_without([big.placement])
+    assert what_if.clusters["c"].free_milli() == live["c"] + 8000
+    assert free_milli(h.ledger) == live
