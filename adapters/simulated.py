@@ -7,9 +7,10 @@ run time is over. They speak to the ledger in the same capacity events a real ad
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.model import (
@@ -196,3 +197,56 @@ def gpus_of(nodes: Iterable[Node]) -> int:
 
 def gpu_milli_of(nodes: Iterable[Node]) -> int:
     return gpus_of(nodes) * MILLI_PER_GPU
+
+
+class LaunchError(Exception):
+    """A gang's pods could not be started (the lifecycle rolls it back and requeues it)."""
+
+
+class SimulatedLauncher:
+    """Launches placed gangs in simulated clusters: every pod "runs" after a delay.
+
+    ``sleep`` is injected (default ``asyncio.sleep``) so tests pass a zero delay or a fake.
+    Failures are injected by ``failure_rate`` (seeded, so runs repeat) or by naming jobs in
+    ``never_start`` (a job key ``tenant/name`` or a bare name): their pods never all start,
+    so ``launch`` waits until it is cancelled, as a gang stuck in a real cluster would, and
+    the lifecycle's gang timeout must clean it up. ``per_cluster`` overrides
+    ``(launch_delay_seconds, failure_rate)`` for named clusters.
+    """
+
+    def __init__(
+        self,
+        launch_delay_seconds: float = 0.0,
+        failure_rate: float = 0.0,
+        *,
+        seed: int = 0,
+        never_start: Iterable[str] = (),
+        per_cluster: Mapping[str, tuple[float, float]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._delay = launch_delay_seconds
+        self._failure_rate = failure_rate
+        self._rng = random.Random(seed)
+        self.never_start = set(never_start)
+        self._per_cluster = dict(per_cluster or {})
+        self._sleep = sleep
+        self.running: dict[str, Placement] = {}
+        self.deleted: list[str] = []
+
+    async def launch(self, placement: Placement) -> None:
+        """Return once every pod of the placement runs; raise LaunchError if it fails."""
+        delay, failure_rate = self._per_cluster.get(
+            placement.cluster, (self._delay, self._failure_rate)
+        )
+        if placement.job in self.never_start or placement.job.split("/")[-1] in self.never_start:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        if delay > 0:
+            await self._sleep(delay)
+        if failure_rate > 0 and self._rng.random() < failure_rate:
+            raise LaunchError(f"simulated launch failure in {placement.cluster}")
+        self.running[placement.job] = placement
+
+    async def delete(self, placement: Placement) -> None:
+        """Delete every pod of the placement (idempotent)."""
+        self.running.pop(placement.job, None)
+        self.deleted.append(placement.job)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
+from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.model import Node
 from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
 from policies import POLICY_NAMES
@@ -133,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay: a cycle stops after this many queued jobs in a row do not fit",
     )
 
+    add_client_commands(sub, _Parser)
+
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
     bench.add_argument("--nodes-per-cluster", type=_positive("--nodes-per-cluster"), default=500)
@@ -150,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return _simulate(args)
+        if args.command in CLIENT_COMMANDS:
+            return run_client(args)
         if args.command == "bench":
             from broker.bench import run_bench
 

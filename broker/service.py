@@ -1,0 +1,442 @@
+"""The running broker: store, queue, scheduler cycle and gang lifecycle, composed.
+
+``Service`` is the composition root of the live broker (the API in broker/api.py is a thin
+HTTP skin over it). It owns the order of side effects that the invariants rest on:
+
+- submit: the job is committed to the store FIRST, then queued; a resubmit of the same
+  tenant/name answers the stored job (idempotency, invariant 4);
+- start: every active job of the store goes back into the queue as Queued before anything
+  is placed (durability, invariant 3; simulated pods died with the process);
+- a scheduling cycle reserves in the ledger, writes Placed, then launches in a supervised
+  task; all pods running -> Running; launch failure or gang timeout -> delete the pods,
+  release the reservation, requeue with backoff (invariant 2).
+
+State changes run under one lock, so a cancel never interleaves with a placement of the
+same job. The clock is injected; tests drive ``schedule_once(now)`` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
+from broker.config import Config, TenantConfig
+from broker.ledger import Ledger
+from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
+from broker.manifest import FederatedJob, parse_manifest, to_job
+from broker.model import (
+    CapacitySnapshot,
+    ClusterCapacity,
+    Job,
+    Placement,
+    Unplaceable,
+)
+from broker.queue import JobQueue, Pending, QueueSpec
+from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.store import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    JobRecord,
+    JobState,
+    StateConflict,
+    Store,
+    open_store,
+)
+from policies.framework import Policy, largest_fit
+
+log = logging.getLogger(__name__)
+
+_QUEUED: tuple[JobState, ...] = ("Queued",)
+GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole GPUs
+
+
+class Launcher(Protocol):
+    async def launch(self, placement: Placement) -> None: ...
+    async def delete(self, placement: Placement) -> None: ...
+
+
+class Forbidden(Exception):
+    """The tenant may not do this (403); the message says why."""
+
+
+class NotFound(Exception):
+    """No such job for this tenant (404; also for other tenants' jobs)."""
+
+
+def placement_json(placement: Placement) -> dict[str, Any]:
+    return {
+        "job": placement.job,
+        "cluster": placement.cluster,
+        "policy": placement.policy,
+        "pods": [
+            {"pod": p.pod, "node": p.node, "gpus": list(p.gpus),
+             "gpuMilli": p.resources.gpu_request_milli}
+            for p in placement.pods
+        ],
+    }  # fmt: skip
+
+
+class _TenantPods:
+    """A policy whose pod names carry the tenant (``team-a.train-worker-0``): the ledger
+    keys pods by cluster and name, and two tenants may both call a job ``train``. A dot
+    never occurs in a DNS label, so the names cannot collide."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self.name = policy.name
+
+    def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
+        decision = self._policy.decide(job, snapshot)
+        if isinstance(decision, Unplaceable):
+            return decision
+        pods = tuple(dataclasses.replace(p, pod=f"{job.tenant}.{p.pod}") for p in decision.pods)
+        return dataclasses.replace(decision, pods=pods)
+
+
+class _TenantPolicyBook(PolicyBook):
+    def for_job(self, pending: Pending) -> Policy:
+        return _TenantPods(super().for_job(pending))
+
+
+class _Only:
+    """A snapshot showing one cluster only (to ask a policy about each cluster alone)."""
+
+    def __init__(self, view: ClusterCapacity, version: int) -> None:
+        self._clusters = {view.name: view}
+        self._version = version
+
+    @property
+    def clusters(self) -> Mapping[str, ClusterCapacity]:
+        return self._clusters
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+
+class Service:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        launcher: Launcher | None = None,
+        clock: Callable[[], float] = time.time,
+        store: Store | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self.ledger = Ledger()
+        per_cluster: dict[str, tuple[float, float]] = {}
+        for cc in config.clusters:
+            source = cc.source.simulated
+            nodes = []
+            if source is not None:
+                nodes = generate_nodes(source.node_shapes(), cc.name, source.scale)
+                per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
+            self.ledger.add_cluster(cc.to_cluster(), nodes)
+        self.launcher: Launcher = launcher or SimulatedLauncher(per_cluster=per_cluster)
+        self.queue = JobQueue(
+            QueueSpec(q.name, q.policy, q.priority, q.weight, dict(q.quota) or None,
+                      q.borrow, q.reclaimable)
+            for q in config.queues
+        )  # fmt: skip
+        sched = config.scheduler
+        self.settings = SchedulerSettings(sched.max_jobs_per_cycle, sched.starvation_seconds)
+        self.lifecycle = Lifecycle(
+            self.ledger,
+            self.queue,
+            LifecycleSettings(
+                sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit
+            ),
+        )
+        self.policies: PolicyBook = _TenantPolicyBook(self.queue)
+        self.store = store or open_store(config.store.url)
+        self.ready = False
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._launching: dict[str, asyncio.Task[None]] = {}
+
+    # -- start and stop -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store and rebuild the queue from it; ready only afterwards."""
+        await self.store.open()
+        now = self._clock()
+        for record in await self.store.active_jobs():
+            if record.state != "Queued":
+                record = await self.store.transition(
+                    record.tenant, record.name, "Queued", "requeued after broker restart", now,
+                    expect=(record.state,), attempts=record.attempts,
+                )  # fmt: skip
+            self.queue.push(self._pending(record))
+        self.ready = True
+
+    def spawn_loop(self) -> None:
+        """Run the scheduler loop as a supervised task (cancelled by close)."""
+        self._spawn(self.run())
+
+    async def run(self) -> None:
+        """Schedule every cycleSeconds, and at once after a submission."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.scheduler.cycle_seconds)
+            self._wake.clear()
+            try:
+                await self.schedule_once(self._clock())
+            except Exception:
+                log.exception("scheduling cycle failed; retrying next cycle")
+
+    async def close(self) -> None:
+        self.ready = False
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.close()
+
+    async def launches_done(self, timeout: float | None = None) -> None:
+        """Wait until the launches in flight have ended (tests, benchmarks, draining)."""
+        tasks = list(self._launching.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def tenant(self, name: str) -> TenantConfig:
+        tenant = self.config.tenant(name)
+        if tenant is None:
+            raise Forbidden(f"unknown tenant {name!r}")
+        return tenant
+
+    def job_for(self, tenant_name: str, manifest: FederatedJob) -> Job:
+        """The Job a tenant's manifest becomes, or Forbidden (namespace, queue)."""
+        tenant = self.tenant(tenant_name)
+        namespace = manifest.metadata.namespace
+        if namespace is not None and namespace != tenant.name:
+            raise Forbidden(f"metadata.namespace: {namespace!r} is not your tenant {tenant.name!r}")
+        job = to_job(manifest, tenant.name, tenant.default_queue)
+        if job.queue not in tenant.allowed_queues:
+            allowed = ", ".join(sorted(tenant.allowed_queues))
+            raise Forbidden(f"spec.queue: tenant may not use queue {job.queue!r} ({allowed})")
+        return job
+
+    async def submit(self, tenant: str, manifest: FederatedJob) -> tuple[JobRecord, bool]:
+        job = self.job_for(tenant, manifest)
+        async with self._lock:
+            record, created = await self.store.create_job(
+                job.tenant, job.name, job.queue, job.priority, manifest.wire(), self._clock()
+            )
+            if created:
+                self.queue.push(self._pending(record))
+                self._wake.set()
+        return record, created
+
+    async def get(self, tenant: str, name: str) -> JobRecord:
+        record = await self.store.get_job(tenant, name)
+        if record is None:
+            raise NotFound(f"job {name!r} not found")
+        return record
+
+    async def cancel(self, tenant: str, name: str) -> JobRecord:
+        async with self._lock:
+            record = await self.get(tenant, name)
+            if record.state in FINAL_STATES:
+                return record
+            try:
+                record = await self.store.transition(
+                    tenant, name, "Cancelled", "cancelled by request", self._clock(),
+                    expect=ACTIVE_STATES,
+                )  # fmt: skip
+            except StateConflict:
+                return await self.get(tenant, name)
+            key = f"{tenant}/{name}"
+            task = self._launching.pop(key, None)
+            if task is not None:
+                task.cancel()
+            launch = self.lifecycle.get(key)
+            if launch is not None:
+                await self.launcher.delete(launch.placement)
+            self.lifecycle.cancel(key)
+            return record
+
+    # -- scheduling -------------------------------------------------------------------------
+
+    async def schedule_once(self, now: float) -> None:
+        """One cycle: roll back expired gangs, place what fits, start the launches."""
+        async with self._lock:
+            for launch in self.lifecycle.expired(now):
+                timeout = launch.pending.job.schedule_timeout_seconds
+                await self._roll_back(
+                    launch.placement, now, f"gang did not start within {timeout}s"
+                )
+            result = run_cycle(self.queue, self.ledger, self.policies, now, self.settings)
+            for pending, placement in result.admitted:
+                job = pending.job
+                try:
+                    await self.store.transition(
+                        job.tenant, job.name, "Placed",
+                        f"placed on {placement.cluster} by {placement.policy or 'policy'}", now,
+                        cluster=placement.cluster, placement=placement_json(placement),
+                        expect=_QUEUED, attempts=pending.attempts,
+                    )  # fmt: skip
+                except Exception:
+                    # Cancelled meanwhile, or the store failed: give the capacity back.
+                    self.ledger.forget(job.key)
+                    self.queue.release(job.key)
+                    log.warning("could not record placement of %s", job.key, exc_info=True)
+                    continue
+                self.lifecycle.placed(pending, placement, now)
+                self._launching[job.key] = self._spawn(self._launch(placement))
+
+    async def _launch(self, placement: Placement) -> None:
+        key = placement.job
+        try:
+            await self.launcher.launch(placement)
+        except LaunchError as exc:
+            async with self._lock:
+                self._launching.pop(key, None)
+                await self._roll_back(placement, self._clock(), f"launch failed: {exc}")
+            return
+        async with self._lock:
+            self._launching.pop(key, None)
+            now = self._clock()
+            outcome = self.lifecycle.all_running(key, now)
+            if outcome is not None:
+                await self._record(outcome, now, expect="Placed")
+
+    async def _roll_back(self, placement: Placement, now: float, reason: str) -> None:
+        """Delete every pod, release the reservation, requeue with backoff (or fail)."""
+        task = self._launching.pop(placement.job, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        await self.launcher.delete(placement)
+        outcome = self.lifecycle.roll_back(placement.job, now, reason)
+        if outcome is not None:
+            await self._record(outcome, now, expect="Placed")
+
+    async def _record(self, outcome: Outcome, now: float, expect: JobState) -> None:
+        tenant, _, name = outcome.job.partition("/")
+        try:
+            await self.store.transition(
+                tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
+                attempts=outcome.attempts if outcome.state != "Running" else None,
+                not_before=outcome.not_before,
+            )  # fmt: skip
+        except StateConflict:
+            log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+        self._wake.set()
+
+    def _pending(self, record: JobRecord) -> Pending:
+        manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
+        job = to_job(manifest, record.tenant, record.queue)
+        return Pending(
+            job, record.seq, record.created_at, record.attempts, record.not_before or 0.0
+        )
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def explain_job(self, job: Job) -> list[dict[str, Any]]:
+        """Per cluster: does the job fit now, why not, and the largest gang it could take."""
+        pending = Pending(job, 0, 0.0)
+        policy = self.policies.for_job(pending)
+        snapshot = self.ledger.snapshot()
+        out: list[dict[str, Any]] = []
+        for name in sorted(snapshot.clusters):
+            view = snapshot.clusters[name]
+            decision = policy.decide(job, _Only(view, snapshot.version))
+            reasons = decision.for_cluster(name) if isinstance(decision, Unplaceable) else ()
+            out.append({
+                "cluster": name,
+                "fits": isinstance(decision, Placement),
+                "reasons": [{"code": str(r.code), "message": r.message} for r in reasons],
+                "largestFit": largest_fit(job, view),
+            })  # fmt: skip
+        return out
+
+    async def explain(self, tenant: str, name: str) -> dict[str, Any]:
+        record = await self.get(tenant, name)
+        pending = self.queue.get(f"{tenant}/{name}")
+        clusters = self.explain_job(pending.job) if pending is not None else []
+        return {
+            "job": name,
+            "state": record.state,
+            "cluster": record.cluster,
+            "reason": record.reason,
+            "clusters": clusters,
+        }
+
+    def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
+        """Dry run: where the manifest would go now. Nothing is stored or reserved."""
+        job = self.job_for(tenant, manifest)
+        decision = self.policies.for_job(Pending(job, 0, 0.0)).decide(job, self.ledger.snapshot())
+        placed = isinstance(decision, Placement)
+        return {
+            "job": job.name,
+            "queue": job.queue,
+            "fits": placed,
+            "cluster": decision.cluster if isinstance(decision, Placement) else None,
+            "pods": len(decision.pods) if isinstance(decision, Placement) else 0,
+            "clusters": self.explain_job(job),
+        }
+
+    def clusters(self) -> list[dict[str, Any]]:
+        snapshot = self.ledger.snapshot()
+        reserved: dict[tuple[str, str], int] = {}
+        for placement in self.ledger.reservations().values():
+            nodes = snapshot.clusters[placement.cluster].nodes
+            for pod in placement.pods:
+                key = (placement.cluster, str(nodes[pod.node].node.gpu_type or ""))
+                reserved[key] = reserved.get(key, 0) + pod.resources.gpu_request_milli
+        out: list[dict[str, Any]] = []
+        for name in sorted(snapshot.clusters):
+            view = snapshot.clusters[name]
+            by_type: dict[str, dict[str, float]] = {}
+            for group in view.groups():
+                gpu_type = str(group[0] or "")
+                if not gpu_type:
+                    continue
+                row = by_type.setdefault(gpu_type, {"total": 0, "free": 0.0, "largestGang": 0})
+                row["total"] += view.gpus_total(group)
+                row["free"] += view.free_milli(group) / 1000
+                row["largestGang"] += sum(
+                    count * (whole // GANG_GPUS) for whole, count in view.whole_histogram(group)
+                )
+            types = []
+            for gpu_type, row in sorted(by_type.items()):
+                held = reserved.get((name, gpu_type), 0) / 1000
+                types.append({
+                    "gpuType": gpu_type, "total": int(row["total"]), "free": row["free"],
+                    "reserved": held, "allocated": row["total"] - row["free"] - held,
+                    "largestGang": int(row["largestGang"]), "gangGpusPerPod": GANG_GPUS,
+                })  # fmt: skip
+            out.append({
+                "cluster": name, "kind": view.cluster.kind, "stale": view.stale,
+                "labels": dict(view.cluster.labels), "gpuTypes": types,
+            })  # fmt: skip
+        return out
+
+    def queues(self) -> list[dict[str, Any]]:
+        return [
+            {"name": q.name, "policy": q.policy, "priority": q.priority, "weight": q.weight,
+             "quota": dict(q.quota or {}), "borrow": q.borrow, "reclaimable": q.reclaimable,
+             "pending": len(self.queue.pending(q.name)),
+             "usage": {t: m / 1000 for t, m in self.queue.usage(q.name).items()}}
+            for q in self.queue.queues()
+        ]  # fmt: skip
+
+
+__all__ = ["FINAL_STATES", "Forbidden", "Launcher", "NotFound", "Service", "placement_json"]
