@@ -15,11 +15,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-# The main job. Until the service exists (issue 3) it is the simulator comparison on a
-# generated openb-shaped federation of three member clusters and a generated workload.
+# The main job: the broker on simulated clusters (two on-prem, one cloud pool) with a
+# workload generator and a live table; a second terminal can `fedbroker submit` against it.
 run: $(VENV)/.installed
-	$(BIN)/fedbroker simulate --protocol fill --clusters 3 --seed 1 \
-		--policy binpack --policy fgd --policy gang --policy spread --policy firstfit --policy random
+	$(BIN)/fedbroker demo
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check broker adapters policies tests

@@ -212,6 +212,10 @@ class SimulatedLauncher:
     so ``launch`` waits until it is cancelled, as a gang stuck in a real cluster would, and
     the lifecycle's gang timeout must clean it up. ``per_cluster`` overrides
     ``(launch_delay_seconds, failure_rate)`` for named clusters.
+
+    ``run_seconds`` gives a running job its run time (None: it runs until cancelled);
+    ``finished`` returns when the run is over, so jobs end and capacity churns. The demo
+    passes ``seeded_run_seconds``; without it every job runs until cancelled.
     """
 
     def __init__(
@@ -223,7 +227,9 @@ class SimulatedLauncher:
         never_start: Iterable[str] = (),
         per_cluster: Mapping[str, tuple[float, float]] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        run_seconds: Callable[[Placement], float | None] | None = None,
     ) -> None:
+        self._run_seconds = run_seconds
         self._delay = launch_delay_seconds
         self._failure_rate = failure_rate
         self._rng = random.Random(seed)
@@ -250,3 +256,26 @@ class SimulatedLauncher:
         """Delete every pod of the placement (idempotent)."""
         self.running.pop(placement.job, None)
         self.deleted.append(placement.job)
+
+    async def finished(self, placement: Placement) -> bool:
+        """Wait until the running job's pods exit; True when they succeeded. A job without
+        a run time runs until cancelled (this waits until the caller is cancelled)."""
+        seconds = self._run_seconds(placement) if self._run_seconds is not None else None
+        if seconds is None:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        else:
+            await self._sleep(seconds)
+        self.running.pop(placement.job, None)
+        return True
+
+
+def seeded_run_seconds(
+    seed: int, low: float = 30.0, high: float = 300.0
+) -> Callable[[Placement], float]:
+    """Run times drawn uniformly from [low, high], the same for a job name and seed on
+    every run (a restarted demo gives a requeued job the same run time again)."""
+
+    def run_seconds(placement: Placement) -> float:
+        return random.Random(f"{seed}:{placement.job}").uniform(low, high)
+
+    return run_seconds

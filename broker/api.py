@@ -8,24 +8,145 @@ names do not leak. Tokens are never logged: only the tenant name is.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Awaitable, Callable
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from broker.config import Config, TenantConfig
+from broker.config import Config, RateLimit, TenantConfig
+from broker.events import Event, EventBus, PublishingStore
 from broker.manifest import FederatedJob, ManifestError, parse_manifest
+from broker.openapi import openapi_document
 from broker.service import Forbidden, NotFound, Service
 from broker.store import JOB_STATES, JobRecord, JobState, Transition
 
 log = logging.getLogger(__name__)
 
-SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
-CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 MAX_LIST_LIMIT = 1000
+KEEPALIVE_SECONDS = 15.0  # an SSE comment this often, so idle streams and dead peers show
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() accepts "²", int() does not
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# --- rate limit --------------------------------------------------------------------------
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; a request takes one."""
+
+    rate: float
+    burst: float
+    tokens: float
+    at: float
+
+    def take(self, now: float) -> float:
+        """0 when allowed (a token taken), else the seconds until a token is there."""
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.at) * self.rate)
+        self.at = max(self.at, now)
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass
+class RateLimiter:
+    """One token bucket per tenant; the clock is injected (monotonic seconds)."""
+
+    limit: RateLimit
+    clock: Callable[[], float] = time.monotonic
+    _buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+    def retry_after(self, tenant: str) -> int | None:
+        """None when the request may go on, else whole seconds to wait (at least 1)."""
+        now = self.clock()
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            burst = float(self.limit.burst)
+            bucket = self._buckets[tenant] = TokenBucket(
+                self.limit.requests_per_second, burst, burst, now
+            )
+        wait = bucket.take(now)
+        return None if wait == 0 else max(1, math.ceil(wait))
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+class _ServiceCollector(Collector):
+    """Gauges computed at scrape time from the service: pending jobs, GPUs by state."""
+
+    def __init__(self, service: Service, bus: EventBus) -> None:
+        self._service = service
+        self._bus = bus
+
+    def collect(self) -> Iterator[Metric]:
+        pending = GaugeMetricFamily(
+            "fedbroker_pending_jobs", "Jobs waiting in each queue", labels=["queue"]
+        )
+        for q in self._service.queues():
+            pending.add_metric([str(q["name"])], float(q["pending"]))
+        yield pending
+        gpus = GaugeMetricFamily(
+            "fedbroker_gpus", "GPUs per cluster, GPU type and state",
+            labels=["cluster", "gpu_type", "state"],
+        )  # fmt: skip
+        for cluster in self._service.clusters():
+            for row in cluster["gpuTypes"]:
+                for state in ("free", "reserved", "allocated"):
+                    labels = [str(cluster["cluster"]), str(row["gpuType"]), state]
+                    gpus.add_metric(labels, float(row[state]))
+        yield gpus
+        dropped = CounterMetricFamily(
+            "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
+        )
+        dropped.add_metric([], float(self._bus.dropped))
+        yield dropped
+        subscribers = GaugeMetricFamily("fedbroker_event_subscribers", "Open /v1/events streams")
+        subscribers.add_metric([], float(self._bus.subscribers))
+        yield subscribers
+
+
+class ApiMetrics:
+    """The API's Prometheus metrics, in an injected registry (never the global one)."""
+
+    def __init__(self, registry: CollectorRegistry, service: Service, bus: EventBus) -> None:
+        self.registry = registry
+        self.submitted = Counter(
+            "fedbroker_jobs_submitted", "Jobs accepted (201) per queue", ["queue"],
+            registry=registry,
+        )  # fmt: skip
+        self.requests = Counter(
+            "fedbroker_http_requests", "HTTP requests per route template and status",
+            ["route", "status"], registry=registry,
+        )  # fmt: skip
+        registry.register(_ServiceCollector(service, bus))
+
+
+SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
+CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+EVENTS: web.AppKey[EventBus] = web.AppKey("events", EventBus)
+METRICS: web.AppKey[ApiMetrics] = web.AppKey("metrics", ApiMetrics)
+LIMITER: web.AppKey[RateLimiter] = web.AppKey("limiter", RateLimiter)
+OPENAPI: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
+
+
+def _route(request: web.Request) -> str:
+    """The route template (``/v1/jobs/{name}``), never the path: no job names in labels."""
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else "unmatched"
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -33,23 +154,51 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
 
 
 @web.middleware
+async def _count(request: web.Request, handler: Handler) -> web.StreamResponse:
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        request.app[METRICS].requests.labels(_route(request), str(status)).inc()
+
+
+@web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error as JSON: aiohttp's own (404, 405, 413) and ours."""
+    """Every error as JSON (``{"error": "<field>: <problem>"}``): aiohttp's own and ours."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[CONFIG].api.body_limit_bytes
         return _error(413, f"body: larger than the limit of {limit} bytes")
+    except web.HTTPNotFound as exc:
+        message = exc.reason if ":" in exc.reason else "path: no such resource"
+        return _error(404, message)
+    except web.HTTPMethodNotAllowed as exc:
+        return _error(
+            405,
+            f"method: {exc.method} not allowed here",
+            Allow=",".join(sorted(exc.allowed_methods)),
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, exc.reason)
+        headers = {k: v for k, v in exc.headers.items() if k in ("Retry-After", "WWW-Authenticate")}
+        return _error(exc.status, exc.reason, **headers)
     except ManifestError as exc:
         return _error(400, str(exc))
     except Forbidden as exc:
         return _error(403, str(exc))
     except NotFound as exc:
-        return _error(404, str(exc))
+        return _error(404, f"name: {exc}")
+    except Exception:
+        # A bug, not the caller's fault; the path only (no headers: they hold the token).
+        log.exception("internal error on %s %s", request.method, _route(request))
+        return _error(500, "server: internal error")
 
 
 def _tenant(request: web.Request) -> TenantConfig:
@@ -60,7 +209,16 @@ def _tenant(request: web.Request) -> TenantConfig:
         tenant = request.app[CONFIG].authenticate(token.strip())
     if tenant is None:
         raise web.HTTPUnauthorized(
-            reason="missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"}
+            reason="Authorization: missing or invalid bearer token",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    wait = request.app[LIMITER].retry_after(tenant.name)
+    if wait is not None:
+        limit = request.app[CONFIG].api.rate_limit_per_tenant
+        raise web.HTTPTooManyRequests(
+            reason=f"rate limit: tenant {tenant.name!r} is over {limit.requests_per_second:g} "
+            f"requests/s (burst {limit.burst}); retry after {wait} s",
+            headers={"Retry-After": str(wait)},
         )
     return tenant
 
@@ -106,6 +264,8 @@ async def submit(request: web.Request) -> web.Response:
     tenant = _tenant(request)
     manifest = await _manifest(request)
     record, created = await request.app[SERVICE].submit(tenant.name, manifest)
+    if created:
+        request.app[METRICS].submitted.labels(record.queue).inc()
     log.info("job %s/%s %s", tenant.name, record.name, "created" if created else "resubmitted")
     return web.json_response(job_json(record), status=201 if created else 200)
 
@@ -116,7 +276,7 @@ def _int_param(
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    if not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
         raise web.HTTPBadRequest(reason=f"{name}: must be an integer in {lo}..{hi}")
     return int(raw)
 
@@ -188,10 +348,100 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready"})
 
 
-def make_app(service: Service, config: Config) -> web.Application:
-    app = web.Application(client_max_size=config.api.body_limit_bytes, middlewares=[_errors])
+# --- events (server-sent) ----------------------------------------------------------------
+
+
+def _sse(event_id: int, kind: str, data: object) -> bytes:
+    return f"id: {event_id}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Job state changes (own tenant's; an admin's: all) and capacity changes, as SSE.
+
+    Subscribed BEFORE the headers go out: once a client has the response, it misses
+    nothing. Capacity events carry the clusters as ``/v1/clusters`` shows them, sent only
+    when they changed. Events a slow reader lost are announced by an ``event: dropped``.
+    """
+    tenant = _tenant(request)
+    bus = request.app[EVENTS]
+    service = request.app[SERVICE]
+    sub = bus.subscribe(None if tenant.admin else tenant.name)
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                 "X-Accel-Buffering": "no"}
+    )  # fmt: skip
+    try:
+        await response.prepare(request)
+        await response.write(b": subscribed\n\n")
+        capacity: list[dict[str, Any]] | None = None
+        dropped = 0
+        while True:
+            event: Event | None = await sub.next(timeout=KEEPALIVE_SECONDS)
+            if sub.dropped != dropped:
+                await response.write(_sse(0, "dropped", {"dropped": sub.dropped - dropped}))
+                dropped = sub.dropped
+            if event is None:
+                if sub.closed:
+                    break
+                await response.write(b": keepalive\n\n")
+                continue
+            if event.kind == "capacity":
+                now = service.clusters()
+                if now == capacity:
+                    continue
+                capacity = now
+                await response.write(_sse(event.id, "capacity", {"clusters": now}))
+            else:
+                await response.write(_sse(event.id, event.kind, dict(event.data)))
+    except (ConnectionResetError, ConnectionError):
+        pass  # the client went away
+    finally:
+        bus.unsubscribe(sub)
+    return response
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+async def _close_events(app: web.Application) -> None:
+    app[EVENTS].close()
+
+
+def make_app(
+    service: Service,
+    config: Config,
+    *,
+    registry: CollectorRegistry | None = None,
+    bus: EventBus | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    """The API over ``service``. ``registry``: where the metrics go (default: a new one,
+    never the global registry); ``clock``: monotonic seconds for the rate limiter.
+
+    The service's store is wrapped in a PublishingStore (once) so every committed job
+    change reaches ``/v1/events``.
+    """
+    if isinstance(service.store, PublishingStore):
+        bus = service.store.bus
+    else:
+        bus = bus or EventBus()
+        service.store = PublishingStore(service.store, bus)
+    app = web.Application(
+        client_max_size=config.api.body_limit_bytes, middlewares=[_count, _errors]
+    )
     app[SERVICE] = service
     app[CONFIG] = config
+    app[EVENTS] = bus
+    app[METRICS] = ApiMetrics(registry or CollectorRegistry(), service, bus)
+    app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
+    app[OPENAPI] = openapi_document(MAX_LIST_LIMIT)
+    app.on_shutdown.append(_close_events)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{name}", get_job)
@@ -202,7 +452,13 @@ def make_app(service: Service, config: Config) -> web.Application:
     app.router.add_get("/v1/queues", queues)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/events", events)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 
-__all__ = ["CONFIG", "SERVICE", "job_json", "make_app"]
+__all__ = [
+    "CONFIG", "EVENTS", "LIMITER", "METRICS", "SERVICE", "ApiMetrics", "RateLimiter",
+    "TokenBucket", "job_json", "make_app",
+]  # fmt: skip

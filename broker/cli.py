@@ -14,7 +14,9 @@ from pathlib import Path
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
 from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
+from broker.demo import add_demo_command
 from broker.model import Node
+from broker.runtime import add_serve_command
 from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
 from policies import POLICY_NAMES
 
@@ -135,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_client_commands(sub, _Parser)
+    add_serve_command(sub)
+    add_demo_command(sub)
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
@@ -155,6 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _simulate(args)
         if args.command in CLIENT_COMMANDS:
             return run_client(args)
+        if args.command == "serve":
+            from broker.runtime import run_serve
+
+            return run_serve(args)
+        if args.command == "demo":
+            from broker.demo import run_demo
+
+            return run_demo(args)
         if args.command == "bench":
             from broker.bench import run_bench
 

@@ -9,7 +9,9 @@ HTTP skin over it). It owns the order of side effects that the invariants rest o
   is placed (durability, invariant 3; simulated pods died with the process);
 - a scheduling cycle reserves in the ledger, writes Placed, then launches in a supervised
   task; all pods running -> Running; launch failure or gang timeout -> delete the pods,
-  release the reservation, requeue with backoff (invariant 2).
+  release the reservation, requeue with backoff (invariant 2);
+- a running job whose launcher reports its pods' end (``RunWatcher``) moves to Succeeded or
+  Failed and its capacity is freed.
 
 State changes run under one lock, so a cancel never interleaves with a placement of the
 same job. The clock is injected; tests drive ``schedule_once(now)`` directly.
@@ -24,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
@@ -60,6 +62,13 @@ GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole 
 class Launcher(Protocol):
     async def launch(self, placement: Placement) -> None: ...
     async def delete(self, placement: Placement) -> None: ...
+
+
+@runtime_checkable
+class RunWatcher(Protocol):
+    """A launcher that also reports when a running job's pods have exited."""
+
+    async def finished(self, placement: Placement) -> bool: ...
 
 
 class Forbidden(Exception):
@@ -129,6 +138,7 @@ class Service:
         launcher: Launcher | None = None,
         clock: Callable[[], float] = time.time,
         store: Store | None = None,
+        run_seconds: Callable[[Placement], float | None] | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -141,7 +151,9 @@ class Service:
                 nodes = generate_nodes(source.node_shapes(), cc.name, source.scale)
                 per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
             self.ledger.add_cluster(cc.to_cluster(), nodes)
-        self.launcher: Launcher = launcher or SimulatedLauncher(per_cluster=per_cluster)
+        self.launcher: Launcher = launcher or SimulatedLauncher(
+            per_cluster=per_cluster, run_seconds=run_seconds
+        )
         self.queue = JobQueue(
             QueueSpec(q.name, q.policy, q.priority, q.weight, dict(q.quota) or None,
                       q.borrow, q.reclaimable)
@@ -163,6 +175,7 @@ class Service:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._launching: dict[str, asyncio.Task[None]] = {}
+        self._runs: dict[str, asyncio.Task[None]] = {}
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -190,7 +203,7 @@ class Service:
                 await asyncio.wait_for(self._wake.wait(), self.config.scheduler.cycle_seconds)
             self._wake.clear()
             try:
-                await self.schedule_once(self._clock())
+                await self.schedule_once()
             except Exception:
                 log.exception("scheduling cycle failed; retrying next cycle")
 
@@ -205,6 +218,12 @@ class Service:
     async def launches_done(self, timeout: float | None = None) -> None:
         """Wait until the launches in flight have ended (tests, benchmarks, draining)."""
         tasks = list(self._launching.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    async def runs_done(self, timeout: float | None = None) -> None:
+        """Wait until the runs being watched have ended (tests)."""
+        tasks = list(self._runs.values())
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
 
@@ -236,13 +255,17 @@ class Service:
 
     async def submit(self, tenant: str, manifest: FederatedJob) -> tuple[JobRecord, bool]:
         job = self.job_for(tenant, manifest)
-        async with self._lock:
-            record, created = await self.store.create_job(
-                job.tenant, job.name, job.queue, job.priority, manifest.wire(), self._clock()
-            )
-            if created:
+        # The commit runs outside the service lock, so submissions do not wait for a
+        # scheduling cycle's store writes; the queue is only touched under the lock. A cancel
+        # that lands between the two is harmless: placing a cancelled job fails its
+        # compare-and-set in schedule_once and the reservation is given back.
+        record, created = await self.store.create_job(
+            job.tenant, job.name, job.queue, job.priority, manifest.wire(), self._clock()
+        )
+        if created:
+            async with self._lock:
                 self.queue.push(self._pending(record))
-                self._wake.set()
+            self._wake.set()
         return record, created
 
     async def get(self, tenant: str, name: str) -> JobRecord:
@@ -267,6 +290,9 @@ class Service:
             task = self._launching.pop(key, None)
             if task is not None:
                 task.cancel()
+            run = self._runs.pop(key, None)
+            if run is not None:
+                run.cancel()
             launch = self.lifecycle.get(key)
             if launch is not None:
                 await self.launcher.delete(launch.placement)
@@ -275,29 +301,45 @@ class Service:
 
     # -- scheduling -------------------------------------------------------------------------
 
-    async def schedule_once(self, now: float) -> None:
-        """One cycle: roll back expired gangs, place what fits, start the launches."""
+    async def schedule_once(self, now: float | None = None) -> None:
+        """One cycle: roll back expired gangs, place what fits, start the launches. ``now``
+        is read inside the lock (tests pass it): a job submitted while the cycle waited for
+        the lock must not look placed before it was queued."""
         async with self._lock:
+            if now is None:
+                now = self._clock()
             for launch in self.lifecycle.expired(now):
                 timeout = launch.pending.job.schedule_timeout_seconds
                 await self._roll_back(
                     launch.placement, now, f"gang did not start within {timeout}s"
                 )
             result = run_cycle(self.queue, self.ledger, self.policies, now, self.settings)
-            for pending, placement in result.admitted:
+            # The cycle's placements are recorded together, so the store can make them
+            # durable in one group commit instead of one fsync each.
+            written = await asyncio.gather(
+                *(
+                    self.store.transition(
+                        p.job.tenant,
+                        p.job.name,
+                        "Placed",
+                        f"placed on {pl.cluster} by {pl.policy or 'policy'}",
+                        now,
+                        cluster=pl.cluster,
+                        placement=placement_json(pl),
+                        expect=_QUEUED,
+                        attempts=p.attempts,
+                    )
+                    for p, pl in result.admitted
+                ),
+                return_exceptions=True,
+            )
+            for (pending, placement), outcome in zip(result.admitted, written, strict=True):
                 job = pending.job
-                try:
-                    await self.store.transition(
-                        job.tenant, job.name, "Placed",
-                        f"placed on {placement.cluster} by {placement.policy or 'policy'}", now,
-                        cluster=placement.cluster, placement=placement_json(placement),
-                        expect=_QUEUED, attempts=pending.attempts,
-                    )  # fmt: skip
-                except Exception:
+                if isinstance(outcome, BaseException):
                     # Cancelled meanwhile, or the store failed: give the capacity back.
                     self.ledger.forget(job.key)
                     self.queue.release(job.key)
-                    log.warning("could not record placement of %s", job.key, exc_info=True)
+                    log.warning("could not record placement of %s: %s", job.key, outcome)
                     continue
                 self.lifecycle.placed(pending, placement, now)
                 self._launching[job.key] = self._spawn(self._launch(placement))
@@ -317,6 +359,24 @@ class Service:
             outcome = self.lifecycle.all_running(key, now)
             if outcome is not None:
                 await self._record(outcome, now, expect="Placed")
+                if isinstance(self.launcher, RunWatcher):
+                    self._runs[key] = self._spawn(self._run(self.launcher, placement))
+
+    async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
+        """Wait for a running job's pods to exit, then free its capacity and record the end."""
+        succeeded = await watcher.finished(placement)
+        key = placement.job
+        async with self._lock:
+            now = self._clock()
+            launch = self.lifecycle.get(key)
+            ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
+            reason = f"all pods completed{ran}" if succeeded else f"pods failed{ran}"
+            outcome = self.lifecycle.finished(key, succeeded, reason)
+            if outcome is not None:
+                await self._record(outcome, now, expect="Running")
+            # Only now: runs_done() waits for the end to be recorded, not just noticed.
+            if self._runs.get(key) is asyncio.current_task():
+                del self._runs[key]
 
     async def _roll_back(self, placement: Placement, now: float, reason: str) -> None:
         """Delete every pod, release the reservation, requeue with backoff (or fail)."""
@@ -439,4 +499,12 @@ class Service:
         ]  # fmt: skip
 
 
-__all__ = ["FINAL_STATES", "Forbidden", "Launcher", "NotFound", "Service", "placement_json"]
+__all__ = [
+    "FINAL_STATES",
+    "Forbidden",
+    "Launcher",
+    "NotFound",
+    "RunWatcher",
+    "Service",
+    "placement_json",
+]

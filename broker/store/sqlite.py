@@ -85,6 +85,10 @@ class SqliteStore:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._write_lock = asyncio.Lock()
+        # The open group-commit transaction's future (resolved by its COMMIT), and the task
+        # that will commit it.
+        self._group: asyncio.Future[None] | None = None
+        self._committer: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -104,6 +108,9 @@ class SqliteStore:
             raise
 
     async def close(self) -> None:
+        if self._committer is not None:
+            # The last group commits before the connection goes.
+            await asyncio.gather(self._committer, return_exceptions=True)
         # Under the write lock, so a transaction in flight finishes before its connection goes.
         async with self._write_lock:
             reader, writer = self._reader, self._writer
@@ -256,21 +263,88 @@ class SqliteStore:
 
     @asynccontextmanager
     async def _write_txn(self, action: str) -> AsyncIterator[aiosqlite.Connection]:
+        """One write, durable when the caller gets control back.
+
+        Group commit: writes that arrive while others are in flight join one open
+        transaction, each in its own SAVEPOINT (a failing write undoes only itself), and
+        one COMMIT (one fsync) makes the whole group durable. Every writer returns only
+        after that COMMIT, so "acknowledged" still means "on disk"; under load many writes
+        share an fsync instead of paying one each. (A shared in-memory database commits
+        each write alone: its reads share the writer's connection.)
+        """
         async with self._write_lock:
             conn = self._writer
             if conn is None:
                 raise StoreUnavailable(f"sqlite store {self.url_for_logs} is not open")
             with self._errors(action):
-                try:
+                if self._memory:
+                    try:
+                        await conn.execute("BEGIN IMMEDIATE")
+                        yield conn
+                        await conn.execute("COMMIT")
+                    except BaseException:
+                        await _rollback(conn)
+                        raise
+                    return
+                if self._group is None:
+                    # Marked open before BEGIN is awaited: cancelled mid-await, BEGIN may still
+                    # run on aiosqlite's thread, and the committer then ends it either way.
+                    self._group = asyncio.get_running_loop().create_future()
+                    self._ensure_committer()
                     await conn.execute("BEGIN IMMEDIATE")
+                group = self._group
+                try:
+                    await conn.execute("SAVEPOINT write")
                     yield conn
-                    await conn.execute("COMMIT")
+                    await conn.execute("RELEASE write")
                 except BaseException:
-                    # Also on cancellation: aiosqlite runs the statements of a connection in
-                    # order on its thread, so this ROLLBACK lands before the next writer's
-                    # BEGIN even if a second cancellation stops us awaiting it.
-                    await _rollback(conn)
+                    with contextlib.suppress(sqlite3.Error, ValueError):
+                        await conn.execute("ROLLBACK TO write")
+                        await conn.execute("RELEASE write")
                     raise
+                finally:
+                    self._ensure_committer()
+        # Shielded: a caller cancelled while waiting must not stop the others' commit, and
+        # it still waits for the outcome, so the write is settled (stored or not) by the time
+        # the cancellation reaches the caller, as when each write committed alone.
+        try:
+            await asyncio.shield(group)
+        except asyncio.CancelledError:
+            await asyncio.wait([group])
+            raise
+
+    def _ensure_committer(self) -> None:
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_group())
+
+    async def _commit_group(self) -> None:
+        # Queued on the lock behind the writers already waiting, so they join this group.
+        async with self._write_lock:
+            group, self._group = self._group, None
+            conn = self._writer
+            if group is None:
+                return
+            try:
+                if conn is None:
+                    raise StoreUnavailable(f"sqlite store {self.url_for_logs} is not open")
+                with self._errors("commit"):
+                    # Unconditional: a BEGIN whose writer was cancelled may still be queued on
+                    # aiosqlite's thread, which runs statements in order; COMMIT lands after it.
+                    try:
+                        await conn.execute("COMMIT")
+                    except sqlite3.OperationalError as exc:
+                        if "no transaction is active" not in str(exc):
+                            raise
+            except BaseException as exc:
+                if conn is not None:
+                    await _rollback(conn)
+                error = exc if isinstance(exc, Exception) else StoreUnavailable("commit cancelled")
+                group.set_exception(error)
+                group.exception()  # retrieved here too: no "never retrieved" warning
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            group.set_result(None)
 
     # -- reads -----------------------------------------------------------------------------
 

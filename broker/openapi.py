@@ -1,0 +1,333 @@
+"""The OpenAPI 3.1 document of the HTTP API (``/openapi.json``).
+
+Generated, never hand-written JSON: the request body schema is the FederatedJob schema of
+broker.manifest (the very models that validate a submission), and the answers are
+described by the pydantic models below, which mirror what broker.api writes (the
+schemathesis test checks every answer against them). Components live under
+``#/components/schemas/{model}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import models_json_schema
+
+from broker.manifest import json_schema
+from broker.store import JOB_STATES
+
+REF = "#/components/schemas/{model}"
+JobStateName = Literal["Queued", "Placed", "Running", "Succeeded", "Failed", "Cancelled"]
+assert set(JobStateName.__args__) == set(JOB_STATES)  # type: ignore[attr-defined]
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class Error(Out):
+    error: str = Field(description="what is wrong, starting with the field it is about")
+
+
+class HistoryEntry(Out):
+    at: float
+    state: JobStateName
+    reason: str
+    cluster: str | None
+
+
+class JobStatus(Out):
+    state: JobStateName
+    cluster: str | None
+    reason: str
+    queue: str
+    attempts: int
+    not_before: float | None
+    created_at: float
+    updated_at: float
+    history: list[HistoryEntry] | None = Field(default=None, description="GET of one job only")
+
+
+class Job(Out):
+    api_version: str | None
+    kind: str | None
+    metadata: dict[str, Any]
+    spec: dict[str, Any]
+    status: JobStatus
+
+
+class JobList(Out):
+    items: list[Job]
+    continue_: str | None = Field(
+        alias="continue", description="the cursor for the next page (query `continue`)"
+    )
+
+
+class Reason(Out):
+    code: str
+    message: str
+
+
+class ClusterFit(Out):
+    cluster: str
+    fits: bool
+    reasons: list[Reason]
+    largest_fit: int
+
+
+class Explain(Out):
+    job: str
+    state: JobStateName
+    cluster: str | None
+    reason: str
+    clusters: list[ClusterFit]
+
+
+class Plan(Out):
+    job: str
+    queue: str
+    fits: bool
+    cluster: str | None
+    pods: int
+    clusters: list[ClusterFit]
+
+
+class GpuTypeCapacity(Out):
+    gpu_type: str
+    total: int
+    free: float
+    reserved: float
+    allocated: float
+    largest_gang: int
+    gang_gpus_per_pod: int
+
+
+class ClusterCapacity(Out):
+    cluster: str
+    kind: Literal["onprem", "cloud"]
+    stale: bool
+    labels: dict[str, str]
+    gpu_types: list[GpuTypeCapacity]
+
+
+class Clusters(Out):
+    clusters: list[ClusterCapacity]
+
+
+class QueueInfo(Out):
+    name: str
+    policy: Literal["gang", "binpack", "auto"]
+    priority: int
+    weight: float
+    quota: dict[str, float]
+    borrow: bool
+    reclaimable: bool
+    pending: int
+    usage: dict[str, float]
+
+
+class Queues(Out):
+    queues: list[QueueInfo]
+
+
+class Health(Out):
+    status: str
+
+
+RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
+    Error, Job, JobList, Explain, Plan, Clusters, Queues, Health,
+)  # fmt: skip
+
+_DESCRIPTIONS = {
+    "200": "OK",
+    "201": "created (committed to the store)",
+    "400": "bad input; the message names the field or parameter",
+    "401": "missing or invalid bearer token",
+    "403": "the tenant may not do this (namespace, queue)",
+    "404": "no such job for this tenant (also another tenant's job)",
+    "413": "body larger than the limit",
+    "429": "rate limited; see Retry-After",
+    "503": "not ready",
+}
+
+
+def _ref(model: str) -> dict[str, str]:
+    return {"$ref": REF.format(model=model)}
+
+
+def _json(model: str) -> dict[str, Any]:
+    return {"application/json": {"schema": _ref(model)}}
+
+
+def _responses(ok: dict[str, str], *errors: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        code: {"description": _DESCRIPTIONS[code], "content": _json(model)}
+        for code, model in ok.items()
+    }
+    for code in errors:
+        entry: dict[str, Any] = {"description": _DESCRIPTIONS[str(code)], "content": _json("Error")}
+        if code == 429:
+            entry["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            }
+        out[str(code)] = entry
+    return out
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}  # fmt: skip
+
+
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
+         "description": "the job's metadata.name"}  # fmt: skip
+_TENANT = _query("tenant", {"type": "string"}, "admin only: whose job (default: the caller's)")
+_AUTH = (401, 429)
+
+
+def _body() -> dict[str, Any]:
+    return {
+        "required": True,
+        "description": "a FederatedJob (JSON; YAML with Content-Type application/yaml)",
+        "content": _json("FederatedJob"),
+    }
+
+
+def _paths(max_list_limit: int) -> dict[str, Any]:
+    job = _responses({"200": "Job"}, 404, *_AUTH)
+    return {
+        "/v1/jobs": {
+            "post": {
+                "operationId": "submitJob",
+                "summary": "submit a job (201 once committed; 200 for a resubmit)",
+                "requestBody": _body(),
+                "responses": _responses({"200": "Job", "201": "Job"}, 400, 403, 413, *_AUTH),
+            },
+            "get": {
+                "operationId": "listJobs",
+                "parameters": [
+                    _query("queue", {"type": "string"}, "only this queue"),
+                    _query(
+                        "state", {"type": "string", "enum": list(JOB_STATES)}, "only this state"
+                    ),
+                    _query("cluster", {"type": "string"}, "only jobs placed on this cluster"),
+                    _query("tenant", {"type": "string"}, "admin only: this tenant's jobs"),
+                    _query(
+                        "limit",
+                        {"type": "integer", "minimum": 1, "maximum": max_list_limit},
+                        "page size",
+                    ),
+                    _query(
+                        "continue",
+                        {"type": "string", "pattern": "^[0-9]{1,18}$"},
+                        "the cursor of the previous page",
+                    ),
+                ],
+                "responses": _responses({"200": "JobList"}, 400, *_AUTH),
+            },
+        },
+        "/v1/jobs/{name}": {
+            "parameters": [_NAME],
+            "get": {"operationId": "getJob", "parameters": [_TENANT], "responses": job},
+            "delete": {"operationId": "cancelJob", "parameters": [_TENANT], "responses": job},
+        },
+        "/v1/jobs/{name}/explain": {
+            "parameters": [_NAME],
+            "get": {
+                "operationId": "explainJob",
+                "parameters": [_TENANT],
+                "responses": _responses({"200": "Explain"}, 404, *_AUTH),
+            },
+        },
+        "/v1/plan": {
+            "post": {
+                "operationId": "plan",
+                "summary": "dry run: where would this job go now (nothing is stored)",
+                "requestBody": _body(),
+                "responses": _responses({"200": "Plan"}, 400, 403, 413, *_AUTH),
+            }
+        },
+        "/v1/clusters": {
+            "get": {"operationId": "clusters", "responses": _responses({"200": "Clusters"}, *_AUTH)}
+        },
+        "/v1/queues": {
+            "get": {"operationId": "queues", "responses": _responses({"200": "Queues"}, *_AUTH)}
+        },
+        "/v1/events": {
+            "get": {
+                "operationId": "events",
+                "summary": "server-sent events: job state changes (own tenant; admin: all) "
+                "and capacity changes",
+                "responses": {
+                    "200": {
+                        "description": "an event stream (`event: job|capacity`, JSON `data`)",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    **_responses({}, *_AUTH),
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "security": [],
+                "responses": _responses({"200": "Health"}),
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "security": [],
+                "responses": _responses({"200": "Health", "503": "Health"}),
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "security": [],
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+    }
+
+
+def openapi_document(max_list_limit: int = 1000) -> dict[str, Any]:
+    """The whole document; pure (no service state), so it can be built once per app."""
+    manifest = json_schema(ref_template=REF)
+    schemas: dict[str, Any] = dict(manifest.pop("$defs", {}))
+    schemas["FederatedJob"] = manifest
+    _, defs = models_json_schema(
+        [(m, "serialization") for m in RESPONSE_MODELS], by_alias=True, ref_template=REF
+    )
+    for name, schema in defs.get("$defs", {}).items():
+        if name in schemas and schemas[name] != schema:
+            raise ValueError(f"schema name {name!r} is used by two different models")
+        schemas[name] = schema
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "fedbroker",
+            "version": "v1",
+            "description": "Multi-cluster GPU federation broker. Every error is "
+            '`{"error": "<field>: <problem>"}`.',
+        },
+        "paths": _paths(max_list_limit),
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+__all__ = ["RESPONSE_MODELS", "openapi_document"]

@@ -1,0 +1,225 @@
+"""The running broker process: one supervisor of named tasks, signals and clean shutdown.
+
+This module owns the life of ``fedbroker serve`` (and of ``fedbroker demo``, which is
+``serve`` with a built-in config): it builds the Service and its aiohttp app, rebuilds state
+(``service.start()``, readiness) BEFORE it listens, then runs named tasks — the scheduler
+loop, the HTTP site, and optionally the demo's workload generator and live table — under one
+supervisor. The first task that ends or fails is logged with its name and stops the rest;
+SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
+close the store, exit 0. It also owns the process's logging: JSON lines when stderr is not a
+terminal, and a filter that blanks anything that looks like a bearer token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from broker.api import make_app
+from broker.config import Config, ConfigError, load_config
+from broker.model import Placement
+from broker.service import Service
+
+log = logging.getLogger("broker.runtime")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+SHUTDOWN_TIMEOUT_SECONDS = 10.0
+
+# A task of the supervisor gets the base URL the API listens on once it is bound.
+TaskFactory = Callable[[Service, str], Coroutine[Any, Any, None]]
+
+_BEARER = re.compile(r"(?i)(bearer\s+|token[=:]\s*)[^\s,\"']+")
+
+
+class _RedactTokens(logging.Filter):
+    """Last line of defence: nothing shaped like ``Bearer X`` or ``token=X`` is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _BEARER.sub(r"\1***", message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in ("task", "url", "store"):
+            value = record.__dict__.get(key)
+            if value is not None:
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """JSON lines on stderr when it is not a terminal, readable lines when it is."""
+    handler = logging.StreamHandler(sys.stderr)
+    if sys.stderr.isatty():
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(JsonFormatter())
+    handler.addFilter(_RedactTokens())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+async def serve(
+    config: Config,
+    *,
+    host: str,
+    port: int,
+    workload: TaskFactory | None = None,
+    table: TaskFactory | None = None,
+    on_listening: Callable[[str], None] | None = None,
+    run_seconds: Callable[[Placement], float | None] | None = None,
+) -> int:
+    """Run the broker until a signal (exit 0) or until a task fails (exit 1)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+    service = Service(config, run_seconds=run_seconds)
+    runner = web.AppRunner(make_app(service, config), access_log=None)
+    try:
+        await service.start()
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
+            return EXIT_FAILED
+        url = _base_url(runner, host, port)
+        log.info("listening on %s", url, extra={"url": url, "store": config.store.redacted_url})
+        if on_listening is not None:
+            on_listening(url)
+        tasks: dict[str, Awaitable[None]] = {"scheduler": service.run(), "http": _hold(site)}
+        if workload is not None:
+            tasks["workload"] = workload(service, url)
+        if table is not None:
+            tasks["table"] = table(service, url)
+        return await supervise(tasks, stop)
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()  # stop accepting before the store goes away
+        await service.close()
+        log.info("broker stopped")
+
+
+async def _hold(site: web.TCPSite) -> None:
+    """The HTTP site as a task: it serves until cancelled, then stops listening."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        await site.stop()
+
+
+def _base_url(runner: web.AppRunner, host: str, port: int) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            port = int(address[1])
+            break
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+async def supervise(
+    coros: Mapping[str, Awaitable[None]],
+    stop: asyncio.Event,
+    timeout: float = SHUTDOWN_TIMEOUT_SECONDS,
+) -> int:
+    """Run named tasks until ``stop`` is set (0) or one of them ends (1), then cancel the
+    rest and wait for them, at most ``timeout`` seconds."""
+    tasks: dict[asyncio.Future[Any], str] = {}
+    for name, coro in coros.items():
+        started = asyncio.ensure_future(coro)
+        if isinstance(started, asyncio.Task):
+            started.set_name(name)
+        tasks[started] = name
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    code = EXIT_OK
+    try:
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for ended in done:
+            if ended is stopper:
+                log.info("shutdown requested")
+                continue
+            code = EXIT_FAILED
+            name = tasks[ended]
+            if ended.cancelled():
+                log.error("task %s was cancelled; shutting down", name, extra={"task": name})
+            elif (exc := ended.exception()) is not None:
+                log.error(
+                    "task %s failed; shutting down", name, extra={"task": name},
+                    exc_info=(type(exc), exc, exc.__traceback__),
+                )  # fmt: skip
+            else:
+                log.error("task %s ended unexpectedly; shutting down", name, extra={"task": name})
+    finally:
+        pending = [t for t in [*tasks, stopper] if not t.done()]
+        for future in pending:
+            future.cancel()
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for future in late:
+                name = tasks.get(future, "stop")
+                log.error("task %s did not stop within %ss", name, timeout, extra={"task": name})
+        for future in tasks:  # retrieve every outcome: none is reported as never retrieved
+            if future.done() and not future.cancelled():
+                future.exception()
+    return code
+
+
+def add_serve_command(sub: Any) -> None:
+    cmd = sub.add_parser("serve", help="run the broker (API, scheduler, store) from a config")
+    cmd.add_argument("--config", required=True, metavar="FILE", help="YAML config file")
+    cmd.add_argument("--host", default=None, help="listen address (default: config api.host)")
+    cmd.add_argument("--port", type=int, default=None, help="listen port (default: api.port)")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"fedbroker: error: {exc}\n")
+        return EXIT_USAGE
+    port = config.api.port if args.port is None else args.port
+    if not 0 <= port <= 65_535:
+        sys.stderr.write(f"fedbroker: error: --port must be within 0..65535, not {port}\n")
+        return EXIT_USAGE
+    configure_logging()
+    host = args.host or config.api.host
+    started = time.monotonic()
+    code = asyncio.run(serve(config, host=host, port=port))
+    log.info("ran for %.0fs", time.monotonic() - started)
+    return code
+
+
+__all__ = ["JsonFormatter", "configure_logging", "run_serve", "serve", "supervise"]
