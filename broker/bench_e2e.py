@@ -170,3 +170,24 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
         "submit_to_placed_p50_ms": round(1000 * percentile(placed_latency, 50), 2),
         "submit_to_placed_p99_ms": round(1000 * percentile(placed_latency, 99), 2),
     }
+
+
+def main_e2e(args: Any) -> int:
+    """``fedbroker bench --e2e``: the clusters are ``--clusters`` x ``--nodes-per-cluster``
+    8-GPU nodes (default 20 x 500, room for every job at once)."""
+    doc = asyncio.run(run_e2e(args.jobs, float(args.rate), args.clusters, args.nodes_per_cluster))
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    print(
+        f"end to end over HTTP: {doc['jobs']} single-GPU jobs offered at {args.rate}/s to "
+        f"{args.clusters} simulated clusters x {args.nodes_per_cluster} nodes, SQLite store"
+    )
+    print(f"  sustained submissions/s   {doc['sustained_submissions_per_s']}")
+    print(f"  201 latency p50 / p99    {doc['ack_p50_ms']} / {doc['ack_p99_ms']} ms")
+    print(
+        "  submit -> placed p50/p99 "
+        f"{doc['submit_to_placed_p50_ms']} / {doc['submit_to_placed_p99_ms']} ms"
+    )
+    print(f"  acknowledged {doc['acknowledged']}, failed {doc['failed']}, placed {doc['placed']}")
+    return 0

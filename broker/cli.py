@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", action="store_true")
+    bench.add_argument(
+        "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"
+    )
+    bench.add_argument("--jobs", type=_positive("--jobs"), default=5000, help="e2e: jobs to submit")
+    bench.add_argument("--rate", type=_positive("--rate"), default=500, help="e2e: submissions/s")
     return parser
 
 
@@ -167,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.demo import run_demo
 
             return run_demo(args)
+        if args.command == "bench" and args.e2e:
+            from broker.bench_e2e import main_e2e
+
+            return main_e2e(args)
         if args.command == "bench":
             from broker.bench import run_bench
 

@@ -264,7 +264,7 @@ class Service:
         )
         if created:
             async with self._lock:
-                self.queue.push(self._pending(record))
+                self.queue.push(self._pending(record, job))
             self._wake.set()
         return record, created
 
@@ -357,10 +357,16 @@ class Service:
             self._launching.pop(key, None)
             now = self._clock()
             outcome = self.lifecycle.all_running(key, now)
-            if outcome is not None:
-                await self._record(outcome, now, expect="Placed")
-                if isinstance(self.launcher, RunWatcher):
-                    self._runs[key] = self._spawn(self._run(self.launcher, placement))
+        if outcome is None:
+            return
+        # Recorded outside the lock: many gangs start together, and their Running writes
+        # then share one group commit instead of queueing one fsync each behind the lock.
+        # A cancel landing meanwhile makes this write a harmless compare-and-set miss.
+        await self._record(outcome, now, expect="Placed")
+        async with self._lock:
+            launch = self.lifecycle.get(key)
+            if launch is not None and launch.running and isinstance(self.launcher, RunWatcher):
+                self._runs[key] = self._spawn(self._run(self.launcher, placement))
 
     async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
         """Wait for a running job's pods to exit, then free its capacity and record the end."""
@@ -400,9 +406,12 @@ class Service:
             log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
         self._wake.set()
 
-    def _pending(self, record: JobRecord) -> Pending:
-        manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
-        job = to_job(manifest, record.tenant, record.queue)
+    def _pending(self, record: JobRecord, job: Job | None = None) -> Pending:
+        """The queue entry of a stored job; its Job is rebuilt from the stored manifest
+        unless the caller (a fresh submission) already has it."""
+        if job is None:
+            manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
+            job = to_job(manifest, record.tenant, record.queue)
         return Pending(
             job, record.seq, record.created_at, record.attempts, record.not_before or 0.0
         )
