@@ -38,7 +38,7 @@ class JobRecord:
     state: JobState
     cluster: str | None
     placement: dict[str, Any] | None  # JSON-able placement once placed
-    attempts: int  # times placed (for requeue backoff)
+    attempts: int  # failed attempts so far, the requeue backoff's exponent (see transition)
     not_before: float | None  # epoch seconds: not schedulable before (requeue backoff)
     reason: str  # the last transition's reason
     created_at: float
@@ -144,8 +144,9 @@ class Store(Protocol):
         Raises StateConflict (job unchanged) if ``expect`` is given and the current state is
         not in it, JobNotFound if there is no such job. Field rules: ``cluster`` and
         ``placement`` replace the stored values when given; moving to Queued clears both (a
-        queued job holds no placement). ``attempts`` is set when given, otherwise it grows by
-        one on every move to Placed. ``not_before`` is set when given, else kept.
+        queued job holds no placement). ``attempts`` is set when given (the service always
+        gives the lifecycle's count of failed attempts), otherwise it grows by one on every
+        move to Placed. ``not_before`` is set when given, else kept.
         """
         ...
 
