@@ -313,7 +313,20 @@ class Service:
                 await self._roll_back(
                     launch.placement, now, f"gang did not start within {timeout}s"
                 )
-            result = run_cycle(self.queue, self.ledger, self.policies, now, self.settings)
+            result = run_cycle(
+                self.queue, self.ledger, self.policies, now, self.settings,
+                lifecycle=self.lifecycle,
+            )  # fmt: skip
+            for victim, evicted in result.preempted:
+                # Already released and requeued by the lifecycle: stop watching it, delete
+                # every pod of it, record why.
+                for tasks in (self._launching, self._runs):
+                    task = tasks.pop(victim.placement.job, None)
+                    if task is not None:
+                        task.cancel()
+                await self.launcher.delete(victim.placement)
+                was: JobState = "Running" if victim.running else "Placed"
+                await self._record(evicted, now, expect=was)
             # The cycle's placements are recorded together, so the store can make them
             # durable in one group commit instead of one fsync each.
             written = await asyncio.gather(

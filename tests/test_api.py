@@ -432,3 +432,46 @@ async def test_close_cancels_the_loop_and_launches(tmp_path: Path) -> None:
     assert service.lifecycle.get("team-a/hang") is not None
     await runner.__aexit__(None, None, None)
     assert not service.ready
+
+
+PREEMPT_CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+clusters:
+- name: only
+  source:
+    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 1}}]}}
+queues:
+- {{name: research, policy: binpack, reclaimable: true}}
+- {{name: urgent, policy: gang, priority: 10}}
+tenants:
+- {{name: team-a, defaultQueue: research, queues: [research, urgent], token: {{value: tok-a}}}}
+"""
+
+
+async def test_a_higher_priority_job_preempts_a_whole_reclaimable_job(tmp_path: Path) -> None:
+    config = parse_config(PREEMPT_CONFIG.format(db=tmp_path / "jobs.db"), "test config")
+    clock = Clock()
+    service = Service(config, clock=clock)
+    await service.start()
+    client = TestClient(TestServer(make_app(service, config)))
+    await client.start_server()
+    try:
+        low = manifest("low", pods=2, gpus=4)
+        assert (await submit(client, low, A)).status == 201
+        await service.schedule_once(clock.now)
+        await settle(service)
+        vip = manifest("vip", pods=1, gpus=8, queue="urgent", priority=100)
+        assert (await submit(client, vip, A)).status == 201
+        clock.now += 5
+        await service.schedule_once(clock.now)
+        await settle(service)
+        low_job = await (await client.get("/v1/jobs/low", headers=A)).json()
+        vip_job = await (await client.get("/v1/jobs/vip", headers=A)).json()
+        assert low_job["status"]["state"] == "Queued"
+        assert "preempted by team-a/vip" in low_job["status"]["reason"]
+        assert [h["state"] for h in low_job["status"]["history"]][-2:] == ["Running", "Queued"]
+        assert vip_job["status"]["state"] == "Running"
+        assert free_gpus(service, "only", "A100") == 0  # the whole gang went, vip holds all 8
+    finally:
+        await client.close()
+        await service.close()
