@@ -26,18 +26,29 @@ from aiohttp import web
 
 from broker.api import make_app
 from broker.config import Config, parse_config
+from broker.runtime import run_loop
 from broker.service import Service
 
-JOB = """apiVersion: fedbroker.io/v1alpha1
-kind: FederatedJob
-metadata: {{name: {name}}}
-spec:
-  queue: bench
-  podSets:
-  - name: main
-    count: 1
-    resources: {{nvidia.com/gpu: 1, cpu: "4", memory: 16Gi}}
-"""
+
+def job_body(name: str) -> bytes:
+    """A one-GPU FederatedJob as JSON, the API's usual content type for programs."""
+    return json.dumps(
+        {
+            "apiVersion": "fedbroker.io/v1alpha1",
+            "kind": "FederatedJob",
+            "metadata": {"name": name},
+            "spec": {
+                "queue": "bench",
+                "podSets": [
+                    {
+                        "name": "main",
+                        "count": 1,
+                        "resources": {"nvidia.com/gpu": 1, "cpu": "4", "memory": "16Gi"},
+                    }
+                ],
+            },
+        }
+    ).encode()
 
 
 def bench_config(data_dir: Path, token: str, clusters: int, nodes_per_cluster: int) -> Config:
@@ -101,13 +112,13 @@ async def run_e2e(jobs: int, rate: float, clusters: int, nodes_per_cluster: int)
 
 def _generate(base: str, token: str, jobs: int, rate: float, out: Any) -> None:
     """The load generator's process: its own interpreter and core, like a real client."""
-    out.put(asyncio.run(_submit_all(base, token, jobs, rate)))
+    out.put(run_loop(_submit_all(base, token, jobs, rate)))
 
 
 async def _submit_all(
     base: str, token: str, jobs: int, rate: float
 ) -> tuple[list[float], int, float]:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"}
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     acked: list[float] = []
     failed = 0
     connector = aiohttp.TCPConnector(limit=64)
@@ -115,7 +126,7 @@ async def _submit_all(
 
         async def submit(i: int) -> None:
             nonlocal failed
-            body = JOB.format(name=f"job-{i:06d}").encode()
+            body = job_body(f"job-{i:06d}")
             started = time.perf_counter()
             async with session.post(f"{base}/v1/jobs", data=body, headers=headers) as resp:
                 await resp.read()
@@ -175,7 +186,7 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
 def main_e2e(args: Any) -> int:
     """``fedbroker bench --e2e``: the clusters are ``--clusters`` x ``--nodes-per-cluster``
     8-GPU nodes (default 20 x 500, room for every job at once)."""
-    doc = asyncio.run(run_e2e(args.jobs, float(args.rate), args.clusters, args.nodes_per_cluster))
+    doc = run_loop(run_e2e(args.jobs, float(args.rate), args.clusters, args.nodes_per_cluster))
     if args.json:
         print(json.dumps(doc))
         return 0

@@ -28,7 +28,7 @@ import aiohttp
 from adapters.simulated import seeded_run_seconds
 from broker.client import table as render_table
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
-from broker.runtime import EXIT_USAGE, TaskFactory, configure_logging, serve
+from broker.runtime import EXIT_USAGE, TaskFactory, configure_logging, run_loop, serve
 from broker.service import Service
 
 log = logging.getLogger("broker.demo")
@@ -258,7 +258,7 @@ def run_demo(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
             print(header(url), flush=True)
 
     table = live_table(sys.stdout, header)
-    return asyncio.run(
+    return run_loop(
         serve(
             config, host=args.host, port=args.port, on_listening=on_listening, table=table,
             workload=None if args.no_workload else workload(tokens, args.seed),

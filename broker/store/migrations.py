@@ -54,14 +54,27 @@ SCHEMA_MIGRATIONS_DDL = (
 _STATES_CHECK = "('Queued', 'Placed', 'Running', 'Succeeded', 'Failed', 'Cancelled')"
 
 
+def _sqlite_history_trigger(event: str) -> str:
+    return (
+        f"CREATE TRIGGER jobs_history_{event.lower()} AFTER {event} ON jobs BEGIN "
+        "INSERT INTO job_history (tenant, name, at, state, reason, cluster) "
+        "VALUES (NEW.tenant, NEW.name, NEW.updated_at, NEW.state, NEW.reason, NEW.cluster); "
+        "END"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
 
+    # Statements only one dialect can spell (triggers), applied after the shared ones.
+    per_dialect: tuple[tuple[Dialect, str], ...] = ()
+
     def render(self, dialect: Dialect) -> tuple[str, ...]:
-        return tuple(statement.format(**_TYPES[dialect]) for statement in self.statements)
+        shared = tuple(statement.format(**_TYPES[dialect]) for statement in self.statements)
+        return shared + tuple(sql for d, sql in self.per_dialect if d == dialect)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -104,6 +117,39 @@ MIGRATIONS: tuple[Migration, ...] = (
                 FOREIGN KEY (tenant, name) REFERENCES jobs (tenant, name) ON DELETE CASCADE
             )""",
             "CREATE INDEX job_history_job ON job_history (tenant, name, id)",
+        ),
+    ),
+    Migration(
+        2,
+        "job_history written by triggers",
+        (),
+        # Every insert or update of a job row is a state transition; the database records
+        # it in job_history in the same statement. A write is then one statement, atomic on
+        # its own, which lets the SQLite backend's group commit skip a savepoint per write.
+        per_dialect=(
+            ("sqlite", _sqlite_history_trigger("INSERT")),
+            ("sqlite", _sqlite_history_trigger("UPDATE")),
+            (
+                "postgres",
+                """CREATE FUNCTION job_history_record() RETURNS trigger
+                LANGUAGE plpgsql AS $$
+                BEGIN
+                    INSERT INTO job_history (tenant, name, at, state, reason, cluster)
+                    VALUES (NEW.tenant, NEW.name, NEW.updated_at, NEW.state, NEW.reason,
+                            NEW.cluster);
+                    RETURN NULL;
+                END $$""",
+            ),
+            (
+                "postgres",
+                "CREATE TRIGGER jobs_history_insert AFTER INSERT ON jobs "
+                "FOR EACH ROW EXECUTE FUNCTION job_history_record()",
+            ),
+            (
+                "postgres",
+                "CREATE TRIGGER jobs_history_update AFTER UPDATE ON jobs "
+                "FOR EACH ROW EXECUTE FUNCTION job_history_record()",
+            ),
         ),
     ),
 )

@@ -193,7 +193,6 @@ class PostgresStore:
                 if existing is None:
                     raise StoreError(f"job {tenant}/{name} conflicted on insert but is missing")
                 return _job(existing), False
-            await conn.execute(_INSERT_HISTORY, tenant, name, now, "Queued", SUBMITTED_REASON, None)
             return _job(row), True
 
     async def transition(
@@ -242,7 +241,6 @@ class PostgresStore:
                     raise JobNotFound(tenant, name)
                 raise StateConflict(tenant, name, current, expected or ())
             job = _job(row)
-            await conn.execute(_INSERT_HISTORY, tenant, name, now, state, reason, job.cluster)
             return job
 
     @asynccontextmanager

@@ -198,9 +198,6 @@ class SqliteStore:
             if not rows:
                 existing = list(await conn.execute_fetchall(_SELECT_JOB, (tenant, name)))
                 return _job(existing[0]), False
-            await conn.execute(
-                _INSERT_HISTORY, (tenant, name, now, "Queued", SUBMITTED_REASON, None)
-            )
             return _job(rows[0]), True
 
     async def transition(
@@ -258,7 +255,6 @@ class SqliteStore:
                     raise JobNotFound(tenant, name)
                 raise StateConflict(tenant, name, found[0][0], expected or ())
             job = _job(rows[0])
-            await conn.execute(_INSERT_HISTORY, (tenant, name, now, state, reason, job.cluster))
             return job
 
     @asynccontextmanager
@@ -266,8 +262,8 @@ class SqliteStore:
         """One write, durable when the caller gets control back.
 
         Group commit: writes that arrive while others are in flight join one open
-        transaction, each in its own SAVEPOINT (a failing write undoes only itself), and
-        one COMMIT (one fsync) makes the whole group durable. Every writer returns only
+        transaction, each a single statement (a failing one undoes only itself), and one
+        COMMIT (one fsync) makes the whole group durable. Every writer returns only
         after that COMMIT, so "acknowledged" still means "on disk"; under load many writes
         share an fsync instead of paying one each. (A shared in-memory database commits
         each write alone: its reads share the writer's connection.)
@@ -293,24 +289,25 @@ class SqliteStore:
                     self._ensure_committer()
                     await conn.execute("BEGIN IMMEDIATE")
                 group = self._group
+                cancelled: asyncio.CancelledError | None = None
                 try:
-                    await conn.execute("SAVEPOINT write")
+                    # Every write is one statement (the history row comes from a trigger),
+                    # atomic on its own: a failing one undoes only itself, no savepoint.
                     yield conn
-                    await conn.execute("RELEASE write")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error, ValueError):
-                        await conn.execute("ROLLBACK TO write")
-                        await conn.execute("RELEASE write")
-                    raise
+                except asyncio.CancelledError as exc:
+                    cancelled = exc  # its statement may already be running: see below
                 finally:
                     self._ensure_committer()
         # Shielded: a caller cancelled while waiting must not stop the others' commit, and
         # it still waits for the outcome, so the write is settled (stored or not) by the time
         # the cancellation reaches the caller, as when each write committed alone.
+        if cancelled is not None:
+            await _settled(group)
+            raise cancelled
         try:
             await asyncio.shield(group)
         except asyncio.CancelledError:
-            await asyncio.wait([group])
+            await _settled(group)
             raise
 
     def _ensure_committer(self) -> None:
@@ -432,6 +429,14 @@ def _marks(n: int) -> str:
 
 def _job(row: sqlite3.Row) -> JobRecord:
     return job_from_row(tuple(row), json.loads)
+
+
+async def _settled(group: asyncio.Future[None]) -> None:
+    """Wait for a group's COMMIT even through further cancel requests (a caller cancelled
+    once more still gets control back only once its write is settled: a commit is short)."""
+    while not group.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([group])
 
 
 async def _rollback(conn: aiosqlite.Connection) -> None:
