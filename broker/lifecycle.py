@@ -111,20 +111,23 @@ class Lifecycle:
     def preempt(self, job: str, now: float, by: str) -> Outcome | None:
         """Evicted for a higher-priority gang: release everything, requeue at once (no
         backoff: the job did nothing wrong). The caller deletes its pods."""
-        launch = self._launches.pop(job, None)
+        launch = self._release(job)
         if launch is None:
             return None
-        if launch.running:
-            self._ledger.release(job, launch.placement)
-        else:
-            self._ledger.forget(job)
-        self._queue.release(job)
         launch.pending.not_before = now
         self._queue.push(launch.pending)
         return Outcome(job, "Queued", f"preempted by {by}", launch.pending.attempts, now)
 
     def finished(self, job: str, succeeded: bool, reason: str) -> Outcome | None:
         """A running job ended: its pods are gone, its capacity is free."""
+        launch = self._release(job)
+        if launch is None:
+            return None
+        return Outcome(job, "Succeeded" if succeeded else "Failed", reason, launch.pending.attempts)
+
+    def _release(self, job: str) -> Launch | None:
+        """Forget a launch and give back what it held: bound usage if it ran, else its
+        reservation; and its queue's charge."""
         launch = self._launches.pop(job, None)
         if launch is None:
             return None
@@ -133,7 +136,7 @@ class Lifecycle:
         else:
             self._ledger.forget(job)
         self._queue.release(job)
-        return Outcome(job, "Succeeded" if succeeded else "Failed", reason, launch.pending.attempts)
+        return launch
 
     def cancel(self, job: str) -> Outcome:
         """Cancel wherever the job is: waiting, launching or running."""

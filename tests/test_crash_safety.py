@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -35,17 +33,15 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
-import asyncpg
 import pytest
 import yaml
+from services import postgres_database
 
-from broker.store import JobRecord, Store, open_store, redact_url, sqlite_url
+from broker.store import JobRecord, Store, open_store, sqlite_url
 
 ROOT = Path(__file__).resolve().parent.parent
-PG_URL = os.environ.get("FEDBROKER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 TENANT, TENANT_TOKEN = "load", "tok-load"
 ADMIN_TOKEN = "tok-admin"
 
@@ -261,31 +257,11 @@ async def killer(session: aiohttp.ClientSession, broker: Broker, load: Load) -> 
 
 
 @asynccontextmanager
-async def postgres_database() -> AsyncIterator[str]:
-    """A fresh database on the test server, dropped on exit; yields its URL."""
-    try:
-        admin = await asyncpg.connect(PG_URL, timeout=5)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL at {redact_url(PG_URL)} is unreachable: {exc}"
-        if os.environ.get("FEDBROKER_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{reason} (FEDBROKER_REQUIRE_SERVICES=1)")
-        pytest.skip(reason)
-    name = f"fedbroker_crash_{secrets.token_hex(6)}"
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(PG_URL)._replace(path=f"/{name}"))
-    finally:
-        # FORCE: the killed brokers' backends may linger for a moment.
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
-@asynccontextmanager
 async def store_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
     if backend == "sqlite":
         yield sqlite_url(str(tmp_path / "fedbroker.db"))  # absolute: sqlite:///tmp/...
     else:
-        async with postgres_database() as url:
+        async with postgres_database("fedbroker_crash") as url:
             yield url
 
 

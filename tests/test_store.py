@@ -11,19 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import secrets
 import sqlite3
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from services import postgres_database
 
 from broker.store import (
     JobNotFound,
@@ -34,7 +32,6 @@ from broker.store import (
     StoreUnavailable,
     Transition,
     open_store,
-    redact_url,
     sqlite_path,
     sqlite_url,
 )
@@ -42,7 +39,6 @@ from broker.store.migrations import MIGRATIONS, Migration
 from broker.store.postgres import PostgresStore
 from broker.store.sqlite import SqliteStore
 
-PG_URL = os.environ.get("FEDBROKER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST: dict[str, Any] = {
     "apiVersion": "fedbroker.io/v1alpha1",
@@ -55,26 +51,6 @@ OpenStore = Callable[..., Awaitable[Store]]
 
 
 # -- fixtures ----------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def postgres_database() -> AsyncIterator[str]:
-    """A fresh database on the test server, dropped on exit; yields its URL."""
-    try:
-        admin = await asyncpg.connect(PG_URL, timeout=5)
-    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL at {redact_url(PG_URL)} is unreachable: {exc}"
-        if os.environ.get("FEDBROKER_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{reason} (FEDBROKER_REQUIRE_SERVICES=1)")
-        pytest.skip(reason)
-    name = f"fedbroker_test_{secrets.token_hex(6)}"
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield urlunsplit(urlsplit(PG_URL)._replace(path=f"/{name}"))
-    finally:
-        # FORCE: a killed child process may leave a backend behind for a moment.
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
