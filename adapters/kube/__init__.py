@@ -1,0 +1,1 @@
+"""Kubernetes member clusters: translation of Node/Pod objects, list+watch, kubeconfig."""

@@ -1,0 +1,330 @@
+"""KubeLauncher against kmock (a Kubernetes API mock over real HTTP) with the real
+``kubernetes.aio`` client. No client monkey-patching: pods are moved to Running or Failed by
+a fake kubelet, the launcher's injected poll pause, which edits kmock's stored objects."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
+
+import kmock as kmocklib
+import pytest
+from kubernetes.aio.client import ApiClient, Configuration
+from tenacity import wait_none
+
+from adapters.kube.launch import (
+    COSCHEDULING_LABEL,
+    LABEL_ORIGIN,
+    VOLCANO_ANNOTATION,
+    Flavor,
+    KubeLauncher,
+    KubeLaunchError,
+    LaunchSpec,
+    Mode,
+)
+from adapters.simulated import LaunchError
+from broker.model import Placement, PodBound, PodPlacement, Resources
+
+CANARY = "canary-token-3f9e1c0d7b"
+NS = "team"
+PODS = kmocklib.resource("", "v1", "pods")
+COSCHED = kmocklib.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+VOLCANO = kmocklib.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
+GPU = Resources(gpus=4, cpu_milli=8000, memory_mib=32768)
+
+Emulator = kmocklib.KubernetesEmulator
+
+
+@pytest.fixture
+async def k8s(kmock: Any) -> Emulator:
+    emulator = cast(Emulator, kmock)
+    info = kmocklib.ResourceInfo(namespaced=True)
+    emulator.resources["v1/pods"] = info
+    emulator.resources["scheduling.x-k8s.io/v1alpha1/podgroups"] = info
+    emulator.resources["scheduling.volcano.sh/v1beta1/podgroups"] = info
+    return emulator
+
+
+@pytest.fixture
+async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
+    config = Configuration(
+        host=str(k8s.url).rstrip("/"),
+        api_key={"BearerToken": CANARY},
+        api_key_prefix={"BearerToken": "Bearer"},
+    )
+    async with ApiClient(config) as client:
+        yield client
+
+
+def placement(job: str = "train", pods: int = 2) -> Placement:
+    return Placement(
+        job=f"acme/{job}",
+        cluster="east",
+        pods=tuple(
+            PodPlacement(f"acme.{job}-worker-{i}", f"node-{i}", (0, 1, 2, 3), GPU)
+            for i in range(pods)
+        ),
+    )
+
+
+def kubelet(
+    k8s: Emulator, phase: str = "Running", only: str | None = None
+) -> Callable[[float], Awaitable[None]]:
+    """A poll pause that binds every stored pod of ours and sets its phase."""
+
+    async def step(_: float) -> None:
+        for (res, _ns, name), obj in list(k8s.objects.items()):
+            if res == PODS and not obj.deleted and (only is None or name == only):
+                obj.patch({"spec": {"nodeName": "node-x"}, "status": {"phase": phase}})
+
+    return step
+
+
+def stored(k8s: Emulator, res: Any) -> dict[str, dict[str, Any]]:
+    return {
+        name: obj.raw for (r, _, name), obj in k8s.objects.items() if r == res and not obj.deleted
+    }
+
+
+def launcher(
+    api: ApiClient,
+    k8s: Emulator,
+    mode: Mode = "delegate",
+    flavor: Flavor = "coscheduling",
+    **kwargs: Any,
+) -> KubeLauncher:
+    kwargs.setdefault("sleep", kubelet(k8s))
+    return KubeLauncher(
+        api,
+        NS,
+        mode,
+        flavor,
+        cluster="east",
+        retry_wait=wait_none(),
+        spec_for=lambda p: LaunchSpec(
+            tenant="acme",
+            job=p.job.split("/")[1],
+            min_member=2,
+            schedule_timeout_seconds=120,
+            queue="gpu-q",
+            pod_templates={
+                "worker": {
+                    "metadata": {"labels": {"app": "trainer"}},
+                    "spec": {"containers": [{"name": "trainer", "image": "pytorch:2"}]},
+                }
+            },
+        ),
+        **kwargs,
+    )
+
+
+async def test_coscheduling_pod_group_and_pods(api: ApiClient, k8s: Emulator) -> None:
+    await launcher(api, k8s).launch(placement())
+    group = stored(k8s, COSCHED)["train"]
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["kind"] == "PodGroup"
+    assert group["spec"] == {"minMember": 2, "scheduleTimeoutSeconds": 120}
+    assert group["metadata"]["labels"][LABEL_ORIGIN] == "fedbroker"
+    pods = stored(k8s, PODS)
+    assert sorted(pods) == ["train-worker-0", "train-worker-1"]
+    pod = pods["train-worker-0"]
+    labels = pod["metadata"]["labels"]
+    assert labels[COSCHEDULING_LABEL] == "train"
+    assert labels["fedbroker.io/tenant"] == "acme"
+    assert labels["fedbroker.io/job"] == "train"
+    assert labels["app"] == "trainer"
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == "pytorch:2"
+    want = {"nvidia.com/gpu": "4", "cpu": "8000m", "memory": "32768Mi"}
+    assert container["resources"] == {"requests": want, "limits": want}
+    assert "affinity" not in pod["spec"]
+
+
+async def test_volcano_pod_group_and_pods(api: ApiClient, k8s: Emulator) -> None:
+    await launcher(api, k8s, flavor="volcano").launch(placement())
+    group = stored(k8s, VOLCANO)["train"]
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert group["spec"] == {"minMember": 2, "queue": "gpu-q"}
+    pod = stored(k8s, PODS)["train-worker-1"]
+    assert pod["metadata"]["annotations"][VOLCANO_ANNOTATION] == "train"
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert not stored(k8s, COSCHED)
+
+
+async def test_pin_mode_affinity_and_no_pod_group(api: ApiClient, k8s: Emulator) -> None:
+    await launcher(api, k8s, mode="pin").launch(placement())
+    pod = stored(k8s, PODS)["train-worker-1"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+    ]
+    assert not stored(k8s, COSCHED)
+
+
+async def test_shared_gpu_resource_name(api: ApiClient, k8s: Emulator) -> None:
+    shared = Placement(
+        "acme/s", "east", (PodPlacement("acme.s-w-0", "n", (2,), Resources(gpu_milli=250)),)
+    )
+    kube = launcher(api, k8s, mode="pin", shared_gpu_resource="example.com/gpu-milli")
+    await kube.launch(shared)
+    requests = stored(k8s, PODS)["s-w-0"]["spec"]["containers"][0]["resources"]["requests"]
+    assert requests == {"example.com/gpu-milli": "250"}
+    with pytest.raises(KubeLaunchError, match="shared GPU resource"):
+        await launcher(api, k8s, mode="pin").launch(shared)
+
+
+async def test_already_exists_with_our_label_is_idempotent(api: ApiClient, k8s: Emulator) -> None:
+    kube = launcher(api, k8s)
+    await kube.launch(placement())
+    await kube.launch(placement())
+    assert sorted(stored(k8s, PODS)) == ["train-worker-0", "train-worker-1"]
+    assert len(k8s["post"][PODS]) == 4  # both creations answered 409 the second time
+
+
+async def test_already_exists_without_our_label_fails(api: ApiClient, k8s: Emulator) -> None:
+    k8s.objects[PODS, NS, "train-worker-1"] = {
+        "metadata": {"name": "train-worker-1", "namespace": NS, "labels": {"app": "other"}}
+    }
+    with pytest.raises(KubeLaunchError, match="does not belong"):
+        await launcher(api, k8s).launch(placement())
+    # rolled back: ours are gone, the foreign pod stays
+    assert sorted(stored(k8s, PODS)) == ["train-worker-1"]
+    assert not stored(k8s, COSCHED)
+
+
+async def test_foreign_pod_group_fails(api: ApiClient, k8s: Emulator) -> None:
+    k8s.objects[COSCHED, NS, "train"] = {"metadata": {"name": "train", "namespace": NS}}
+    with pytest.raises(LaunchError, match="PodGroup train already exists"):
+        await launcher(api, k8s).launch(placement())
+    assert "train" in stored(k8s, COSCHED)
+
+
+async def test_pod_group_spec_update_retries_on_conflict(api: ApiClient, k8s: Emulator) -> None:
+    k8s.objects[COSCHED, NS, "train"] = {
+        "metadata": {
+            "name": "train",
+            "namespace": NS,
+            "resourceVersion": "7",
+            "labels": {
+                LABEL_ORIGIN: "fedbroker",
+                "fedbroker.io/tenant": "acme",
+                "fedbroker.io/job": "train",
+            },
+        },
+        "spec": {"minMember": 5, "scheduleTimeoutSeconds": 1},
+    }
+    k8s["patch"][COSCHED][:1] << 409 << {"kind": "Status", "code": 409, "reason": "Conflict"}
+    await launcher(api, k8s).launch(placement())
+    # kmock applies a PATCH even when a reaction answers 409, so the re-read after the
+    # conflict already shows the wanted spec: no second PATCH is needed.
+    assert len(k8s["patch"][COSCHED]) == 1
+    assert len(k8s["get"][COSCHED]) >= 2
+    assert stored(k8s, COSCHED)["train"]["spec"]["minMember"] == 2
+
+
+async def test_failed_pod_rolls_back_the_gang(api: ApiClient, k8s: Emulator) -> None:
+    kube = launcher(api, k8s, sleep=kubelet(k8s, "Failed", only="train-worker-1"))
+    with pytest.raises(LaunchError, match="train-worker-1 Failed"):
+        await kube.launch(placement())
+    assert not stored(k8s, PODS)
+    assert not stored(k8s, COSCHED)
+    await kube.delete(placement())  # idempotent: nothing left, 404s tolerated
+    assert not stored(k8s, PODS)
+
+
+async def test_pod_group_running_confirms(api: ApiClient, k8s: Emulator) -> None:
+    async def scheduler(_: float) -> None:
+        k8s.objects[COSCHED, NS, "train"].patch({"status": {"phase": "Running"}})
+
+    await launcher(api, k8s, sleep=scheduler).launch(placement())
+    assert all(p.get("status") is None for p in stored(k8s, PODS).values())
+
+
+async def test_429_then_success_is_retried(api: ApiClient, k8s: Emulator) -> None:
+    k8s["post"][PODS][:1] << 429 << {"kind": "Status", "code": 429, "reason": "TooManyRequests"}
+    await launcher(api, k8s, mode="pin").launch(placement())
+    # kmock stores a POSTed object even when a reaction answers, so the retry meets our own
+    # pod (409 with our labels): adopted, as a lost response from a real server would be.
+    assert len(k8s["post"][PODS]) == 3
+    assert sorted(stored(k8s, PODS)) == ["train-worker-0", "train-worker-1"]
+
+
+async def test_500s_beyond_the_bound_give_a_clear_error(
+    api: ApiClient, k8s: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    # kmock answers a repeated create with its own 409 before any reaction, so the 500s are
+    # scripted on reads: the confirmation's pod list fails every time.
+    k8s["list"][PODS] << 500 << {"kind": "Status", "code": 500, "reason": "InternalError"}
+    with caplog.at_level(logging.DEBUG), pytest.raises(KubeLaunchError) as caught:
+        await launcher(api, k8s, attempts=3).launch(placement())
+    assert str(caught.value) == "list pods: HTTP 500 InternalError after 3 attempts"
+    assert len(k8s["list"][PODS]) == 6  # 3 by the confirmation, 3 by the rollback
+    assert "retrying" in caplog.text
+    assert "rollback of acme/train incomplete" in caplog.text
+
+
+async def test_cancel_and_gc_leave_nothing_of_ours(api: ApiClient, k8s: Emulator) -> None:
+    foreign = {"metadata": {"name": "theirs", "namespace": NS, "labels": {"app": "x"}}}
+    k8s.objects[PODS, NS, "theirs"] = {**foreign, "spec": {"containers": [{"name": "c"}]}}
+    k8s.objects[COSCHED, NS, "theirs"] = foreign
+    kube = launcher(api, k8s)
+    for job in ("a", "b", "c"):
+        await kube.launch(placement(job))
+    await kube.delete(placement("a"))
+    assert sorted(stored(k8s, PODS)) == [
+        "b-worker-0",
+        "b-worker-1",
+        "c-worker-0",
+        "c-worker-1",
+        "theirs",
+    ]
+    deleted = await kube.collect_garbage({"acme/c"})
+    assert sorted(deleted) == ["Pod/b-worker-0", "Pod/b-worker-1", "PodGroup/b"]
+    assert sorted(stored(k8s, PODS)) == ["c-worker-0", "c-worker-1", "theirs"]
+    assert sorted(stored(k8s, COSCHED)) == ["c", "theirs"]
+    await kube.collect_garbage(set())
+    assert sorted(stored(k8s, PODS)) == ["theirs"]
+    assert sorted(stored(k8s, COSCHED)) == ["theirs"]
+
+
+async def test_read_back_returns_bound_pods(api: ApiClient, k8s: Emulator) -> None:
+    kube = launcher(api, k8s, mode="pin")
+    await kube.launch(placement("a", pods=2))
+    await kube.launch(placement("b", pods=1))
+    k8s.objects[PODS, NS, "theirs"] = {
+        "metadata": {"name": "theirs", "namespace": NS},
+        "spec": {"nodeName": "node-x", "containers": [{"name": "c"}]},
+    }
+    back = await kube.read_back()
+    assert sorted(back) == ["acme/a", "acme/b"]
+    assert sorted(back["acme/a"], key=lambda e: e.pod) == [
+        PodBound("east", "acme.a-worker-0", "node-x", GPU, (0, 1, 2, 3)),
+        PodBound("east", "acme.a-worker-1", "node-x", GPU, (0, 1, 2, 3)),
+    ]
+
+
+async def test_canary_token_never_logged_nor_in_errors(
+    api: ApiClient, k8s: Emulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    k8s["list"][PODS] << 503 << {"kind": "Status", "code": 503, "reason": "ServiceUnavailable"}
+    texts: list[str] = []
+    with caplog.at_level(logging.DEBUG):
+        kube = launcher(api, k8s, attempts=2)
+        with pytest.raises(KubeLaunchError) as caught:
+            await kube.launch(placement())
+        texts.append(str(caught.value))
+        texts.append(repr(caught.value.__cause__))
+        with pytest.raises(KubeLaunchError) as again:
+            await kube.collect_garbage(set())
+        texts.append(str(again.value))
+    # the token did go over the wire...
+    assert any(CANARY in r.headers.get("Authorization", "") for r in k8s["post"][PODS])
+    # ...but never into logs or errors
+    assert caplog.records
+    for record in caplog.records:
+        texts.append(record.getMessage())
+        texts.append(logging.Formatter().format(record))
+    assert not [t for t in texts if CANARY in t]
