@@ -15,6 +15,7 @@ from pathlib import Path
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
 from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.demo import add_demo_command
+from broker.inspect import InspectError, add_inspect_command
 from broker.model import Node
 from broker.runtime import add_serve_command
 from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_commands(sub, _Parser)
     add_serve_command(sub)
     add_demo_command(sub)
+    add_inspect_command(sub)
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
@@ -172,6 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.demo import run_demo
 
             return run_demo(args)
+        if args.command == "inspect":
+            from broker.inspect import run_inspect
+
+            return run_inspect(args)
         if args.command == "bench" and args.e2e:
             from broker.bench_e2e import main_e2e
 
@@ -180,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.bench import run_bench
 
             return run_bench(args)
-    except (UsageError, TraceError) as exc:
+    except (UsageError, TraceError, InspectError) as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -1,0 +1,112 @@
+"""One Kubernetes API client per kubeconfig context, with secrets kept out of messages.
+
+Every error raised here is a KubeconfigError whose message has been scrubbed of the
+kubeconfig's credentials (tokens, passwords, client keys), so it can be logged or shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.aio.client import ApiClient, Configuration
+from kubernetes.aio.config import kube_config
+
+_REDACTED = "<redacted>"
+_MIN_SECRET = 4
+
+
+class KubeconfigError(Exception):
+    """The kubeconfig cannot be read or a context cannot be loaded (message is scrubbed)."""
+
+
+def _leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v)
+
+
+class Secrets:
+    """Every string under the kubeconfig's ``users`` entries: what must never be shown."""
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._values = sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+
+    @staticmethod
+    def of(doc: Any) -> Secrets:
+        users = doc.get("users") if isinstance(doc, dict) else None
+        secrets: list[str] = []
+        for user in users or ():
+            if isinstance(user, dict):
+                secrets.extend(_leaves(user.get("user")))
+        return Secrets(secrets)
+
+    def scrub(self, text: str) -> str:
+        for value in self._values:
+            text = text.replace(value, _REDACTED)
+        return text
+
+
+def read_kubeconfig(path: Path) -> tuple[dict[str, Any], Secrets]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KubeconfigError(f"kubeconfig {path}: {exc.strerror or type(exc).__name__}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise KubeconfigError(f"kubeconfig {path}: not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig mapping")
+    return doc, Secrets.of(doc)
+
+
+def context_names(doc: dict[str, Any]) -> list[str]:
+    contexts = doc.get("contexts") or []
+    return [str(c["name"]) for c in contexts if isinstance(c, dict) and "name" in c]
+
+
+async def load_clients(
+    path: Path, contexts: Sequence[str] = ()
+) -> tuple[dict[str, ApiClient], Secrets]:
+    """An ApiClient per context (all contexts of the file when none are named).
+
+    The caller owns the clients and must ``await client.close()`` each.
+    """
+    doc, secrets = read_kubeconfig(path)
+    known = context_names(doc)
+    wanted = list(contexts) or known
+    if not wanted:
+        raise KubeconfigError(f"kubeconfig {path}: no contexts")
+    for name in wanted:
+        if name not in known:
+            raise KubeconfigError(f"kubeconfig {path}: no context {name!r}")
+    clients: dict[str, ApiClient] = {}
+    try:
+        for name in wanted:
+            try:
+                loader = kube_config.KubeConfigLoader(  # type: ignore[no-untyped-call]
+                    config_dict=doc,
+                    active_context=name,
+                    config_base_path=str(path.parent.resolve()),
+                )
+                configuration = Configuration()
+                await loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+            except Exception as exc:  # the library raises many kinds; all are user errors
+                message = secrets.scrub(str(exc).splitlines()[0] if str(exc) else "")
+                raise KubeconfigError(
+                    f"kubeconfig {path}: context {name!r}: {type(exc).__name__}: {message}"
+                ) from None
+            clients[name] = ApiClient(configuration=configuration)
+    except BaseException:
+        for client in clients.values():
+            await client.close()  # type: ignore[no-untyped-call]
+        raise
+    return clients, secrets

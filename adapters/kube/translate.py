@@ -1,0 +1,223 @@
+"""Pure translation of Kubernetes Node and Pod objects into capacity events.
+
+Objects are plain dicts exactly as the API server sends them (JSON decoded; the watcher
+reads responses with the client's ``*_without_preload_content`` methods, so no client models
+are built). Quantities are parsed here (adapters may not import broker.manifest).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from broker.model import (
+    MILLI_PER_GPU,
+    GpuType,
+    Node,
+    PodBound,
+    PodDeleted,
+    Resources,
+    Taint,
+)
+
+Obj = Mapping[str, Any]
+
+_SUFFIX: dict[str, Fraction] = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 1000),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
+}
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
+)
+_MIB = 2**20
+
+
+class QuantityError(ValueError):
+    """A Kubernetes quantity string that does not parse."""
+
+
+def parse_quantity(value: object) -> Fraction:
+    """A Kubernetes resource quantity (``"500m"``, ``"16Gi"``, ``"1e3"``, ``4``) as an exact
+    fraction of its base unit."""
+    if isinstance(value, bool):
+        raise QuantityError(f"not a quantity: {value!r}")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(str(value))
+    if not isinstance(value, str):
+        raise QuantityError(f"not a quantity: {value!r}")
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise QuantityError(f"not a quantity: {value!r}")
+    number, exponent, suffix = match.groups()
+    base = Fraction(number)
+    if exponent:
+        return base * Fraction(10) ** int(exponent[1:])
+    return base * _SUFFIX[suffix or ""]
+
+
+def _ceil(q: Fraction) -> int:
+    return max(0, math.ceil(q))
+
+
+def _floor(q: Fraction) -> int:
+    return max(0, math.floor(q))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConfig:
+    """How one cluster names its GPUs."""
+
+    resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    type_label: str = "nvidia.com/gpu.product"
+    shared_resource: str | None = None  # milli of one GPU, e.g. "gpu-milli"
+
+
+DEFAULT_GPU = GpuConfig()
+_EFFECTS: dict[str, Literal["NoSchedule", "NoExecute", "PreferNoSchedule"]] = {
+    "NoSchedule": "NoSchedule",
+    "NoExecute": "NoExecute",
+    "PreferNoSchedule": "PreferNoSchedule",
+}
+
+
+def _meta(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def node_name(obj: Obj) -> str:
+    return str(_meta(obj).get("name", ""))
+
+
+def pod_key(obj: Obj) -> str:
+    """Pods are keyed ``namespace/name`` (names are only unique per namespace)."""
+    meta = _meta(obj)
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def translate_node(obj: Obj, gpu: GpuConfig = DEFAULT_GPU) -> Node:
+    meta = _meta(obj)
+    spec: Obj = obj.get("spec") or {}
+    status: Obj = obj.get("status") or {}
+    alloc: Obj = status.get("allocatable") or {}
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    gpus = sum(_floor(parse_quantity(alloc[r])) for r in gpu.resources if r in alloc)
+    taints = tuple(
+        Taint(
+            str(t.get("key", "")),
+            str(t.get("value") or ""),
+            _EFFECTS.get(t.get("effect", ""), "NoSchedule"),
+        )
+        for t in spec.get("taints") or ()
+    )
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or ()
+    )
+    gpu_type = labels.get(gpu.type_label)
+    return Node(
+        name=str(meta.get("name", "")),
+        gpu_type=GpuType(gpu_type) if gpu_type else None,
+        allocatable=Resources(
+            gpus=gpus,
+            cpu_milli=_floor(parse_quantity(alloc.get("cpu", 0)) * 1000),
+            memory_mib=_floor(parse_quantity(alloc.get("memory", 0)) / _MIB),
+        ),
+        labels=labels,
+        taints=taints,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        ready=ready,
+    )
+
+
+_Req = dict[str, Fraction]
+
+
+def _requests(container: Obj) -> _Req:
+    res: Obj = container.get("resources") or {}
+    # Extended resources (GPUs) may be given as limits only: requests default to limits.
+    merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    return {str(k): parse_quantity(v) for k, v in merged.items()}
+
+
+def _add(a: _Req, b: Mapping[str, Fraction]) -> _Req:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, Fraction(0)) + v
+    return out
+
+
+def _max(a: _Req, b: _Req) -> _Req:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = max(out.get(k, Fraction(0)), v)
+    return out
+
+
+def effective_requests(spec: Obj) -> dict[str, Fraction]:
+    """A pod's effective requests as kube-scheduler computes them: max(sum of containers +
+    sidecars, each init container + the sidecars started before it) + overhead."""
+    containers: _Req = {}
+    for c in spec.get("containers") or ():
+        containers = _add(containers, _requests(c))
+    sidecars: _Req = {}
+    init_peak: _Req = {}
+    for c in spec.get("initContainers") or ():
+        req = _requests(c)
+        if c.get("restartPolicy") == "Always":  # a sidecar keeps running
+            sidecars = _add(sidecars, req)
+            init_peak = _max(init_peak, sidecars)
+        else:
+            init_peak = _max(init_peak, _add(sidecars, req))
+    total = _max(_add(containers, sidecars), init_peak)
+    overhead = spec.get("overhead") or {}
+    return _add(total, {str(k): parse_quantity(v) for k, v in overhead.items()})
+
+
+def pod_resources(spec: Obj, gpu: GpuConfig = DEFAULT_GPU) -> Resources:
+    req = effective_requests(spec)
+    gpus = sum(_ceil(req.get(r, Fraction(0))) for r in gpu.resources)
+    milli = 0
+    if gpu.shared_resource and not gpus:
+        milli = min(MILLI_PER_GPU - 1, _ceil(req.get(gpu.shared_resource, Fraction(0))))
+    return Resources(
+        gpus=gpus,
+        gpu_milli=milli,
+        cpu_milli=_ceil(req.get("cpu", Fraction(0)) * 1000),
+        memory_mib=_ceil(req.get("memory", Fraction(0)) / _MIB),
+    )
+
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def translate_pod(
+    cluster: str, obj: Obj, gpu: GpuConfig = DEFAULT_GPU, *, deleted: bool = False
+) -> PodBound | PodDeleted:
+    """PodBound for a non-terminal pod bound to a node, PodDeleted otherwise."""
+    spec: Obj = obj.get("spec") or {}
+    phase = (obj.get("status") or {}).get("phase")
+    node = spec.get("nodeName")
+    if deleted or not node or phase in TERMINAL_PHASES:
+        return PodDeleted(cluster, pod_key(obj))
+    return PodBound(cluster, pod_key(obj), str(node), pod_resources(spec, gpu))

@@ -1,0 +1,315 @@
+"""List+watch of one member cluster's nodes and pods, as capacity events.
+
+``ClusterWatcher.run`` lists nodes and pods, emits the translated events (with deletions for
+objects that vanished since the last list), then watches both from the lists'
+resourceVersions with bookmarks. A 410 Gone (HTTP status or an ERROR event) relists at once;
+any other failure reports the cluster disconnected and reconnects (relisting) after an
+exponential, jittered backoff. The owner marks a cluster stale with ``StaleTracker``.
+
+Secrets: log lines and errors name the cluster, the HTTP status or the exception type only;
+never a request, a header or the client's configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+from kubernetes.aio.client import ApiClient, CoreV1Api
+
+from adapters.kube.translate import (
+    DEFAULT_GPU,
+    GpuConfig,
+    node_name,
+    pod_key,
+    translate_node,
+    translate_pod,
+)
+from broker.model import CapacityEvent, Node, NodeDeleted, NodeUpdated, PodBound, PodDeleted
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[list[CapacityEvent]], None]
+StatusCallback = Callable[[str, bool], None]
+Sleep = Callable[[float], Awaitable[None]]
+Kind = Literal["nodes", "pods"]
+HTTP_GONE = 410
+
+
+class WatchError(Exception):
+    """The API server failed a list or watch (message: cluster, resource, status only)."""
+
+
+class Gone(WatchError):
+    """410: the resourceVersion is too old; relist."""
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with jitter: about 0.8 s, 1.6 s, ... up to 30 s."""
+
+    base: float = 0.8
+    cap: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.2
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, attempt: int) -> float:
+        raw = self.base * self.factor ** min(attempt, 64)
+        spread = 1.0 + self.jitter * (2.0 * self.rng.random() - 1.0)
+        return min(self.cap, raw * spread)
+
+
+def is_stale(down_since: float | None, now: float, stale_after: float) -> bool:
+    """A cluster is stale when its watch has been down for ``stale_after`` seconds or more."""
+    return down_since is not None and now - down_since >= stale_after
+
+
+class StaleTracker:
+    """Remembers since when each cluster is down (from the watchers' status reports)."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stale_after = stale_after
+        self._clock = clock
+        self._down_since: dict[str, float | None] = {}
+
+    def track(self, cluster: str) -> None:
+        """A new member is down until its first list succeeds."""
+        self._down_since.setdefault(cluster, self._clock())
+
+    def on_status(self, cluster: str, connected: bool) -> None:
+        if connected:
+            self._down_since[cluster] = None
+        elif self._down_since.get(cluster) is None:
+            self._down_since[cluster] = self._clock()
+
+    def is_stale(self, cluster: str) -> bool:
+        return is_stale(self._down_since.get(cluster), self._clock(), self.stale_after)
+
+
+async def _no_sleep(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+class ClusterWatcher:
+    """Keeps one cluster's nodes and pods flowing into ``emit``."""
+
+    def __init__(
+        self,
+        cluster: str,
+        api: ApiClient,
+        emit: Emit,
+        gpu: GpuConfig = DEFAULT_GPU,
+        *,
+        on_status: StatusCallback | None = None,
+        sleep: Sleep = asyncio.sleep,
+        backoff: Backoff | None = None,
+        inactivity_timeout: float = 90.0,
+        server_timeout: int = 300,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.cluster = cluster
+        self._core = CoreV1Api(api)
+        self._emit = emit
+        self._gpu = gpu
+        self._on_status = on_status
+        self._sleep = sleep
+        self._backoff = backoff or Backoff()
+        self._inactivity = inactivity_timeout
+        self._server_timeout = server_timeout
+        self._request_timeout = request_timeout
+        self._nodes: dict[str, Node] = {}
+        self._pods: dict[str, PodBound] = {}
+        self._rv: dict[Kind, str] = {}
+        self.connected = False
+        self.lists = 0  # how many full relists (for tests and metrics)
+
+    # -- one-shot -------------------------------------------------------------------------
+
+    async def list_once(self) -> list[CapacityEvent]:
+        """List nodes and pods; return the events that bring a consumer up to date,
+        including deletions of what vanished since the previous list."""
+        nodes_doc = await self._list("nodes")
+        pods_doc = await self._list("pods")
+        self.lists += 1
+        events: list[CapacityEvent] = []
+        nodes: dict[str, Node] = {}
+        for obj in nodes_doc.get("items") or ():
+            node = translate_node(obj, self._gpu)
+            nodes[node.name] = node
+            events.append(NodeUpdated(self.cluster, node))
+        pods: dict[str, PodBound] = {}
+        for obj in pods_doc.get("items") or ():
+            ev = translate_pod(self.cluster, obj, self._gpu)
+            if isinstance(ev, PodBound):
+                pods[ev.pod] = ev
+        events.extend(PodDeleted(self.cluster, key) for key in self._pods if key not in pods)
+        events.extend(pods.values())
+        events.extend(NodeDeleted(self.cluster, name) for name in self._nodes if name not in nodes)
+        self._nodes, self._pods = nodes, pods
+        self._rv["nodes"] = _resource_version(nodes_doc)
+        self._rv["pods"] = _resource_version(pods_doc)
+        return events
+
+    # -- the long run ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """List, emit, watch; relist on 410, reconnect with backoff on failures. Runs until
+        cancelled."""
+        attempt = 0
+        while True:
+            try:
+                events = await self.list_once()
+                self._emit(events)
+                self._set_connected(True)
+                attempt = 0
+                await self._watch_both()
+            except Gone:
+                log.info("cluster %s: watch expired (410), relisting", self.cluster)
+            except (WatchError, aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+                self._set_connected(False)
+                delay = self._backoff.delay(attempt)
+                attempt += 1
+                log.warning(
+                    "cluster %s: %s; reconnecting in %.1fs", self.cluster, _describe(exc), delay
+                )
+                await self._sleep(delay)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            if self._on_status is not None:
+                self._on_status(self.cluster, connected)
+
+    async def _watch_both(self) -> None:
+        tasks = [asyncio.create_task(self._watch(kind)) for kind in ("nodes", "pods")]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # re-raise the first failure
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _watch(self, kind: Kind) -> None:
+        """Watch ``kind`` from the last resourceVersion; re-watch when the server ends the
+        stream or it goes quiet for the inactivity timeout; raise on failure."""
+        while True:
+            resp = await self._call(kind, watch=True)
+            try:
+                if resp.status == HTTP_GONE:
+                    raise Gone(f"cluster {self.cluster}: {kind} watch: 410 Gone")
+                if resp.status >= 300:
+                    raise WatchError(f"cluster {self.cluster}: {kind} watch: HTTP {resp.status}")
+                async for line in _lines(resp, self._inactivity):
+                    self._on_watch_event(kind, json.loads(line))
+            except TimeoutError:
+                log.debug("cluster %s: %s watch inactive, re-watching", self.cluster, kind)
+            finally:
+                resp.release()
+
+    def _on_watch_event(self, kind: Kind, event: Mapping[str, Any]) -> None:
+        etype = event.get("type")
+        obj: Mapping[str, Any] = event.get("object") or {}
+        if etype == "ERROR":
+            code = obj.get("code")
+            if code == HTTP_GONE:
+                raise Gone(f"cluster {self.cluster}: {kind} watch: 410 Gone")
+            raise WatchError(f"cluster {self.cluster}: {kind} watch: error event {code}")
+        rv = _resource_version(obj)
+        if rv:
+            self._rv[kind] = rv
+        if etype == "BOOKMARK":
+            return
+        if kind == "nodes":
+            self._emit(self._node_event(etype == "DELETED", obj))
+        else:
+            self._emit(self._pod_event(etype == "DELETED", obj))
+
+    def _node_event(self, deleted: bool, obj: Mapping[str, Any]) -> list[CapacityEvent]:
+        if deleted:
+            name = node_name(obj)
+            self._nodes.pop(name, None)
+            return [NodeDeleted(self.cluster, name)]
+        node = translate_node(obj, self._gpu)
+        new = node.name not in self._nodes
+        self._nodes[node.name] = node
+        events: list[CapacityEvent] = [NodeUpdated(self.cluster, node)]
+        if new:  # pods seen before their node was: bind them now that it is tracked
+            events.extend(p for p in self._pods.values() if p.node == node.name)
+        return events
+
+    def _pod_event(self, deleted: bool, obj: Mapping[str, Any]) -> list[CapacityEvent]:
+        ev = translate_pod(self.cluster, obj, self._gpu, deleted=deleted)
+        if isinstance(ev, PodBound):
+            self._pods[ev.pod] = ev
+        elif self._pods.pop(pod_key(obj), None) is None:
+            return []  # a pending or unknown pod: nothing to tell
+        return [ev]
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    async def _call(self, kind: Kind, *, watch: bool) -> aiohttp.ClientResponse:
+        if watch:
+            args: dict[str, Any] = {
+                "watch": True,
+                "allow_watch_bookmarks": True,
+                "resource_version": self._rv.get(kind) or None,
+                "timeout_seconds": self._server_timeout,
+                "_request_timeout": float(self._server_timeout) + self._inactivity,
+            }
+        else:
+            args = {"_request_timeout": self._request_timeout}
+        if kind == "nodes":
+            return await self._core.list_node_without_preload_content(**args)
+        return await self._core.list_pod_for_all_namespaces_without_preload_content(**args)
+
+    async def _list(self, kind: Kind) -> dict[str, Any]:
+        resp = await self._call(kind, watch=False)
+        try:
+            if resp.status >= 300:
+                raise WatchError(f"cluster {self.cluster}: {kind} list: HTTP {resp.status}")
+            doc = json.loads(await resp.read())
+        finally:
+            resp.release()
+        if not isinstance(doc, dict):
+            raise WatchError(f"cluster {self.cluster}: {kind} list: not a list object")
+        return doc
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("resourceVersion") or "")
+
+
+async def _lines(resp: aiohttp.ClientResponse, inactivity: float) -> AsyncIterator[bytes]:
+    """The stream's JSON lines; TimeoutError when nothing arrives for ``inactivity`` s (the
+    timer is re-armed by every chunk, bookmarks included)."""
+    buffer = b""
+    while True:
+        chunk = await asyncio.wait_for(resp.content.readany(), inactivity)
+        if not chunk:
+            if buffer.strip():
+                yield buffer
+            return
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield line
+
+
+def _describe(exc: BaseException) -> str:
+    """A log-safe description: our own messages, or the type (and status) of others."""
+    if isinstance(exc, WatchError):
+        return str(exc)
+    status = getattr(exc, "status", None)
+    return f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "")

@@ -1,0 +1,415 @@
+"""The Kubernetes capacity adapter against kmock: real HTTP, the real kubernetes.aio client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kmock as kmocklib
+import pytest
+from kmock import resource
+
+from adapters.kube.kubeconfig import KubeconfigError, load_clients
+from adapters.kube.translate import (
+    GpuConfig,
+    effective_requests,
+    parse_quantity,
+    pod_resources,
+    translate_node,
+    translate_pod,
+)
+from adapters.kube.watch import Backoff, ClusterWatcher, StaleTracker, is_stale
+from broker.cli import main
+from broker.inspect import bench_ledger_updates
+from broker.ledger import Ledger
+from broker.model import CapacityEvent, Cluster, GpuType, PodBound, PodDeleted, Resources
+
+NODES = resource("", "v1", "nodes")
+PODS = resource("", "v1", "pods")
+CANARY = "canary-token-7f3a9c1d"
+A100 = GpuType("A100")
+
+
+def node_obj(name: str, gpus: int = 4, **spec: Any) -> dict[str, Any]:
+    ready = spec.pop("ready", True)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100"}},
+        "spec": spec,
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "256Gi"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pod_obj(name: str, node: str | None, gpus: int = 1, phase: str = "Running") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}]
+    }
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml"},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def write_kubeconfig(path: Path, servers: dict[str, str]) -> Path:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": next(iter(servers)),
+        "contexts": [{"name": n, "context": {"cluster": f"c-{n}", "user": "u"}} for n in servers],
+        "clusters": [{"name": f"c-{n}", "cluster": {"server": s}} for n, s in servers.items()],
+        "users": [{"name": "u", "user": {"token": CANARY}}],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+class Sink:
+    """emit() target: applies events to a ledger and wakes waiters (no sleeps)."""
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.ledger.add_cluster(Cluster("a"))
+        self.changed = asyncio.Event()
+
+    def __call__(self, events: list[CapacityEvent]) -> None:
+        for ev in events:
+            self.ledger.apply(ev)
+        self.changed.set()
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not predicate():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def used(self, node: str) -> int:
+        state = self.ledger.snapshot().clusters["a"].nodes.get(node)
+        return -1 if state is None else sum(1 for f in state.gpu_free if f < 1000)
+
+    def nodes(self) -> set[str]:
+        return set(self.ledger.snapshot().clusters["a"].nodes)
+
+    def untainted_gpus(self) -> int:
+        return self.ledger.snapshot().clusters["a"].gpus_total((A100, frozenset()))
+
+
+async def watching(km: kmock.KubernetesEmulator) -> None:
+    """Wait until both watch streams are subscribed to kmock's event bus (yields only)."""
+    async with asyncio.timeout(5):
+        while not (km._buses[NODES].consumer_count and km._buses[PODS].consumer_count):
+            await asyncio.sleep(0)
+
+
+class Harness:
+    def __init__(self, km: kmock.KubernetesEmulator, watcher: ClusterWatcher, sink: Sink) -> None:
+        self.km, self.watcher, self.sink = km, watcher, sink
+        self.delays: list[float] = []
+
+
+@pytest.fixture
+async def harness(kmock: kmock.KubernetesEmulator, tmp_path: Path) -> AsyncIterator[Harness]:
+    kmock.objects[NODES, None, "n1"] = node_obj("n1")
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=2)
+    kc = write_kubeconfig(tmp_path / "kubeconfig", {"a": str(kmock.url)})
+    clients, _ = await load_clients(kc)
+    sink = Sink()
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0)
+
+    import random
+
+    watcher = ClusterWatcher(
+        "a", clients["a"], sink, sleep=sleep, backoff=Backoff(rng=random.Random(1))
+    )
+    h = Harness(kmock, watcher, sink)
+    h.delays = delays
+    task = asyncio.create_task(watcher.run())
+    try:
+        yield h
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+async def test_initial_list_and_watch_events(harness: Harness) -> None:
+    km, sink = harness.km, harness.sink
+    await sink.until(lambda: sink.used("n1") == 2)
+    await watching(km)
+    await km.post("/api/v1/nodes", json=node_obj("n2", gpus=8))
+    await sink.until(lambda: "n2" in sink.nodes())
+    await km.post("/api/v1/namespaces/ml/pods", json=pod_obj("p2", "n2", gpus=3))
+    await sink.until(lambda: sink.used("n2") == 3)
+    await km.patch("/api/v1/namespaces/ml/pods/p2", json={"status": {"phase": "Succeeded"}})
+    await sink.until(lambda: sink.used("n2") == 0)
+    await km.request("DELETE", "/api/v1/namespaces/ml/pods/p1")
+    await sink.until(lambda: sink.used("n1") == 0)
+    await km.patch("/api/v1/nodes/n2", json=node_obj("n2", gpus=6))
+    await sink.until(lambda: sink.ledger.snapshot().clusters["a"].gpus_total() == 10)
+    await km.request("DELETE", "/api/v1/nodes/n1")
+    await sink.until(lambda: sink.nodes() == {"n2"})
+
+
+async def test_410_relists_without_missing_changes(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    kmock.objects[NODES, None, "n1"] = node_obj("n1")
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=2)
+
+    def expire(_: Any) -> dict[str, Any]:
+        # Changes the watcher cannot see on this stream: only the relist can reveal them.
+        kmock.objects[PODS, "ml", "p1"].delete()
+        kmock.objects[PODS, "ml", "p3"] = pod_obj("p3", "n1", gpus=1)
+        return {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
+
+    kmock["watch", PODS][:1] << expire
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    sink = Sink()
+    watcher = ClusterWatcher("a", clients["a"], sink)
+    task = asyncio.create_task(watcher.run())
+    try:
+        try:
+            await sink.until(lambda: watcher.lists >= 2 and sink.used("n1") == 1)
+        except TimeoutError:
+            print(
+                "DBG",
+                watcher.lists,
+                sink.used("n1"),
+                sink.ledger._pods,
+                [(r.method, r.url) for r in kmock],
+            )
+            raise
+        assert ("a", "ml/p1") not in sink.ledger._pods
+        assert ("a", "ml/p3") in sink.ledger._pods
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+async def test_dropped_connection_reconnects_with_backoff(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    kmock.objects[NODES, None, "n1"] = node_obj("n1")
+    kmock.resources["v1/pods"] = kmocklib.ResourceInfo(namespaced=True)  # known, no pods yet
+    kmock["list", NODES][:3] << 503  # the API server is away for three attempts
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    sink = Sink()
+    delays: list[float] = []
+    statuses: list[bool] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0)
+
+    import random
+
+    watcher = ClusterWatcher(
+        "a",
+        clients["a"],
+        sink,
+        sleep=sleep,
+        backoff=Backoff(rng=random.Random(3)),
+        on_status=lambda _, up: statuses.append(up),
+    )
+    task = asyncio.create_task(watcher.run())
+    try:
+        await sink.until(lambda: sink.nodes() == {"n1"})
+        assert len(delays) == 3
+        for got, nominal in zip(delays, (0.8, 1.6, 3.2), strict=True):
+            assert nominal * 0.8 <= got <= nominal * 1.2
+        assert statuses == [True]  # never connected before: no flapping reports
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+def test_backoff_caps_at_30s() -> None:
+    b = Backoff()
+    assert all(b.delay(n) <= 30.0 for n in range(100))
+    assert b.delay(40) >= 24.0
+
+
+async def test_taints_cordon_notready_remove_capacity(harness: Harness) -> None:
+    km, sink = harness.km, harness.sink
+    await sink.until(lambda: sink.untainted_gpus() == 4)
+    await watching(km)
+    taint = {"key": "dedicated", "value": "x", "effect": "NoSchedule"}
+    await km.patch("/api/v1/nodes/n1", json={"spec": {"taints": [taint]}})
+    await sink.until(lambda: sink.untainted_gpus() == 0)
+    await km.patch("/api/v1/nodes/n1", json={"spec": {"taints": []}})
+    await sink.until(lambda: sink.untainted_gpus() == 4)
+    await km.patch("/api/v1/nodes/n1", json={"spec": {"unschedulable": True}})
+    await sink.until(lambda: sink.untainted_gpus() == 0)
+    await km.patch("/api/v1/nodes/n1", json={"spec": {"unschedulable": False}})
+    await sink.until(lambda: sink.untainted_gpus() == 4)
+    await km.patch("/api/v1/nodes/n1", json=node_obj("n1", ready=False))
+    await sink.until(lambda: sink.untainted_gpus() == 0)
+    assert sink.used("n1") == 2  # the bound pod is still counted
+
+
+def test_stale_decision_with_injected_clock() -> None:
+    now = [100.0]
+    tracker = StaleTracker(stale_after=30, clock=lambda: now[0])
+    tracker.track("a")
+    assert not tracker.is_stale("a")
+    now[0] = 131.0
+    assert tracker.is_stale("a")  # never connected
+    tracker.on_status("a", True)
+    assert not tracker.is_stale("a")
+    tracker.on_status("a", False)
+    now[0] = 150.0
+    assert not tracker.is_stale("a")
+    now[0] = 161.0
+    assert tracker.is_stale("a")
+    assert not is_stale(None, 1e9, 30)
+
+
+def test_stale_cluster_takes_no_placements_marker() -> None:
+    ledger = Ledger()
+    ledger.add_cluster(Cluster("a"))
+    ledger.set_stale("a", True)
+    assert ledger.snapshot().clusters["a"].stale
+
+
+async def test_inspect_json(kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: Any) -> None:
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=4)
+    kmock.objects[NODES, None, "n2"] = node_obj("n2", gpus=2, unschedulable=True)
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=3)
+    kmock.objects[PODS, "ml", "done"] = pod_obj("done", "n1", gpus=1, phase="Succeeded")
+    kmock.objects[PODS, "ml", "pending"] = pod_obj("pending", None, gpus=1)
+    kc = write_kubeconfig(tmp_path / "kc", {"live": str(kmock.url), "down": "http://127.0.0.1:9"})
+    argv = ["inspect", "--kubeconfig", str(kc), "--json", "--timeout", "2"]
+    code = await asyncio.to_thread(main, argv)
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    by = {c["name"]: c for c in doc["clusters"]}
+    assert by["down"] == {"name": "down", "stale": True, "nodes": []}
+    assert by["live"]["stale"] is False
+    assert by["live"]["nodes"] == [
+        {
+            "name": "n1",
+            "gpu_type": "A100",
+            "gpus_allocatable": 4,
+            "gpus_used": 3,
+            "schedulable": True,
+        },
+        {
+            "name": "n2",
+            "gpu_type": "A100",
+            "gpus_allocatable": 2,
+            "gpus_used": 0,
+            "schedulable": False,
+        },
+    ]
+
+
+def test_inspect_bad_kubeconfig_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> None:
+    assert main(["inspect", "--kubeconfig", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing" in err
+
+
+async def test_secrets_never_in_logs_or_errors(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    kmock.resources["v1/pods"] = kmocklib.ResourceInfo(namespaced=True)  # known, no pods yet
+    kmock.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
+    kmock["list", NODES][:2] << 401
+    kc = write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)})
+    messages: list[str] = []
+    clients, secrets = await load_clients(kc)
+    assert CANARY not in secrets.scrub(f"Bearer {CANARY}")
+    sink = Sink()
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        delays.append(delay)
+        await asyncio.sleep(0)
+
+    watcher = ClusterWatcher("a", clients["a"], sink, sleep=sleep)
+    try:
+        try:
+            await watcher.list_once()
+        except Exception as exc:
+            messages.extend([str(exc), repr(exc)])
+        task = asyncio.create_task(watcher.run())
+        await sink.until(lambda: len(delays) >= 1 and watcher.connected)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await clients["a"].close()  # type: ignore[no-untyped-call]
+    # A broken context: the library's own error must come out scrubbed.
+    bad = json.loads(kc.read_text())
+    bad["users"][0]["user"] = {"client-certificate-data": "x", "client-key-data": CANARY}
+    bad["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:9"
+    kc.write_text(json.dumps(bad))
+    try:
+        await load_clients(kc, ["a"])
+    except KubeconfigError as exc:
+        messages.extend([str(exc), repr(exc)])
+    ours = [r for r in caplog.records if not r.name.startswith("kmock")]
+    text = "\n".join([r.getMessage() for r in ours] + messages)
+    assert messages and ours
+    assert CANARY not in text
+
+
+def test_quantities_and_effective_requests() -> None:
+    assert parse_quantity("500m") == Fraction(1, 2)
+    assert parse_quantity("16Gi") == 16 * 2**30
+    assert parse_quantity("1e3") == 1000
+    assert parse_quantity("1.5k") == 1500
+    assert parse_quantity(4) == 4
+    with pytest.raises(ValueError):
+        parse_quantity("12 apples")
+    spec = {
+        "containers": [
+            {"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}},
+            {"resources": {"limits": {"nvidia.com/gpu": "2"}, "requests": {"cpu": "250m"}}},
+        ],
+        "initContainers": [
+            {"resources": {"requests": {"cpu": "4"}}},
+            {"restartPolicy": "Always", "resources": {"requests": {"memory": "512Mi"}}},
+        ],
+        "overhead": {"cpu": "100m"},
+    }
+    req = effective_requests(spec)
+    assert req["cpu"] == Fraction(41, 10)  # max(1.25 sum, 4 init) + 0.1 overhead
+    assert pod_resources(spec) == Resources(gpus=2, cpu_milli=4100, memory_mib=1536)
+
+
+def test_translate_node_and_pod() -> None:
+    obj = node_obj("n1", gpus=8, taints=[{"key": "k", "effect": "NoExecute"}])
+    obj["metadata"]["labels"]["gpu-type"] = "H100"
+    obj["status"]["allocatable"]["amd.com/gpu"] = "2"
+    node = translate_node(obj, GpuConfig(type_label="gpu-type"))
+    assert node.gpu_type == "H100" and node.allocatable.gpus == 10
+    assert node.allocatable.memory_mib == 256 * 1024 and node.allocatable.cpu_milli == 64000
+    assert node.taints[0].blocks and node.ready and node.schedulable
+    assert isinstance(translate_pod("a", pod_obj("p", "n1")), PodBound)
+    assert translate_pod("a", pod_obj("p", None)) == PodDeleted("a", "ml/p")
+    assert translate_pod("a", pod_obj("p", "n1", phase="Failed")) == PodDeleted("a", "ml/p")
+
+
+def test_bench_runs() -> None:
+    assert bench_ledger_updates(nodes=20, pods=2000) > 0
