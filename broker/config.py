@@ -168,11 +168,38 @@ class SimulatedSource(Section):
         return [s.node_shape() for s in self.shapes]
 
 
+class KubeSource(Section):
+    """A real Kubernetes member cluster: one context of a kubeconfig file. Capacity comes
+    from a list+watch of its nodes and pods; gangs are launched into ``namespace``."""
+
+    kubeconfig: str = Field(min_length=1, max_length=4096)  # a path (relative to the cwd)
+    context: str = Field(min_length=1, max_length=253)
+    namespace: DnsLabel = "fedbroker-jobs"
+    gpu_resources: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"], min_length=1, max_length=16
+    )
+    gpu_type_label: str = Field(default="nvidia.com/gpu.product", min_length=1, max_length=317)
+    shared_gpu_resource: str | None = Field(default=None, min_length=1, max_length=317)
+    launch_mode: Literal["delegate", "pin"] = "delegate"
+    pod_group: Literal["coscheduling", "volcano"] = "coscheduling"
+
+    @field_validator("gpu_resources")
+    @classmethod
+    def _resource_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name or len(name) > 317 or any(c.isspace() for c in name):
+                raise ValueError(f"not a resource name: {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate resource name")
+        return names
+
+
 class ClusterSource(Section):
     """Where a cluster's capacity comes from: exactly one key names the adapter. A union
-    keyed by its one key (``{simulated: {...}}``); later adapters add their own key."""
+    keyed by its one key (``{simulated: {...}}`` or ``{kube: {...}}``)."""
 
     simulated: SimulatedSource | None = None
+    kube: KubeSource | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ClusterSource:

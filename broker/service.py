@@ -28,19 +28,28 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+import aiohttp
+
+from adapters.kube.launch import LaunchSpec
+from adapters.kube.watch import WatchError
 from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
-from broker.ledger import Ledger
+from broker.ledger import ConflictError, Ledger
 from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
 from broker.manifest import FederatedJob, parse_manifest, to_job
+from broker.members import ClusterLauncher, KubeMembers
 from broker.model import (
+    CapacityEvent,
     CapacitySnapshot,
     ClusterCapacity,
     Job,
     Placement,
+    PodBound,
+    PodDeleted,
+    PodPlacement,
     Unplaceable,
 )
-from broker.queue import JobQueue, Pending, QueueSpec
+from broker.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
 from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
 from broker.store import (
     ACTIVE_STATES,
@@ -57,6 +66,7 @@ log = logging.getLogger(__name__)
 
 _QUEUED: tuple[JobState, ...] = ("Queued",)
 GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole GPUs
+GC_SECONDS = 60.0  # how often our objects of no live job are deleted from Kubernetes members
 
 
 class Launcher(Protocol):
@@ -156,15 +166,22 @@ class Service:
                 nodes = generate_nodes(source.node_shapes(), cc.name, source.scale)
                 per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
             self.ledger.add_cluster(cc.to_cluster(), nodes)
-        self.launcher: Launcher = launcher or SimulatedLauncher(
+        default: Launcher = launcher or SimulatedLauncher(
             per_cluster=per_cluster, run_seconds=run_seconds
         )
+        sched = config.scheduler
+        # Kubernetes members: clients, watchers and launchers are built in start().
+        self.kube = KubeMembers(config.clusters, sched.stale_after_seconds, clock)
+        self._dispatch: ClusterLauncher | None = None
+        if self.kube:
+            self._dispatch = ClusterLauncher(default)
+            default = self._dispatch
+        self.launcher: Launcher = default
         self.queue = JobQueue(
             QueueSpec(q.name, q.policy, q.priority, q.weight, dict(q.quota) or None,
                       q.borrow, q.reclaimable)
             for q in config.queues
         )  # fmt: skip
-        sched = config.scheduler
         self.settings = SchedulerSettings(sched.max_jobs_per_cycle, sched.starvation_seconds)
         self.lifecycle = Lifecycle(
             self.ledger,
@@ -185,17 +202,150 @@ class Service:
     # -- start and stop -------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Open the store and rebuild the queue from it; ready only afterwards."""
+        """Open the store and rebuild the queue from it; ready only afterwards. Kubernetes
+        members are listed first (their capacity is known before readiness), and the jobs the
+        store says are Placed or Running there get their reservations back from our
+        labelled pods instead of being requeued."""
         await self.store.open()
+        found = await self._start_kube()
         now = self._clock()
         for record in await self.store.active_jobs():
+            if record.state in ("Placed", "Running") and record.cluster in found:
+                pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
+                if pods and self._restore(record, pods, now):
+                    continue
             if record.state != "Queued":
                 record = await self.store.transition(
                     record.tenant, record.name, "Queued", "requeued after broker restart", now,
                     expect=(record.state,), attempts=record.attempts,
                 )  # fmt: skip
             self.queue.push(self._pending(record))
+        if self.kube:
+            await self._collect_garbage()  # leftovers of jobs that were requeued
+            self._spawn(self._kube_upkeep())
         self.ready = True
+
+    # -- Kubernetes members ---------------------------------------------------------------
+
+    async def _start_kube(self) -> dict[str, dict[str, list[PodBound]]]:
+        """Connect every Kubernetes member, list it into the ledger and read our pods back
+        (per reachable cluster: job key -> its pods); then start the watchers. An
+        unreachable member stays stale (its jobs are requeued) until its watcher lists it."""
+        if self._dispatch is None:
+            return {}
+        await self.kube.connect(self._on_capacity, self._launch_spec, self._dispatch)
+        found: dict[str, dict[str, list[PodBound]]] = {}
+        for name, member in self.kube.members.items():
+            try:
+                self._on_capacity(await member.watcher.list_once())
+                found[name] = await member.launcher.read_back()
+            except (WatchError, LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("cluster %s unreachable at start: %s", name, type(exc).__name__)
+            self._spawn(member.watcher.run())
+        self._check_stale()
+        return found
+
+    def _restore(self, record: JobRecord, pods: list[PodBound], now: float) -> bool:
+        """Rebuild a Placed/Running job's reservation from its pods read back (assume, and
+        confirm a Running one); False (nothing changed) when they do not make its gang."""
+        key = f"{record.tenant}/{record.name}"
+        stored = record.placement or {}
+        if len(pods) != len(stored.get("pods") or ()):
+            return False
+        cluster = pods[0].cluster
+        placement = Placement(
+            key,
+            cluster,
+            tuple(PodPlacement(p.pod, p.node, p.gpus or (), p.resources) for p in pods),
+            str(stored.get("policy") or ""),
+        )
+        for pod in pods:  # listed as pods of no job: they become the job's reservation
+            self.ledger.apply(PodDeleted(cluster, pod.pod))
+        try:
+            self.ledger.assume(placement)
+        except ConflictError as exc:
+            log.warning("cannot restore %s: %s; requeueing", key, exc)
+            for pod in pods:
+                self.ledger.apply(pod)
+            return False
+        pending = self._pending(record)
+        nodes = self.ledger.snapshot().clusters[cluster].nodes
+        types = {p.node: nodes[p.node].node.gpu_type for p in placement.pods}
+        self.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
+        self.lifecycle.placed(pending, placement, now)
+        if record.state == "Running":
+            self.lifecycle.all_running(key, now)
+        else:  # resume waiting for the gang (creating what is missing is idempotent)
+            self._launching[key] = self._spawn(self._launch(placement))
+        log.info("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))
+        return True
+
+    def _on_capacity(self, events: list[CapacityEvent]) -> None:
+        """A watcher's events: into the ledger. Reservations a foreign pod took are rolled
+        back (their pods deleted, the jobs requeued)."""
+        evicted: list[str] = []
+        for event in events:
+            evicted.extend(self.ledger.apply(event))
+        if evicted:
+            self._spawn(self._evicted(evicted))
+        self._wake.set()
+
+    async def _evicted(self, jobs: list[str]) -> None:
+        async with self._lock:
+            now = self._clock()
+            for job in jobs:
+                launch = self.lifecycle.get(job)
+                if launch is not None and not launch.running:
+                    await self._roll_back(launch.placement, now, "capacity taken by another pod")
+
+    def _launch_spec(self, placement: Placement) -> LaunchSpec:
+        tenant, _, name = placement.job.partition("/")
+        launch = self.lifecycle.get(placement.job)
+        if launch is None:
+            return LaunchSpec(tenant=tenant, job=name)
+        job = launch.pending.job
+        return LaunchSpec(
+            tenant=tenant,
+            job=name,
+            schedule_timeout_seconds=job.schedule_timeout_seconds,
+            queue=job.queue,
+        )
+
+    def _check_stale(self) -> None:
+        """Mark Kubernetes members stale (no new placements) or trusted again."""
+        for cc in self.kube.configs:
+            stale = self.kube.stale(cc.name)
+            if self.ledger.snapshot().clusters[cc.name].stale != stale:
+                log.warning("cluster %s is %s", cc.name, "stale" if stale else "back")
+                self.ledger.set_stale(cc.name, stale)
+                self._wake.set()
+
+    async def _collect_garbage(self) -> None:
+        """Delete our objects that belong to no placed or running job (under the lock, so a
+        launch cannot create pods of a job the live set missed)."""
+        async with self._lock:
+            live = {launch.placement.job for launch in self.lifecycle.launches()}
+            for name, member in self.kube.members.items():
+                if self.kube.stale(name):
+                    continue
+                try:
+                    await member.launcher.collect_garbage(live)
+                except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    log.warning("cluster %s: garbage collection failed: %s", name, exc)
+
+    async def _kube_upkeep(self) -> None:
+        """Staleness every cycle, garbage collection every GC_SECONDS."""
+        cycle = self.config.scheduler.cycle_seconds
+        next_gc = time.monotonic() + GC_SECONDS
+        while True:
+            await asyncio.sleep(cycle)
+            self._check_stale()
+            if time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + GC_SECONDS
+                try:
+                    await self._collect_garbage()
+                except Exception:
+                    log.exception("garbage collection failed; retrying later")
 
     def spawn_loop(self) -> None:
         """Run the scheduler loop as a supervised task (cancelled by close)."""
@@ -220,6 +370,9 @@ class Service:
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
+        # The clients first: closing their connections ends the watch streams, whose reads
+        # do not always notice a cancellation on their own.
+        await self.kube.close()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.close()
 
@@ -318,6 +471,7 @@ class Service:
         async with self._lock:
             if now is None:
                 now = self._clock()
+            self._check_stale()
             for launch in self.lifecycle.expired(now):
                 timeout = launch.pending.job.schedule_timeout_seconds
                 await self._roll_back(

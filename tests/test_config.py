@@ -132,8 +132,11 @@ ERRORS: list[tuple[str, str, str]] = [
     (f"clusters: [{{name: c, costPerGpuHour: -1, {SIM}}}]", "clusters[0].costPerGpuHour", ">= 0"),
     ("clusters: [{name: c}]", "clusters[0].source", "required"),
     ("clusters: [{name: c, source: {}}]", "clusters[0].source", "exactly one of: simulated"),
-    ("clusters: [{name: c, source: {kube: {context: x}}}]", "clusters[0].source.kube",
-     "unknown field"),
+    ("clusters: [{name: c, source: {kube: {context: x}}}]",
+     "clusters[0].source.kube.kubeconfig", "required"),
+    ("clusters: [{name: c, source: {kube: {kubeconfig: k, context: x, launchMode: p}}}]",
+     "clusters[0].source.kube.launchMode", "'delegate' or 'pin'"),
+    ("clusters: [{name: c, source: {cloud: {}}}]", "clusters[0].source.cloud", "unknown field"),
     ("clusters: [{name: c, source: {simulated: {shapes: []}}}]",
      "clusters[0].source.simulated.shapes", "at least 1 item"),
     ("clusters: [{name: c, source: {simulated: {failureRate: 2, shapes: "

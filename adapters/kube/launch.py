@@ -45,6 +45,7 @@ from tenacity import (
 )
 from tenacity.wait import wait_base
 
+from adapters.kube.translate import ANNOTATION_POD  # the ledger's pod name (PodPlacement.pod)
 from adapters.simulated import LaunchError
 from broker.model import MILLI_PER_GPU, Placement, PodBound, PodPlacement, Resources
 
@@ -57,7 +58,6 @@ LABEL_ORIGIN = "fedbroker.io/origin"
 LABEL_TENANT = "fedbroker.io/tenant"
 LABEL_JOB = "fedbroker.io/job"
 LABEL_POD_SET = "fedbroker.io/pod-set"
-ANNOTATION_POD = "fedbroker.io/pod"  # the ledger's pod name (PodPlacement.pod)
 ANNOTATION_GPUS = "fedbroker.io/gpus"  # GPU indexes the broker picked, comma-separated
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -212,7 +212,9 @@ class KubeLauncher:
         self.scheduler_name = scheduler_name or ("volcano" if volcano else None)
         self.default_image = default_image
         self.attempts = attempts
-        self._wait: wait_base = retry_wait or wait_exponential_jitter(initial=0.2, max=10, jitter=1)
+        self._wait: wait_base = retry_wait or wait_exponential_jitter(
+            multiplier=0.2, max=10, jitter=1
+        )
         self.poll_seconds = poll_seconds
         self._sleep = sleep
 

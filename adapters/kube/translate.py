@@ -109,9 +109,19 @@ def node_name(obj: Obj) -> str:
     return str(_meta(obj).get("name", ""))
 
 
+ANNOTATION_POD = "fedbroker.io/pod"  # on the broker's own pods: the ledger's pod name
+
+
 def pod_key(obj: Obj) -> str:
-    """Pods are keyed ``namespace/name`` (names are only unique per namespace)."""
+    """Pods are keyed ``namespace/name`` (names are only unique per namespace); the
+    broker's own pods by the ledger pod name they carry (``ANNOTATION_POD``), so a pod
+    the broker placed is recognised as its reservation, not counted a second time."""
     meta = _meta(obj)
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        own = annotations.get(ANNOTATION_POD)
+        if isinstance(own, str) and own:
+            return own
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 

@@ -1,0 +1,128 @@
+"""Kubernetes member clusters of the live broker: their clients, watchers and launchers.
+
+``KubeMembers`` is composed by ``broker.service.Service`` for the clusters whose config
+source is ``kube``: one API client per cluster (from its kubeconfig context), a
+``ClusterWatcher`` feeding the ledger, a ``StaleTracker`` fed by the watcher's status, and a
+``KubeLauncher``. ``ClusterLauncher`` dispatches each placement to its cluster's launcher;
+clusters without one (simulated) keep the default launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from kubernetes.aio.client import ApiClient
+
+from adapters.kube.kubeconfig import load_clients
+from adapters.kube.launch import KubeLauncher, LaunchSpec
+from adapters.kube.translate import GpuConfig
+from adapters.kube.watch import ClusterWatcher, Emit, StaleTracker
+from broker.config import ClusterConfig, KubeSource
+from broker.model import Placement
+
+log = logging.getLogger(__name__)
+
+
+class _Launcher(Protocol):
+    async def launch(self, placement: Placement) -> None: ...
+    async def delete(self, placement: Placement) -> None: ...
+
+
+@runtime_checkable
+class _RunWatcher(Protocol):
+    async def finished(self, placement: Placement) -> bool: ...
+
+
+class ClusterLauncher:
+    """The launcher of each placement's cluster: a KubeLauncher for Kubernetes members,
+    ``default`` (the simulated launcher) for the others."""
+
+    def __init__(self, default: _Launcher) -> None:
+        self.default = default
+        self.by_cluster: dict[str, KubeLauncher] = {}
+
+    def _for(self, placement: Placement) -> _Launcher:
+        return self.by_cluster.get(placement.cluster) or self.default
+
+    async def launch(self, placement: Placement) -> None:
+        await self._for(placement).launch(placement)
+
+    async def delete(self, placement: Placement) -> None:
+        await self._for(placement).delete(placement)
+
+    async def finished(self, placement: Placement) -> bool:
+        """The end of a running job's pods, where the cluster's launcher reports it.
+        Kubernetes members do not report it yet: their jobs run until cancelled."""
+        launcher = self._for(placement)
+        if isinstance(launcher, _RunWatcher) and placement.cluster not in self.by_cluster:
+            return await launcher.finished(placement)
+        await asyncio.Event().wait()  # never set: cancelled with the job or at close
+        return False  # pragma: no cover
+
+
+@dataclass(slots=True)
+class KubeMember:
+    name: str
+    source: KubeSource
+    client: ApiClient
+    watcher: ClusterWatcher
+    launcher: KubeLauncher
+
+
+class KubeMembers:
+    """The Kubernetes member clusters of one service, and whether each is stale."""
+
+    def __init__(
+        self, clusters: list[ClusterConfig], stale_after: float, clock: Callable[[], float]
+    ):
+        self.configs = [cc for cc in clusters if cc.source.kube is not None]
+        self.tracker = StaleTracker(stale_after, clock)
+        self.members: dict[str, KubeMember] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.configs)
+
+    async def connect(
+        self, emit: Emit, spec_for: Callable[[Placement], LaunchSpec], launchers: ClusterLauncher
+    ) -> None:
+        """Build a client, watcher and launcher per member (no request is sent yet).
+        A kubeconfig that cannot be loaded raises KubeconfigError (its message is scrubbed)."""
+        for cc in self.configs:
+            source = cc.source.kube
+            assert source is not None
+            clients, _ = await load_clients(Path(source.kubeconfig), [source.context])
+            client = clients[source.context]
+            gpu = GpuConfig(
+                tuple(source.gpu_resources), source.gpu_type_label, source.shared_gpu_resource
+            )
+            self.tracker.track(cc.name)
+            watcher = ClusterWatcher(cc.name, client, emit, gpu, on_status=self.tracker.on_status)
+            launcher = KubeLauncher(
+                client,
+                source.namespace,
+                source.launch_mode,
+                source.pod_group,
+                cluster=cc.name,
+                spec_for=spec_for,
+                gpu_resource=source.gpu_resources[0],
+                shared_gpu_resource=source.shared_gpu_resource,
+            )
+            self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher)
+            launchers.by_cluster[cc.name] = launcher
+
+    def stale(self, name: str) -> bool:
+        """Down for staleAfterSeconds, or never listed: no new placements there. A cluster
+        that comes back is trusted only once its watcher has relisted it (the watcher
+        reports itself connected after the relist's events are emitted)."""
+        member = self.members.get(name)
+        return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
+
+    async def close(self) -> None:
+        for member in self.members.values():
+            await member.client.close()  # type: ignore[no-untyped-call]
+        self.members.clear()
