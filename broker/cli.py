@@ -15,7 +15,7 @@ from pathlib import Path
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
 from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.demo import add_demo_command
-from broker.inspect import InspectError, add_inspect_command
+from broker.inspect import InspectError, add_inspect_command, add_plan_command
 from broker.model import Node
 from broker.runtime import add_serve_command
 from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_command(sub)
     add_demo_command(sub)
     add_inspect_command(sub)
+    add_plan_command(sub)
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
@@ -178,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.inspect import run_inspect
 
             return run_inspect(args)
+        if args.command == "plan":
+            from broker.inspect import run_plan
+
+            return run_plan(args)
         if args.command == "bench" and args.e2e:
             from broker.bench_e2e import main_e2e
 

@@ -1,8 +1,10 @@
-"""``fedbroker inspect``: list member clusters once and print the capacity snapshot.
+"""``fedbroker inspect`` and ``fedbroker plan``: read Kubernetes member clusters once.
 
 The clusters are read with the service's own watcher and translation code
 (``ClusterWatcher.list_once``) into a Ledger; an unreachable cluster is reported stale
-after a bounded timeout instead of failing the command.
+after a bounded timeout instead of failing the command. ``inspect`` prints that capacity
+snapshot; ``plan`` asks the job's policy where a manifest would go right now (cluster and
+nodes) or, per cluster, why it does not fit. Neither creates anything.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.kube.translate import GpuConfig, translate_node, translate_pod
 from adapters.kube.watch import ClusterWatcher
 from broker.ledger import Ledger
-from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, NodeUpdated
+from broker.manifest import ManifestError, parse_manifest, to_job
+from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated, Placement
+from policies import make_policy
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -55,6 +59,17 @@ async def inspect_clusters(
     gpu: GpuConfig | None = None,
     timeout: float = DEFAULT_TIMEOUT,
 ) -> dict[str, Any]:
+    return snapshot_document(await read_clusters(kubeconfig, contexts, gpu=gpu, timeout=timeout))
+
+
+async def read_clusters(
+    kubeconfig: Path,
+    contexts: Sequence[str] = (),
+    *,
+    gpu: GpuConfig | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> Ledger:
+    """One Ledger holding every context's cluster as listed now (stale if unreachable)."""
     gpu = gpu or GpuConfig()
     try:
         clients, _ = await load_clients(kubeconfig, contexts)
@@ -84,7 +99,7 @@ async def inspect_clusters(
             ledger.set_stale(name, True)
         for ev in events or ():
             ledger.apply(ev)
-    return snapshot_document(ledger)
+    return ledger
 
 
 def snapshot_document(ledger: Ledger) -> dict[str, Any]:
@@ -102,6 +117,78 @@ def snapshot_document(ledger: Ledger) -> dict[str, Any]:
         ]
         clusters.append({"name": name, "stale": view.stale, "nodes": nodes})
     return {"clusters": clusters}
+
+
+def add_plan_command(sub: Any) -> None:
+    p = sub.add_parser("plan", help="where a manifest would go now on Kubernetes clusters")
+    p.add_argument("-f", "--file", type=Path, required=True, help="FederatedJob YAML or JSON")
+    p.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE")
+    p.add_argument("--context", action="append", default=[], metavar="NAME")
+    p.add_argument("--gpu-type-label", default=None, help="node label with the GPU type")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    p.add_argument("--json", action="store_true")
+
+
+def plan_document(job: Job, ledger: Ledger) -> dict[str, Any]:
+    """The policy's decision on the current snapshot, as printed by ``plan --json``."""
+    snapshot = ledger.snapshot()
+    decision = make_policy(job.policy).decide(job, snapshot)
+    if isinstance(decision, Placement):
+        return {
+            "job": job.name,
+            "fits": True,
+            "cluster": decision.cluster,
+            "pods": [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus)} for p in decision.pods],
+            "clusters": [],
+        }
+    return {
+        "job": job.name,
+        "fits": False,
+        "cluster": None,
+        "pods": [],
+        "clusters": [
+            {
+                "cluster": name,
+                "largestFit": decision.largest_fit.get(name, 0),
+                "reasons": [
+                    {"code": str(r.code), "message": r.message} for r in decision.for_cluster(name)
+                ],
+            }
+            for name in sorted(snapshot.clusters)
+        ],
+    }
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    try:
+        body = args.file.read_bytes()
+    except OSError as exc:
+        raise InspectError(f"{args.file}: {exc.strerror}") from None
+    kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
+    try:
+        manifest = parse_manifest(body, kind)
+    except ManifestError as exc:
+        raise InspectError(f"{args.file}: {exc}") from None
+    namespace = manifest.metadata.namespace or "default"
+    job = to_job(manifest, namespace, "default")
+    gpu = GpuConfig(type_label=args.gpu_type_label) if args.gpu_type_label else GpuConfig()
+    ledger = asyncio.run(
+        read_clusters(args.kubeconfig, args.context, gpu=gpu, timeout=args.timeout)
+    )
+    doc = plan_document(job, ledger)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    if doc["fits"]:
+        print(f"{job.name}: would be placed on {doc['cluster']}")
+        for pod in doc["pods"]:
+            print(f"  {pod['pod']:<40} -> {pod['node']}  GPUs {pod['gpus']}")
+        return 0
+    print(f"{job.name}: does not fit anywhere now")
+    for cluster in doc["clusters"]:
+        why = "; ".join(r["message"] for r in cluster["reasons"]) or "-"
+        print(f"  {cluster['cluster']}: largest fit {cluster['largestFit']} pods; {why}")
+    return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:

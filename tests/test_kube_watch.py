@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import kmock as kmocklib
@@ -24,7 +24,7 @@ from adapters.kube.translate import (
     translate_node,
     translate_pod,
 )
-from adapters.kube.watch import Backoff, ClusterWatcher, StaleTracker, is_stale
+from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, WatchError, is_stale
 from broker.cli import main
 from broker.inspect import bench_ledger_updates
 from broker.ledger import Ledger
@@ -168,41 +168,38 @@ async def test_initial_list_and_watch_events(harness: Harness) -> None:
     await sink.until(lambda: sink.nodes() == {"n2"})
 
 
-async def test_410_relists_without_missing_changes(
+async def test_relist_after_410_misses_no_change(
     kmock: kmock.KubernetesEmulator, tmp_path: Path
 ) -> None:
     kmock.objects[NODES, None, "n1"] = node_obj("n1")
     kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=2)
-
-    def expire(_: Any) -> dict[str, Any]:
-        # Changes the watcher cannot see on this stream: only the relist can reveal them.
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    watcher = ClusterWatcher("a", clients["a"], lambda _: None)
+    try:
+        first = await watcher.list_once()
+        assert any(isinstance(e, PodBound) and e.pod == "ml/p1" for e in first)
+        # While the watch was gone, p1 ended and p3 started: only a relist can tell.
         kmock.objects[PODS, "ml", "p1"].delete()
         kmock.objects[PODS, "ml", "p3"] = pod_obj("p3", "n1", gpus=1)
-        return {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
-
-    kmock["watch", PODS][:1] << expire
-    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
-    sink = Sink()
-    watcher = ClusterWatcher("a", clients["a"], sink)
-    task = asyncio.create_task(watcher.run())
-    try:
-        try:
-            await sink.until(lambda: watcher.lists >= 2 and sink.used("n1") == 1)
-        except TimeoutError:
-            print(
-                "DBG",
-                watcher.lists,
-                sink.used("n1"),
-                sink.ledger._pods,
-                [(r.method, r.url) for r in kmock],
-            )
-            raise
-        assert ("a", "ml/p1") not in sink.ledger._pods
-        assert ("a", "ml/p3") in sink.ledger._pods
+        second = await watcher.list_once()
+        assert PodDeleted("a", "ml/p1") in second
+        assert any(isinstance(e, PodBound) and e.pod == "ml/p3" for e in second)
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
         await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+@pytest.mark.parametrize(
+    ("event", "error"),
+    [
+        ({"type": "ERROR", "object": {"kind": "Status", "code": 410}}, Gone),
+        ({"type": "ERROR", "object": {"kind": "Status", "code": 500}}, WatchError),
+    ],
+)
+def test_a_410_error_event_means_relist(event: dict[str, Any], error: type[Exception]) -> None:
+    # run() relists on Gone and reconnects with backoff on other WatchErrors.
+    watcher = ClusterWatcher("a", cast(Any, None), lambda _: None)
+    with pytest.raises(error):
+        watcher._on_watch_event("pods", event)
 
 
 async def test_dropped_connection_reconnects_with_backoff(
@@ -413,3 +410,61 @@ def test_translate_node_and_pod() -> None:
 
 def test_bench_runs() -> None:
     assert bench_ledger_updates(nodes=20, pods=2000) > 0
+
+
+PLAN_GANG = """apiVersion: fedbroker.io/v1alpha1
+kind: FederatedJob
+metadata: {{name: {name}}}
+spec:
+  podSets:
+  - name: worker
+    count: {pods}
+    resources: {{nvidia.com/gpu: {gpus}, cpu: "1", memory: 1Gi}}
+"""
+
+
+async def test_plan_names_cluster_and_nodes_and_creates_nothing(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: Any
+) -> None:
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=4)
+    kmock.objects[NODES, None, "n2"] = node_obj("n2", gpus=4)
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=3)
+    kc = write_kubeconfig(tmp_path / "kc", {"live": str(kmock.url)})
+    job = tmp_path / "job.yaml"
+    job.write_text(PLAN_GANG.format(name="pair", pods=2, gpus=2))
+    argv = ["plan", "-f", str(job), "--kubeconfig", str(kc), "--json", "--timeout", "2"]
+    assert await asyncio.to_thread(main, argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # n1 has 1 GPU free, n2 has 4: both 2-GPU pods fit only on n2, node by node.
+    assert doc["fits"] is True and doc["cluster"] == "live"
+    assert [p["node"] for p in doc["pods"]] == ["n2", "n2"]
+    assert not [r for r in kmock if r.method.value != "GET"]  # a dry run: only reads
+
+
+async def test_plan_says_per_cluster_why_not(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, capsys: Any
+) -> None:
+    # 9 GPUs free in all (3 + 4 + 2), but only n2 has 4 on one node: 1 pod of the 2.
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=4)
+    kmock.objects[NODES, None, "n2"] = node_obj("n2", gpus=4)
+    kmock.objects[NODES, None, "n3"] = node_obj("n3", gpus=2)
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=1)
+    kc = write_kubeconfig(tmp_path / "kc", {"live": str(kmock.url)})
+    job = tmp_path / "job.yaml"
+    job.write_text(PLAN_GANG.format(name="big", pods=2, gpus=4))
+    argv = ["plan", "-f", str(job), "--kubeconfig", str(kc), "--json", "--timeout", "2"]
+    assert await asyncio.to_thread(main, argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fits"] is False
+    (live,) = doc["clusters"]
+    assert live["cluster"] == "live" and live["largestFit"] == 1
+    assert live["reasons"] and "only 1 such pods" in live["reasons"][0]["message"]
+
+
+def test_plan_bad_manifest_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("apiVersion: fedbroker.io/v1alpha1\nkind: FederatedJob\nmetadata: {}\n")
+    kc = write_kubeconfig(tmp_path / "kc", {"live": "http://127.0.0.1:9"})
+    assert main(["plan", "-f", str(job), "--kubeconfig", str(kc)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "job.yaml" in err and "metadata" in err
