@@ -257,6 +257,39 @@ def encode_json(value: Mapping[str, Any]) -> str:
     return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
+def transition_sets(
+    state: JobState,
+    reason: str,
+    now: float,
+    mark: Callable[[Any], str],
+    *,
+    cluster: str | None,
+    placement: Mapping[str, Any] | None,
+    attempts: int | None,
+    not_before: float | None,
+) -> list[str]:
+    """The SET clauses of a transition, the same rules for both backends (see
+    Store.transition). ``mark(value)`` records a parameter and returns its placeholder in
+    the backend's dialect."""
+    check_state(state)
+    if state == "Queued" and (cluster is not None or placement is not None):
+        raise ValueError("a transition to Queued clears cluster and placement; pass neither")
+    sets = [f"state = {mark(state)}", f"reason = {mark(reason)}", f"updated_at = {mark(now)}"]
+    if state == "Queued":
+        sets += ["cluster = NULL", "placement = NULL"]
+    if cluster is not None:
+        sets.append(f"cluster = {mark(cluster)}")
+    if placement is not None:
+        sets.append(f"placement = {mark(encode_json(placement))}")
+    if attempts is not None:
+        sets.append(f"attempts = {mark(attempts)}")
+    elif state == "Placed":
+        sets.append("attempts = attempts + 1")
+    if not_before is not None:
+        sets.append(f"not_before = {mark(not_before)}")
+    return sets
+
+
 def check_state(state: str) -> JobState:
     if state not in JOB_STATES:
         raise ValueError(f"unknown job state {state!r}: expected one of {', '.join(JOB_STATES)}")

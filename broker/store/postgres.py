@@ -46,6 +46,7 @@ from broker.store import (
     job_from_row,
     redact_url,
     states_filter,
+    transition_sets,
 )
 from broker.store.migrations import (
     MIGRATIONS,
@@ -209,23 +210,11 @@ class PostgresStore:
         attempts: int | None = None,
         not_before: float | None = None,
     ) -> JobRecord:
-        check_state(state)
-        if state == "Queued" and (cluster is not None or placement is not None):
-            raise ValueError("a transition to Queued clears cluster and placement; pass neither")
         args = _Args()
-        sets = [f"state = {args(state)}", f"reason = {args(reason)}", f"updated_at = {args(now)}"]
-        if state == "Queued":
-            sets += ["cluster = NULL", "placement = NULL"]
-        if cluster is not None:
-            sets.append(f"cluster = {args(cluster)}")
-        if placement is not None:
-            sets.append(f"placement = {args(encode_json(placement))}")
-        if attempts is not None:
-            sets.append(f"attempts = {args(attempts)}")
-        elif state == "Placed":
-            sets.append("attempts = attempts + 1")
-        if not_before is not None:
-            sets.append(f"not_before = {args(not_before)}")
+        sets = transition_sets(
+            state, reason, now, args,
+            cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
+        )  # fmt: skip
         where = f"tenant = {args(tenant)} AND name = {args(name)}"
         expected = None if expect is None else [check_state(s) for s in expect]
         if expected is not None:

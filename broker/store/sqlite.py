@@ -40,6 +40,7 @@ from broker.store import (
     job_from_row,
     sqlite_url,
     states_filter,
+    transition_sets,
 )
 from broker.store.migrations import (
     MIGRATIONS,
@@ -214,27 +215,16 @@ class SqliteStore:
         attempts: int | None = None,
         not_before: float | None = None,
     ) -> JobRecord:
-        check_state(state)
-        if state == "Queued" and (cluster is not None or placement is not None):
-            raise ValueError("a transition to Queued clears cluster and placement; pass neither")
-        sets = ["state = ?", "reason = ?", "updated_at = ?"]
-        params: list[Any] = [state, reason, now]
-        if state == "Queued":
-            sets += ["cluster = NULL", "placement = NULL"]
-        if cluster is not None:
-            sets.append("cluster = ?")
-            params.append(cluster)
-        if placement is not None:
-            sets.append("placement = ?")
-            params.append(encode_json(placement))
-        if attempts is not None:
-            sets.append("attempts = ?")
-            params.append(attempts)
-        elif state == "Placed":
-            sets.append("attempts = attempts + 1")
-        if not_before is not None:
-            sets.append("not_before = ?")
-            params.append(not_before)
+        params: list[Any] = []
+
+        def mark(value: Any) -> str:
+            params.append(value)
+            return "?"
+
+        sets = transition_sets(
+            state, reason, now, mark,
+            cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
+        )  # fmt: skip
         where = "tenant = ? AND name = ?"
         params += [tenant, name]
         expected = None if expect is None else tuple(check_state(s) for s in expect)
