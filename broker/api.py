@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -98,16 +98,41 @@ class _ServiceCollector(Collector):
         for q in self._service.queues():
             pending.add_metric([str(q["name"])], float(q["pending"]))
         yield pending
+        clusters = self._service.clusters()
         gpus = GaugeMetricFamily(
             "fedbroker_gpus", "GPUs per cluster, GPU type and state",
             labels=["cluster", "gpu_type", "state"],
         )  # fmt: skip
-        for cluster in self._service.clusters():
+        for cluster in clusters:
             for row in cluster["gpuTypes"]:
                 for state in ("free", "reserved", "allocated"):
                     labels = [str(cluster["cluster"]), str(row["gpuType"]), state]
                     gpus.add_metric(labels, float(row[state]))
         yield gpus
+        stale = GaugeMetricFamily(
+            "fedbroker_cluster_stale",
+            "1 while a cluster takes no new placements because its capacity data is stale",
+            labels=["cluster"],
+        )
+        connected = GaugeMetricFamily(
+            "fedbroker_cluster_connected",
+            "1 while the watch of a Kubernetes member cluster is connected",
+            labels=["cluster"],
+        )
+        relists = CounterMetricFamily(
+            "fedbroker_cluster_relists",
+            "Full relists of a Kubernetes member cluster (start, 410 Gone, reconnects)",
+            labels=["cluster"],
+        )
+        for cluster in clusters:
+            name = str(cluster["cluster"])
+            stale.add_metric([name], float(bool(cluster["stale"])))
+            if "connected" in cluster:
+                connected.add_metric([name], float(bool(cluster["connected"])))
+                relists.add_metric([name], float(cast(int, cluster["relists"])))
+        yield stale
+        yield connected
+        yield relists
         dropped = CounterMetricFamily(
             "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
         )

@@ -122,6 +122,9 @@ class SchedulerConfig(Section):
     # How long a waiting gang lets smaller jobs backfill before its capacity is held for it.
     starvation_seconds: float = Field(default=300.0, ge=0, le=86_400)
     stale_after_seconds: float = Field(default=60.0, gt=0, le=3600)
+    # How often objects with our origin label that belong to no live job are deleted from
+    # Kubernetes members (finished jobs' pods stay that long for their logs).
+    garbage_collect_seconds: float = Field(default=60.0, gt=0, le=86_400)
     # DESIGN.md: unplaceable this long -> the burst controller plans cloud nodes.
     burst_after_seconds: float = Field(default=30.0, ge=0, le=86_400)
 
@@ -169,10 +172,13 @@ class SimulatedSource(Section):
 
 
 class KubeSource(Section):
-    """A real Kubernetes member cluster: one context of a kubeconfig file. Capacity comes
-    from a list+watch of its nodes and pods; gangs are launched into ``namespace``."""
+    """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
+    (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
+    kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
+    pods; gangs are launched into ``namespace``."""
 
-    kubeconfig: str = Field(min_length=1, max_length=4096)  # a path (relative to the cwd)
+    kubeconfig: str | None = Field(default=None, min_length=1, max_length=4096)
+    kubeconfig_inline: dict[str, Any] | str | None = Field(default=None, repr=False)
     context: str = Field(min_length=1, max_length=253)
     namespace: DnsLabel = "fedbroker-jobs"
     gpu_resources: list[str] = Field(
@@ -182,6 +188,9 @@ class KubeSource(Section):
     shared_gpu_resource: str | None = Field(default=None, min_length=1, max_length=317)
     launch_mode: Literal["delegate", "pin"] = "delegate"
     pod_group: Literal["coscheduling", "volcano"] = "coscheduling"
+    # How often the phases of our pods are read (one LIST for all gangs of the cluster):
+    # a starting gang is confirmed, a running one noticed to end, within this.
+    pod_poll_seconds: float = Field(default=2.0, gt=0, le=300)
 
     @field_validator("gpu_resources")
     @classmethod
@@ -192,6 +201,19 @@ class KubeSource(Section):
         if len(set(names)) != len(names):
             raise ValueError("duplicate resource name")
         return names
+
+    @model_validator(mode="after")
+    def _one_kubeconfig(self) -> KubeSource:
+        if (self.kubeconfig is None) == (self.kubeconfig_inline is None):
+            raise FieldError(["kubeconfig"], "give exactly one of: kubeconfig, kubeconfigInline")
+        return self
+
+    def kubeconfig_source(self) -> Path | str | dict[str, Any]:
+        """What ``adapters.kube.kubeconfig.load_clients`` reads: the file, or the inline one."""
+        if self.kubeconfig is not None:
+            return Path(self.kubeconfig)
+        assert self.kubeconfig_inline is not None
+        return self.kubeconfig_inline
 
 
 class ClusterSource(Section):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
@@ -446,6 +446,12 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
     )
+
+
+def pod_templates(wire: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Pod set name -> its non-empty pod template, from a stored manifest (wire names)."""
+    pod_sets = (wire.get("spec") or {}).get("podSets") or []
+    return {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
 
 
 # --- one-line errors -----------------------------------------------------------------

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from kubernetes.aio.client import ApiClient
@@ -56,10 +55,10 @@ class ClusterLauncher:
         await self._for(placement).delete(placement)
 
     async def finished(self, placement: Placement) -> bool:
-        """The end of a running job's pods, where the cluster's launcher reports it.
-        Kubernetes members do not report it yet: their jobs run until cancelled."""
+        """The end of a running job's pods (True: all succeeded), from its cluster's
+        launcher; a launcher that cannot tell leaves the job running until cancelled."""
         launcher = self._for(placement)
-        if isinstance(launcher, _RunWatcher) and placement.cluster not in self.by_cluster:
+        if isinstance(launcher, _RunWatcher):
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
         return False  # pragma: no cover
@@ -95,7 +94,7 @@ class KubeMembers:
         for cc in self.configs:
             source = cc.source.kube
             assert source is not None
-            clients, _ = await load_clients(Path(source.kubeconfig), [source.context])
+            clients, _ = await load_clients(source.kubeconfig_source(), [source.context])
             client = clients[source.context]
             gpu = GpuConfig(
                 tuple(source.gpu_resources), source.gpu_type_label, source.shared_gpu_resource
@@ -111,6 +110,8 @@ class KubeMembers:
                 spec_for=spec_for,
                 gpu_resource=source.gpu_resources[0],
                 shared_gpu_resource=source.shared_gpu_resource,
+                poll_seconds=source.pod_poll_seconds,
+                run_poll_seconds=source.pod_poll_seconds,
             )
             self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher)
             launchers.by_cluster[cc.name] = launcher
@@ -121,6 +122,14 @@ class KubeMembers:
         reports itself connected after the relist's events are emitted)."""
         member = self.members.get(name)
         return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
+
+    def watch_status(self, name: str) -> dict[str, object]:
+        """``connected`` and ``relists`` of a Kubernetes member's watch; nothing for other
+        clusters (their capacity is not watched)."""
+        member = self.members.get(name)
+        if member is None:
+            return {}
+        return {"connected": member.watcher.connected, "relists": member.watcher.lists}
 
     async def close(self) -> None:
         for member in self.members.values():

@@ -110,6 +110,9 @@ class ClusterCapacity(Out):
     stale: bool
     labels: dict[str, str]
     gpu_types: list[GpuTypeCapacity]
+    # Kubernetes members only: is the watch connected, and how often it relisted.
+    connected: bool | None = None
+    relists: int | None = None
 
 
 class Clusters(Out):

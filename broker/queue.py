@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from broker.model import MILLI_PER_GPU, GpuType, Job, Placement
 
@@ -40,6 +41,9 @@ class Pending:
     enqueued_at: float
     attempts: int = 0
     not_before: float = 0.0
+    # Pod set name -> the manifest's pod template (API JSON), for launchers that create
+    # real pods; the placement core never reads it.
+    pod_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from adapters.kube.kubeconfig import KubeconfigError
 from broker.api import make_app
 from broker.config import Config, ConfigError, load_config
 from broker.model import Placement
@@ -107,7 +108,11 @@ async def serve(
     service = Service(config, run_seconds=run_seconds)
     runner = web.AppRunner(make_app(service, config), access_log=None)
     try:
-        await service.start()
+        try:
+            await service.start()
+        except KubeconfigError as exc:  # scrubbed of the kubeconfig's secrets
+            log.error("%s", exc)
+            return EXIT_USAGE
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         try:

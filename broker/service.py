@@ -36,7 +36,7 @@ from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
 from broker.ledger import ConflictError, Ledger
 from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
-from broker.manifest import FederatedJob, parse_manifest, to_job
+from broker.manifest import FederatedJob, parse_manifest, pod_templates, to_job
 from broker.members import ClusterLauncher, KubeMembers
 from broker.model import (
     CapacityEvent,
@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 _QUEUED: tuple[JobState, ...] = ("Queued",)
 GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole GPUs
-GC_SECONDS = 60.0  # how often our objects of no live job are deleted from Kubernetes members
 
 
 class Launcher(Protocol):
@@ -250,7 +249,13 @@ class Service:
         confirm a Running one); False (nothing changed) when they do not make its gang."""
         key = f"{record.tenant}/{record.name}"
         stored = record.placement or {}
-        if len(pods) != len(stored.get("pods") or ()):
+        reserved = {str(p["pod"]): str(p["node"]) for p in stored.get("pods") or ()}
+        if len(pods) != len(reserved):
+            return False
+        bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
+        # A pod the cluster has not bound yet holds the node the broker reserved for it.
+        pods = [p if p.node else dataclasses.replace(p, node=reserved.get(p.pod, "")) for p in pods]
+        if not all(p.node for p in pods):
             return False
         cluster = pods[0].cluster
         placement = Placement(
@@ -259,13 +264,13 @@ class Service:
             tuple(PodPlacement(p.pod, p.node, p.gpus or (), p.resources) for p in pods),
             str(stored.get("policy") or ""),
         )
-        for pod in pods:  # listed as pods of no job: they become the job's reservation
+        for pod in bound:  # they become the job's reservation instead
             self.ledger.apply(PodDeleted(cluster, pod.pod))
         try:
             self.ledger.assume(placement)
         except ConflictError as exc:
             log.warning("cannot restore %s: %s; requeueing", key, exc)
-            for pod in pods:
+            for pod in bound:
                 self.ledger.apply(pod)
             return False
         pending = self._pending(record)
@@ -307,8 +312,10 @@ class Service:
         return LaunchSpec(
             tenant=tenant,
             job=name,
+            min_member=job.min_member,
             schedule_timeout_seconds=job.schedule_timeout_seconds,
             queue=job.queue,
+            pod_templates=launch.pending.pod_templates,
         )
 
     def _check_stale(self) -> None:
@@ -334,14 +341,15 @@ class Service:
                     log.warning("cluster %s: garbage collection failed: %s", name, exc)
 
     async def _kube_upkeep(self) -> None:
-        """Staleness every cycle, garbage collection every GC_SECONDS."""
+        """Staleness every cycle, garbage collection every garbageCollectSeconds."""
         cycle = self.config.scheduler.cycle_seconds
-        next_gc = time.monotonic() + GC_SECONDS
+        every = self.config.scheduler.garbage_collect_seconds
+        next_gc = time.monotonic() + every
         while True:
             await asyncio.sleep(cycle)
             self._check_stale()
             if time.monotonic() >= next_gc:
-                next_gc = time.monotonic() + GC_SECONDS
+                next_gc = time.monotonic() + every
                 try:
                     await self._collect_garbage()
                 except Exception:
@@ -590,7 +598,12 @@ class Service:
             manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
             job = to_job(manifest, record.tenant, record.queue)
         return Pending(
-            job, record.seq, record.created_at, record.attempts, record.not_before or 0.0
+            job,
+            record.seq,
+            record.created_at,
+            record.attempts,
+            record.not_before or 0.0,
+            pod_templates(record.manifest),
         )
 
     # -- reads ------------------------------------------------------------------------------
@@ -672,6 +685,7 @@ class Service:
             out.append({
                 "cluster": name, "kind": view.cluster.kind, "stale": view.stale,
                 "labels": dict(view.cluster.labels), "gpuTypes": types,
+                **self.kube.watch_status(name),
             })  # fmt: skip
         return out
 

@@ -133,7 +133,7 @@ ERRORS: list[tuple[str, str, str]] = [
     ("clusters: [{name: c}]", "clusters[0].source", "required"),
     ("clusters: [{name: c, source: {}}]", "clusters[0].source", "exactly one of: simulated"),
     ("clusters: [{name: c, source: {kube: {context: x}}}]",
-     "clusters[0].source.kube.kubeconfig", "required"),
+     "clusters[0].source.kube.kubeconfig", "give exactly one of: kubeconfig, kubeconfigInline"),
     ("clusters: [{name: c, source: {kube: {kubeconfig: k, context: x, launchMode: p}}}]",
      "clusters[0].source.kube.launchMode", "'delegate' or 'pin'"),
     ("clusters: [{name: c, source: {cloud: {}}}]", "clusters[0].source.cloud", "unknown field"),

@@ -328,3 +328,28 @@ async def test_canary_token_never_logged_nor_in_errors(
         texts.append(record.getMessage())
         texts.append(logging.Formatter().format(record))
     assert not [t for t in texts if CANARY in t]
+
+
+@pytest.mark.parametrize("mode", ["delegate", "pin"])
+async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
+    api: ApiClient, k8s: Emulator, mode: Mode
+) -> None:
+    await launcher(api, k8s, mode=mode).launch(placement())  # acme/train runs
+    before = stored(k8s, PODS), stored(k8s, COSCHED)
+    other = KubeLauncher(
+        api,
+        NS,
+        mode,
+        cluster="east",
+        retry_wait=wait_none(),
+        sleep=kubelet(k8s),
+        spec_for=lambda p: LaunchSpec(tenant="other", job="train"),
+    )
+    theirs = Placement(
+        "other/train", "east", (PodPlacement("other.train-worker-0", "node-0", (0,), GPU),)
+    )
+    with pytest.raises(LaunchError, match="does not belong to other/train"):
+        await other.launch(theirs)  # its rollback must not delete acme's objects
+    await other.delete(theirs)
+    assert (stored(k8s, PODS), stored(k8s, COSCHED)) == before
+    assert sorted(before[0]) == ["train-worker-0", "train-worker-1"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import kmock
 import kmock as kmocklib
 import pytest
 
+from adapters.kube.kubeconfig import KubeconfigError
 from broker.config import Config, ConfigError, parse_config
 from broker.manifest import parse_manifest
 from broker.service import Service
@@ -25,10 +28,11 @@ CANARY = "canary-token-kube-service-51c2"
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
+scheduler: {{{scheduler}}}
 clusters:
 - name: east
   source:
-    kube: {{kubeconfig: "{kubeconfig}", context: east, launchMode: pin}}
+    kube: {{kubeconfig: "{kubeconfig}", context: east, {kube}}}
 queues:
 - {{name: training, policy: gang}}
 tenants:
@@ -62,36 +66,45 @@ def foreign_pod(name: str, node: str, gpus: int) -> dict[str, Any]:
     }
 
 
-def make_config(tmp_path: Path, server: str) -> Config:
+def kubeconfig_doc(server: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "east",
+        "contexts": [{"name": "east", "context": {"cluster": "c-east", "user": "u"}}],
+        "clusters": [{"name": "c-east", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": CANARY}}],
+    }
+
+
+def make_config(
+    tmp_path: Path, server: str, kube: str = "launchMode: pin", scheduler: str = ""
+) -> Config:
+    """The test federation: one Kubernetes member ``east`` (``kube``: more keys of its
+    source, ``scheduler``: of the scheduler section)."""
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "east",
-                "contexts": [{"name": "east", "context": {"cluster": "c-east", "user": "u"}}],
-                "clusters": [{"name": "c-east", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": CANARY}}],
-            }
-        )
+    kubeconfig.write_text(json.dumps(kubeconfig_doc(server)))
+    text = CONFIG.format(
+        db=tmp_path / "jobs.db", kubeconfig=kubeconfig, kube=kube, scheduler=scheduler
     )
-    text = CONFIG.format(db=tmp_path / "jobs.db", kubeconfig=kubeconfig)
     return parse_config(text, "test config")
 
 
-def manifest(name: str, gpus: int = 1) -> Any:
+def manifest(
+    name: str, gpus: int = 1, count: int = 1, template: dict[str, Any] | None = None
+) -> Any:
+    pod_set: dict[str, Any] = {
+        "name": "worker", "count": count,
+        "resources": {"nvidia.com/gpu": gpus, "cpu": "1", "memory": "1Gi"},
+    }  # fmt: skip
+    if template is not None:
+        pod_set["template"] = template
     body = {
         "apiVersion": "fedbroker.io/v1alpha1",
         "kind": "FederatedJob",
         "metadata": {"name": name},
-        "spec": {
-            "podSets": [
-                {"name": "worker", "count": 1,
-                 "resources": {"nvidia.com/gpu": gpus, "cpu": "1", "memory": "1Gi"}}
-            ]
-        },
-    }  # fmt: skip
+        "spec": {"podSets": [pod_set]},
+    }
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
 
@@ -123,10 +136,27 @@ def our_pod(k8s: kmock.KubernetesEmulator, name: str) -> Any:
     return None
 
 
+def ledger_state(service: Service) -> tuple[Any, ...]:
+    """Everything the ledger holds about ``east``: each node's free CPU, memory and per-GPU
+    milli, the reservations (job -> pods and nodes and GPUs) and which jobs run."""
+    nodes = dict(service.ledger.snapshot().clusters["east"].nodes)
+    reservations = {
+        job: sorted((p.pod, p.node, p.gpus) for p in pl.pods)
+        for job, pl in service.ledger.reservations().items()
+    }
+    running = sorted(
+        launch.placement.job for launch in service.lifecycle.launches() if launch.running
+    )
+    return nodes, reservations, running
+
+
 async def test_kube_member_listed_placed_and_restored(
     k8s: kmock.KubernetesEmulator, tmp_path: Path
 ) -> None:
-    config = make_config(tmp_path, str(k8s.url).rstrip("/"))
+    k8s.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    config = make_config(
+        tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin, podPollSeconds: 0.02"
+    )
     service = Service(config)
     await service.start()
     try:
@@ -153,26 +183,178 @@ async def test_kube_member_listed_placed_and_restored(
         await service.launches_done(timeout=10)
         assert (await service.get("team-a", "train")).state == "Running"
         assert used_gpus(service) == 3  # the foreign pod's 2 and ours, not counted twice
-        before = used_gpus(service)
+
+        # A gang still starting when the broker stops: one pod bound, one not yet.
+        await service.submit("team-a", manifest("gang", count=2))
+        await service.schedule_once()
+        await until(lambda: our_pod(k8s, "gang-worker-1") is not None)
+        our_pod(k8s, "gang-worker-0").patch({"spec": {"nodeName": "n1"}})
+        await until(lambda: used_gpus(service) == 5)
+        assert (await service.get("team-a", "gang")).state == "Placed"
+        before = ledger_state(service)
+        assert set(before[1]) == {"team-a/gang"} and before[2] == ["team-a/train"]
     finally:
         await service.close()
 
-    restarted = Service(make_config(tmp_path, str(k8s.url).rstrip("/")))
+    restarted = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin"))
     await restarted.start()
     try:
+        # Rebuilt from our labelled pods before any placement: the same ledger.
+        assert ledger_state(restarted) == before
         assert (await restarted.get("team-a", "train")).state == "Running"
-        assert used_gpus(restarted) == before
-        launch = restarted.lifecycle.get("team-a/train")
-        assert launch is not None and launch.running
-        assert launch.placement.pods[0].node == "n1"
+        assert (await restarted.get("team-a", "gang")).state == "Placed"
         assert restarted.queue.get("team-a/train") is None
-        assert not restarted.ledger.reservations()
-        # Cancelling deletes the pod and frees its GPU.
+        assert restarted.queue.get("team-a/gang") is None
+        # Cancelling deletes the pods and frees their GPUs.
         await restarted.cancel("team-a", "train")
+        await restarted.cancel("team-a", "gang")
         assert our_pod(k8s, "train-worker-0") is None
+        assert our_pod(k8s, "gang-worker-0") is None and our_pod(k8s, "gang-worker-1") is None
         await until(lambda: used_gpus(restarted) == 2)
     finally:
         await restarted.close()
+
+
+@pytest.mark.parametrize(("phase", "state"), [("Succeeded", "Succeeded"), ("Failed", "Failed")])
+async def test_pods_ending_end_the_job_and_free_the_gpus(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path, phase: str, state: str
+) -> None:
+    config = make_config(
+        tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin, podPollSeconds: 0.02"
+    )
+    service = Service(config)
+    await service.start()
+    try:
+        await service.submit("team-a", manifest("job", count=2))
+        await service.schedule_once()
+        await until(lambda: our_pod(k8s, "job-worker-1") is not None)
+        for i in range(2):
+            our_pod(k8s, f"job-worker-{i}").patch(
+                {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+            )
+        await service.launches_done(timeout=10)
+        assert (await service.get("team-a", "job")).state == "Running"
+        assert used_gpus(service) == 4
+        # One pod ends first: the job runs on until the other does (or one fails).
+        our_pod(k8s, "job-worker-0").patch({"status": {"phase": "Succeeded"}})
+        our_pod(k8s, "job-worker-1").patch({"status": {"phase": phase}})
+        await service.runs_done(timeout=10)
+        record = await service.get("team-a", "job")
+        assert record.state == state
+        await until(lambda: used_gpus(service) == 2)  # the foreign pod's only
+        assert service.lifecycle.get("team-a/job") is None
+        assert not service.ledger.reservations()
+    finally:
+        await service.close()
+
+
+async def test_delegate_mode_volcano_through_the_service(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    volcano = kmock.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
+    k8s.resources["scheduling.volcano.sh/v1beta1/podgroups"] = kmocklib.ResourceInfo(
+        namespaced=True
+    )
+    kube = "launchMode: delegate, podGroup: volcano, podPollSeconds: 0.02"
+    service = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), kube))
+    await service.start()
+    template = {
+        "metadata": {"labels": {"app": "trainer"}},
+        "spec": {"containers": [{"name": "trainer", "image": "pytorch:2", "args": ["train"]}]},
+    }
+    try:
+        await service.submit("team-a", manifest("train", count=2, template=template))
+        await service.schedule_once()
+        await until(lambda: our_pod(k8s, "train-worker-1") is not None)
+        groups = [o for (r, ns, _), o in k8s.objects.items() if r == volcano and ns == NS]
+        assert len(groups) == 1
+        group = groups[0]
+        assert group.raw["metadata"]["name"] == "train"
+        assert group.raw["spec"] == {"minMember": 2, "queue": "training"}
+        pod = our_pod(k8s, "train-worker-0").raw
+        assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "train"
+        assert pod["metadata"]["labels"]["app"] == "trainer"  # the manifest's template
+        assert pod["metadata"]["labels"]["fedbroker.io/tenant"] == "team-a"
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert "affinity" not in pod["spec"]  # the gang scheduler picks the nodes
+        container = pod["spec"]["containers"][0]
+        assert (container["name"], container["image"], container["args"]) == (
+            "trainer", "pytorch:2", ["train"],
+        )  # fmt: skip
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
+        # Volcano reports the gang running on its PodGroup.
+        group.patch({"status": {"phase": "Running"}})
+        await service.launches_done(timeout=10)
+        assert (await service.get("team-a", "train")).state == "Running"
+        await service.cancel("team-a", "train")
+        assert our_pod(k8s, "train-worker-0") is None
+        assert all(o.deleted for (r, ns, _), o in k8s.objects.items() if r == volcano)
+    finally:
+        await service.close()
+
+
+def ours(name: str, job: str) -> dict[str, Any]:
+    """A pod with our labels, as a broker would have created it for ``job``."""
+    pod = foreign_pod(name, "n1", gpus=1)
+    pod["metadata"] = {
+        "name": name,
+        "namespace": NS,
+        "labels": {"fedbroker.io/origin": "fedbroker", "fedbroker.io/tenant": "team-a",
+                   "fedbroker.io/job": job},
+    }  # fmt: skip
+    return pod
+
+
+async def test_garbage_collector_deletes_ours_of_no_live_job_only(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    k8s.objects[PODS, NS, "left-worker-0"] = ours("left-worker-0", "left")
+    k8s.objects[PODS, NS, "theirs"] = foreign_pod("theirs", "n1", gpus=1) | {
+        "metadata": {"name": "theirs", "namespace": NS}
+    }
+    scheduler = "cycleSeconds: 0.02, garbageCollectSeconds: 0.05"
+    service = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), scheduler=scheduler))
+    await service.start()
+    try:
+        # At start: a leftover of a job the store does not know is gone before readiness.
+        assert service.ready
+        assert our_pod(k8s, "left-worker-0") is None
+        # Later: one appearing while the broker runs goes at the next collection.
+        k8s.objects[PODS, NS, "late-worker-0"] = ours("late-worker-0", "late")
+        await until(lambda: our_pod(k8s, "late-worker-0") is None)
+        assert our_pod(k8s, "theirs") is not None  # no origin label: never ours to delete
+    finally:
+        await service.close()
+
+
+async def test_stale_member_takes_nothing_until_relisted(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    down = asyncio.Event()
+    down.set()
+    k8s["list", NODES, down] << 503  # the API server answers nothing useful while down
+    service = Service(make_config(tmp_path, str(k8s.url).rstrip("/")))
+    await service.start()
+    try:
+        assert service.ready
+        [east] = service.clusters()
+        assert east["stale"] and not east["connected"] and east["relists"] == 0
+        await service.submit("team-a", manifest("train"))
+        await service.schedule_once()
+        assert (await service.get("team-a", "train")).state == "Queued"
+        explained = await service.explain("team-a", "train")
+        [reason] = explained["clusters"][0]["reasons"]
+        assert reason["code"] == "ClusterStale"
+        down.clear()
+        # Back: trusted only once relisted (capacity known), then placed as usual.
+        await until(lambda: not service.kube.stale("east"), timeout=20)
+        [east] = service.clusters()
+        assert east["relists"] >= 1 and east["connected"]
+        await service.schedule_once()
+        assert (await service.get("team-a", "train")).state == "Placed"
+        assert service.ledger.snapshot().clusters["east"].nodes["n1"].node.allocatable.gpus == 4
+    finally:
+        await service.close()
 
 
 async def test_unreachable_member_is_stale(tmp_path: Path) -> None:
@@ -186,14 +368,18 @@ async def test_unreachable_member_is_stale(tmp_path: Path) -> None:
 
 
 def test_kube_source_errors_name_the_key(tmp_path: Path) -> None:
-    text = CONFIG.format(db=tmp_path / "jobs.db", kubeconfig="kc").replace(
-        "launchMode: pin", "launchMode: pinned"
-    )
+    def text(kube: str) -> str:
+        return CONFIG.format(db=tmp_path / "jobs.db", kubeconfig="kc", kube=kube, scheduler="")
+
     with pytest.raises(ConfigError, match=r"clusters\[0\]\.source\.kube\.launchMode"):
-        parse_config(text, "test config")
-    text = CONFIG.format(db=tmp_path / "jobs.db", kubeconfig="kc").replace(", context: east", "")
+        parse_config(text("launchMode: pinned"), "test config")
+    with pytest.raises(ConfigError, match=r"clusters\[0\]\.source\.kube\.kubeconfig: give exactly"):
+        parse_config(text("kubeconfigInline: {apiVersion: v1}"), "test config")
+    with pytest.raises(ConfigError, match=r"clusters\[0\]\.source\.kube\.podPollSeconds"):
+        parse_config(text("podPollSeconds: 0"), "test config")
+    no_context = text("launchMode: pin").replace(", context: east", "")
     with pytest.raises(ConfigError, match=r"clusters\[0\]\.source\.kube\.context"):
-        parse_config(text, "test config")
+        parse_config(no_context, "test config")
 
 
 def test_example_federation_config_is_valid() -> None:
@@ -203,3 +389,49 @@ def test_example_federation_config_is_valid() -> None:
     )
     sources = [cc.source.kube for cc in config.clusters]
     assert [s.context for s in sources if s is not None] == ["gpu-east", "gpu-west"]
+
+
+async def test_inline_kubeconfig_and_its_secrets(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    inline = json.dumps(kubeconfig_doc(str(k8s.url).rstrip("/")))
+    text = CONFIG.format(
+        db=tmp_path / "jobs.db", kubeconfig="unused", kube="launchMode: pin", scheduler=""
+    ).replace('kubeconfig: "unused"', f"kubeconfigInline: {inline}")
+    service = Service(parse_config(text, "test config"))
+    await service.start()
+    try:
+        assert set(service.ledger.snapshot().clusters["east"].nodes) == {"n1"}
+        assert not service.ledger.snapshot().clusters["east"].stale
+    finally:
+        await service.close()
+    # A context the inline kubeconfig lacks: a one-line error naming it, without the token.
+    broken = Service(parse_config(text.replace("context: east", "context: west"), "test config"))
+    with pytest.raises(KubeconfigError) as info:
+        await broken.start()
+    await broken.close()
+    assert str(info.value) == "kubeconfig (inline): no context 'west'"
+    assert CANARY not in caplog.text
+
+
+def test_serve_with_a_broken_kubeconfig_exits_2_with_one_line(tmp_path: Path) -> None:
+    """The kubeconfig has no context ``east`` (but a user token): ``fedbroker serve`` says so
+    in one line naming the file, exits 2, and never shows the token."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(kubeconfig_doc("http://127.0.0.1:9") | {"contexts": []}))
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        CONFIG.format(
+            db=tmp_path / "jobs.db", kubeconfig=kubeconfig, kube="launchMode: pin", scheduler=""
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.cli", "serve", "--config", str(path), "--port", "0"],
+        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "kubeconfig" in line]
+    assert len(lines) == 1 and f"kubeconfig {kubeconfig}: no context 'east'" in lines[0]
+    assert "Traceback" not in done.stderr
+    assert CANARY not in done.stderr + done.stdout

@@ -468,3 +468,40 @@ def test_plan_bad_manifest_is_one_line_exit_2(tmp_path: Path, capsys: Any) -> No
     assert main(["plan", "-f", str(job), "--kubeconfig", str(kc)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "job.yaml" in err and "metadata" in err
+
+
+@pytest.mark.parametrize(
+    "expired",
+    [410, {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}],
+    ids=["http-410", "error-event-410"],
+)
+async def test_scripted_410_relists_and_misses_no_change(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path, expired: Any
+) -> None:
+    """The first pods watch answers 410 Gone (as an HTTP status, or as an ERROR event in the
+    stream). Between the list and that watch, p1 ended and p3 started; no watch event will
+    ever tell, so only the relist the 410 forces can."""
+    kmock.objects[NODES, None, "n1"] = node_obj("n1")
+    kmock.objects[PODS, "ml", "p1"] = pod_obj("p1", "n1", gpus=2)
+    kmock["watch", PODS][:1] << expired
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    sink = Sink()
+    first = True
+
+    def emit(events: list[CapacityEvent]) -> None:
+        nonlocal first
+        if first:  # after the first list, before any watch: changed behind the watch's back
+            first = False
+            kmock.objects[PODS, "ml", "p1"].delete()
+            kmock.objects[PODS, "ml", "p3"] = pod_obj("p3", "n1", gpus=1)
+        sink(events)
+
+    watcher = ClusterWatcher("a", clients["a"], emit)
+    task = asyncio.create_task(watcher.run())
+    try:
+        await sink.until(lambda: sink.used("n1") == 1)  # p1's 2 GPUs gone, p3's 1 taken
+        assert watcher.lists == 2  # the 410 relisted instead of re-watching
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await clients["a"].close()  # type: ignore[no-untyped-call]

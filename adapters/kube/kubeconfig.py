@@ -54,17 +54,28 @@ class Secrets:
         return text
 
 
-def read_kubeconfig(path: Path) -> tuple[dict[str, Any], Secrets]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KubeconfigError(f"kubeconfig {path}: {exc.strerror or type(exc).__name__}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise KubeconfigError(f"kubeconfig {path}: not valid YAML") from None
+INLINE = "(inline)"  # how an inline kubeconfig is named in messages
+
+
+def read_kubeconfig(source: Path | str | dict[str, Any]) -> tuple[dict[str, Any], Secrets]:
+    """A kubeconfig from a file (``Path``) or inline (YAML text or an already parsed
+    mapping), with the secrets it holds."""
+    label = source if isinstance(source, Path) else INLINE
+    if isinstance(source, Path):
+        try:
+            text = source.read_text(encoding="utf-8")
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise KubeconfigError(f"kubeconfig {source}: {reason}") from None
+    if isinstance(source, dict):
+        doc: Any = source
+    else:
+        try:
+            doc = yaml.safe_load(text if isinstance(source, Path) else source)
+        except yaml.YAMLError:
+            raise KubeconfigError(f"kubeconfig {label}: not valid YAML") from None
     if not isinstance(doc, dict):
-        raise KubeconfigError(f"kubeconfig {path}: not a kubeconfig mapping")
+        raise KubeconfigError(f"kubeconfig {label}: not a kubeconfig mapping")
     return doc, Secrets.of(doc)
 
 
@@ -74,13 +85,17 @@ def context_names(doc: dict[str, Any]) -> list[str]:
 
 
 async def load_clients(
-    path: Path, contexts: Sequence[str] = ()
+    source: Path | str | dict[str, Any], contexts: Sequence[str] = ()
 ) -> tuple[dict[str, ApiClient], Secrets]:
-    """An ApiClient per context (all contexts of the file when none are named).
+    """An ApiClient per context (all contexts of the kubeconfig when none are named), from
+    a file or an inline kubeconfig (relative certificate paths of an inline one are taken
+    from the working directory).
 
     The caller owns the clients and must ``await client.close()`` each.
     """
-    doc, secrets = read_kubeconfig(path)
+    doc, secrets = read_kubeconfig(source)
+    path = source if isinstance(source, Path) else INLINE
+    base = source.parent.resolve() if isinstance(source, Path) else Path.cwd()
     known = context_names(doc)
     wanted = list(contexts) or known
     if not wanted:
@@ -95,7 +110,7 @@ async def load_clients(
                 loader = kube_config.KubeConfigLoader(  # type: ignore[no-untyped-call]
                     config_dict=doc,
                     active_context=name,
-                    config_base_path=str(path.parent.resolve()),
+                    config_base_path=str(base),
                 )
                 configuration = Configuration()
                 await loader.load_and_set(configuration)  # type: ignore[no-untyped-call]

@@ -189,6 +189,7 @@ class KubeLauncher:
         attempts: int = 5,
         retry_wait: wait_base | None = None,
         poll_seconds: float = 1.0,
+        run_poll_seconds: float = 5.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if mode not in ("delegate", "pin"):
@@ -216,7 +217,9 @@ class KubeLauncher:
             multiplier=0.2, max=10, jitter=1
         )
         self.poll_seconds = poll_seconds
+        self.run_poll_seconds = run_poll_seconds
         self._sleep = sleep
+        self._listing: asyncio.Future[list[dict[str, Any]]] | None = None
 
     # -- the Launcher protocol ---------------------------------------------------------------
 
@@ -242,9 +245,9 @@ class KubeLauncher:
             if labels.get(LABEL_TENANT) == spec.tenant and labels.get(LABEL_JOB) == spec.job:
                 names.add(pod["metadata"]["name"])
         for name in sorted(names):
-            await self._delete_pod(name, only_ours=True)
+            await self._delete_pod(name, owner=spec)
         if self.mode == "delegate":
-            await self._delete_pod_group(self.pod_group_name(spec))
+            await self._delete_pod_group(self.pod_group_name(spec), owner=spec)
         log.info("deleted gang %s in %s/%s", spec.key, self.cluster, self.namespace)
 
     # -- naming and specs --------------------------------------------------------------------
@@ -473,11 +476,7 @@ class KubeLauncher:
         spec = self.spec(placement, spec)
         expected = {self.pod_name(p, spec) for p in placement.pods}
         while True:
-            phases: dict[str, str] = {}
-            for pod in await self._our_pods():
-                name = pod["metadata"]["name"]
-                if name in expected and self._ours(pod, spec):
-                    phases[name] = str((pod.get("status") or {}).get("phase") or "Pending")
+            phases = self._phases(await self._shared_listing(), expected, spec)
             failed = sorted(n for n, phase in phases.items() if phase in ("Failed", "Succeeded"))
             if failed:
                 raise KubeLaunchError(
@@ -494,6 +493,56 @@ class KubeLauncher:
                     return
             await self._sleep(self.poll_seconds)
 
+    async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> bool:
+        """Wait for a running gang to end: True once every pod Succeeded, False as soon as
+        one Failed or vanished (deleted behind our back). Polls every ``run_poll_seconds``
+        on a listing shared by every gang waiting in this namespace; an API error is logged
+        and polled again (an unreachable cluster does not end a job)."""
+        spec = self.spec(placement, spec)
+        expected = {self.pod_name(p, spec) for p in placement.pods}
+        while True:
+            try:
+                phases = self._phases(await self._shared_listing(), expected, spec)
+            except KubeLaunchError as exc:
+                log.warning("gang %s: cannot read its pods (%s); polling again", spec.key, exc)
+            else:
+                if any(phase == "Failed" for phase in phases.values()):
+                    return False
+                if expected - phases.keys():
+                    return False
+                if all(phase == "Succeeded" for phase in phases.values()):
+                    return True
+            await self._sleep(self.run_poll_seconds)
+
+    def _phases(
+        self, pods: Iterable[Mapping[str, Any]], expected: set[str], spec: LaunchSpec
+    ) -> dict[str, str]:
+        """Pod name -> phase of the gang's pods among ``pods``."""
+        phases: dict[str, str] = {}
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name in expected and self._ours(pod, spec):
+                phases[name] = str((pod.get("status") or {}).get("phase") or "Pending")
+        return phases
+
+    async def _shared_listing(self) -> list[dict[str, Any]]:
+        """Our pods, listed once for every caller waiting at the same time: a thousand gangs
+        polling their phases cost one LIST per poll, not a thousand. Always a fresh listing
+        (one started after the call, or the one in flight), never a cached one."""
+        listing = self._listing
+        if listing is None:
+            listing = asyncio.ensure_future(self._our_pods())
+            self._listing = listing
+
+            def done(future: asyncio.Future[list[dict[str, Any]]]) -> None:
+                if self._listing is future:
+                    self._listing = None
+                if not future.cancelled():
+                    future.exception()  # retrieved here, so an error nobody awaits is quiet
+
+            listing.add_done_callback(done)
+        return await asyncio.shield(listing)
+
     # -- garbage collection and restart ------------------------------------------------------
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
@@ -503,27 +552,30 @@ class KubeLauncher:
         for pod in await self._our_pods():
             if self._job_key(pod) not in live_jobs:
                 name = pod["metadata"]["name"]
-                await self._delete_pod(name, only_ours=False)
+                await self._delete_pod(name, owner=None)
                 deleted.append(f"Pod/{name}")
         if self.mode == "delegate":
             for group in await self._our_pod_groups():
                 if self._job_key(group) not in live_jobs:
                     name = group["metadata"]["name"]
-                    await self._delete_pod_group(name)
+                    await self._delete_pod_group(name, owner=None)
                     deleted.append(f"PodGroup/{name}")
         if deleted:
             log.info("garbage-collected %d objects in %s", len(deleted), self.namespace)
         return deleted
 
     async def read_back(self) -> dict[str, list[PodBound]]:
-        """Our non-terminal pods bound to nodes, as the ledger's ``PodBound`` events keyed by
-        job key (``tenant/name``): what rebuilds reservations after a broker restart."""
+        """Our non-terminal pods as the ledger's ``PodBound`` events keyed by job key
+        (``tenant/name``): what rebuilds reservations after a broker restart. A pod the
+        cluster has not bound yet has node ``""``: the caller's stored placement says which
+        node was reserved for it."""
         out: dict[str, list[PodBound]] = {}
         for pod in await self._our_pods():
             status = pod.get("status") or {}
-            node = (pod.get("spec") or {}).get("nodeName")
-            if not node or status.get("phase") in ("Succeeded", "Failed"):
+            spec = pod.get("spec") or {}
+            if status.get("phase") in ("Succeeded", "Failed"):
                 continue
+            node = spec.get("nodeName") or ""
             meta = pod["metadata"]
             annotations = cast(Mapping[str, str], meta.get("annotations") or {})
             gpus_text = annotations.get(ANNOTATION_GPUS)
@@ -659,13 +711,15 @@ class KubeLauncher:
         items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
         return [g for g in items if _labels(g).get(LABEL_ORIGIN) == self.origin]
 
-    async def _delete_pod(self, name: str, *, only_ours: bool) -> None:
-        if only_ours:
+    async def _delete_pod(self, name: str, *, owner: LaunchSpec | None) -> None:
+        """Delete a pod; with ``owner``, only if it carries that job's labels (another
+        tenant's job of the same name has pods of the same names)."""
+        if owner is not None:
             existing = await self._read_pod(name)
             if existing is None:
                 return
-            if _labels(existing).get(LABEL_ORIGIN) != self.origin:
-                log.warning("not deleting pod %s: it lacks our origin label", name)
+            if not self._ours(existing, owner):
+                log.warning("not deleting pod %s: it is not %s's", name, owner.key)
                 return
         try:
             await self._call(
@@ -676,12 +730,17 @@ class KubeLauncher:
             if exc.status != 404:
                 raise KubeLaunchError(f"delete pod {name}: {_describe(exc)}") from exc
 
-    async def _delete_pod_group(self, name: str) -> None:
+    async def _delete_pod_group(self, name: str, *, owner: LaunchSpec | None) -> None:
         existing = await self._read_pod_group(name)
         if existing is None:
             return
-        if _labels(existing).get(LABEL_ORIGIN) != self.origin:
-            log.warning("not deleting PodGroup %s: it lacks our origin label", name)
+        mine = (
+            self._ours(existing, owner)
+            if owner is not None
+            else (_labels(existing).get(LABEL_ORIGIN) == self.origin)
+        )
+        if not mine:
+            log.warning("not deleting PodGroup %s: it is not ours to delete", name)
             return
         kind = self.pod_group_kind
         try:

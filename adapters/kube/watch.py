@@ -177,9 +177,7 @@ class ClusterWatcher:
                 self._set_connected(False)
                 delay = self._backoff.delay(attempt)
                 attempt += 1
-                log.warning(
-                    "cluster %s: %s; reconnecting in %.1fs", self.cluster, _describe(exc), delay
-                )
+                log.warning("%s; reconnecting in %.1fs", _describe(exc, self.cluster), delay)
                 await self._sleep(delay)
 
     def _set_connected(self, connected: bool) -> None:
@@ -307,9 +305,10 @@ async def _lines(resp: aiohttp.ClientResponse, inactivity: float) -> AsyncIterat
                 yield line
 
 
-def _describe(exc: BaseException) -> str:
-    """A log-safe description: our own messages, or the type (and status) of others."""
+def _describe(exc: BaseException, cluster: str) -> str:
+    """A log-safe description naming the cluster: our own messages (which name it), or the
+    type (and status) of others."""
     if isinstance(exc, WatchError):
         return str(exc)
     status = getattr(exc, "status", None)
-    return f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "")
+    return f"cluster {cluster}: {type(exc).__name__}" + (f" (HTTP {status})" if status else "")
