@@ -19,6 +19,7 @@ from broker.model import (
     Cluster,
     GpuType,
     Node,
+    NodeDeleted,
     NodeUpdated,
     Placement,
     PodBound,
@@ -279,3 +280,106 @@ def seeded_run_seconds(
         return random.Random(f"{seed}:{placement.job}").uniform(low, high)
 
     return run_seconds
+
+
+class ScaleError(Exception):
+    """A pool could not be scaled (its API failed, or the request was out of range)."""
+
+
+class SimulatedPool:
+    """A simulated Cluster API node pool on a clock the caller passes in (wall time in the
+    demo, virtual time in the replay): ``scale_to`` more replicas and each new node comes
+    up ``provision_seconds`` later, or never (``failure_rate``, seeded: the machine fails to
+    provision and sits there until scaled away); fewer replicas remove nodes, those marked
+    by ``remove_node`` first. ``due(now)`` hands out the capacity events of what happened
+    up to ``now``, as a workload cluster's watch would.
+    """
+
+    def __init__(
+        self,
+        cluster: str,
+        gpu_type: str,
+        node: Resources,
+        *,
+        name: str = "pool",
+        provision_seconds: float = 60.0,
+        failure_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.cluster = cluster
+        self.gpu_type = GpuType(gpu_type)
+        self.node = node
+        self.name = name
+        self.provision_seconds = provision_seconds
+        self.failure_rate = failure_rate
+        self._rng = random.Random(f"{seed}:{name}")
+        self.replicas = 0
+        self._serial = 0
+        self._coming: list[tuple[float, str]] = []  # (ready at, node name); failed: at inf
+        self.ready: set[str] = set()
+        self._marked: set[str] = set()
+        self._events: list[CapacityEvent] = []
+        self.scale_calls = 0
+
+    def _new_node(self, now: float) -> None:
+        self._serial += 1
+        name = f"{self.name}-{self._serial:04d}"
+        failed = self.failure_rate > 0 and self._rng.random() < self.failure_rate
+        heapq.heappush(
+            self._coming, (float("inf") if failed else now + self.provision_seconds, name)
+        )
+
+    def scale_to(self, replicas: int, now: float) -> int:
+        """Set the desired node count; returns it."""
+        if replicas < 0:
+            raise ScaleError(f"pool {self.name}: replicas must not be negative")
+        self.scale_calls += 1
+        while self.replicas < replicas:
+            self._new_node(now)
+            self.replicas += 1
+        while self.replicas > replicas:
+            self._remove_one()
+            self.replicas -= 1
+        return self.replicas
+
+    def _remove_one(self) -> None:
+        """Cluster API deletes machines marked for deletion first, then ones not yet
+        ready (newest first), then the newest ready node."""
+        if self._marked:
+            name = min(self._marked)
+            self._marked.discard(name)
+        elif self._coming:
+            name = max(self._coming, key=lambda c: (c[0], c[1]))[1]
+        else:
+            name = max(self.ready)
+        self._coming = [c for c in self._coming if c[1] != name]
+        heapq.heapify(self._coming)
+        if name in self.ready:
+            self.ready.discard(name)
+            self._events.append(NodeDeleted(self.cluster, name))
+
+    def remove_node(self, node: str, now: float) -> int:
+        """Cordon ``node``, mark its machine for deletion, lower the replicas by one (what
+        the Cluster API adapter does); returns the new replica count."""
+        if node not in self.ready:
+            raise ScaleError(f"pool {self.name}: no ready node {node}")
+        self._marked.add(node)
+        return self.scale_to(self.replicas - 1, now)
+
+    def next_due(self) -> float | None:
+        """When the next node comes up (None: nothing is on its way)."""
+        at = self._coming[0][0] if self._coming else float("inf")
+        return at if at != float("inf") else None
+
+    def due(self, now: float) -> list[CapacityEvent]:
+        """The capacity events up to ``now``: nodes that came up, nodes that went away."""
+        while self._coming and self._coming[0][0] <= now:
+            _, name = heapq.heappop(self._coming)
+            self.ready.add(name)
+            node = Node(
+                name, self.gpu_type, self.node, labels={"gpu-type": self.gpu_type,
+                                                        "fedbroker.io/pool": self.name}
+            )  # fmt: skip
+            self._events.append(NodeUpdated(self.cluster, node))
+        events, self._events = self._events, []
+        return events

@@ -133,6 +133,7 @@ class _ServiceCollector(Collector):
         yield stale
         yield connected
         yield relists
+        yield from _pool_metrics(self._service.pools.rows())
         dropped = CounterMetricFamily(
             "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
         )
@@ -141,6 +142,49 @@ class _ServiceCollector(Collector):
         subscribers = GaugeMetricFamily("fedbroker_event_subscribers", "Open /v1/events streams")
         subscribers.add_metric([], float(self._bus.subscribers))
         yield subscribers
+
+
+def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Burst pools: scale-ups/downs, nodes by state, node-seconds (billed, idle) and cost."""
+    counters = {
+        "scaleUps": ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", 1.0),
+        "scaleDowns": ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool", 1.0),
+        "provisionFailures": (
+            "fedbroker_burst_provision_failures",
+            "Scale-ups whose nodes did not all come up in time",
+            1.0,
+        ),
+        "nodeHours": (
+            "fedbroker_burst_node_seconds",
+            "Node-seconds billed for nodes the broker added (from the scale-up on)",
+            3600.0,
+        ),
+        "idleNodeHours": (
+            "fedbroker_burst_idle_node_seconds",
+            "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
+            3600.0,
+        ),
+        "cost": ("fedbroker_burst_cost", "Cost of the nodes the broker added", 1.0),
+    }
+    for key, (name, doc, scale) in counters.items():
+        family = CounterMetricFamily(name, doc, labels=["pool"])
+        for row in rows:
+            family.add_metric([str(row["pool"])], float(row[key]) * scale)
+        yield family
+    nodes = GaugeMetricFamily(
+        "fedbroker_burst_nodes", "Nodes the broker added to a pool: up, or coming up",
+        labels=["pool", "state"],
+    )  # fmt: skip
+    failing = GaugeMetricFamily(
+        "fedbroker_burst_pool_failing", "1 while a pool backs off after a failure",
+        labels=["pool"],
+    )  # fmt: skip
+    for row in rows:
+        nodes.add_metric([str(row["pool"]), "ready"], float(row["ready"]))
+        nodes.add_metric([str(row["pool"]), "coming"], float(row["coming"]))
+        failing.add_metric([str(row["pool"])], float(bool(row["failing"])))
+    yield nodes
+    yield failing
 
 
 class ApiMetrics:
@@ -363,6 +407,11 @@ async def queues(request: web.Request) -> web.Response:
     return web.json_response({"queues": request.app[SERVICE].queues()})
 
 
+async def pools(request: web.Request) -> web.Response:
+    tenant = _tenant(request)
+    return web.json_response(request.app[SERVICE].burst(None if tenant.admin else tenant.name))
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -475,6 +524,7 @@ def make_app(
     app.router.add_post("/v1/plan", plan)
     app.router.add_get("/v1/clusters", clusters)
     app.router.add_get("/v1/queues", queues)
+    app.router.add_get("/v1/pools", pools)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/events", events)

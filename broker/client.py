@@ -192,7 +192,8 @@ def render(command: str, doc: Any) -> str:
     if command == "clusters":
         rows = []
         for c in doc.get("clusters", []):
-            for t in c.get("gpuTypes", [c]):
+            # A cluster with no GPU nodes (yet: a burst cluster) still gets its row.
+            for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
                 rows.append(
                     [
                         c.get("cluster") or c.get("name"),

@@ -155,7 +155,8 @@ class ShapeSpec(Section):
 
 
 class SimulatedSource(Section):
-    shapes: list[ShapeSpec] = Field(min_length=1, max_length=64)
+    # Empty for a cloud cluster that only burst pools fill.
+    shapes: list[ShapeSpec] = Field(default_factory=list, max_length=64)
     scale: float = Field(default=1.0, gt=0, le=100)  # as in adapters.simulated.generate_nodes
     launch_delay_seconds: float = Field(default=0.0, ge=0, le=3600)
     failure_rate: float = Field(default=0.0, ge=0, le=1)
@@ -171,15 +172,34 @@ class SimulatedSource(Section):
         return [s.node_shape() for s in self.shapes]
 
 
-class KubeSource(Section):
+class KubeconfigRef(Section):
+    """A kubeconfig given as a file path (``kubeconfig``, relative to the working
+    directory) or inline (``kubeconfigInline``: a mapping or YAML text), and its context."""
+
+    kubeconfig: str | None = Field(default=None, min_length=1, max_length=4096)
+    kubeconfig_inline: dict[str, Any] | str | None = Field(default=None, repr=False)
+    context: str = Field(min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _one_kubeconfig(self) -> KubeconfigRef:
+        if (self.kubeconfig is None) == (self.kubeconfig_inline is None):
+            raise FieldError(["kubeconfig"], "give exactly one of: kubeconfig, kubeconfigInline")
+        return self
+
+    def kubeconfig_source(self) -> Path | str | dict[str, Any]:
+        """What ``adapters.kube.kubeconfig.load_clients`` reads: the file, or the inline one."""
+        if self.kubeconfig is not None:
+            return Path(self.kubeconfig)
+        assert self.kubeconfig_inline is not None
+        return self.kubeconfig_inline
+
+
+class KubeSource(KubeconfigRef):
     """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
     (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
     kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
     pods; gangs are launched into ``namespace``."""
 
-    kubeconfig: str | None = Field(default=None, min_length=1, max_length=4096)
-    kubeconfig_inline: dict[str, Any] | str | None = Field(default=None, repr=False)
-    context: str = Field(min_length=1, max_length=253)
     namespace: DnsLabel = "fedbroker-jobs"
     gpu_resources: list[str] = Field(
         default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"], min_length=1, max_length=16
@@ -201,19 +221,6 @@ class KubeSource(Section):
         if len(set(names)) != len(names):
             raise ValueError("duplicate resource name")
         return names
-
-    @model_validator(mode="after")
-    def _one_kubeconfig(self) -> KubeSource:
-        if (self.kubeconfig is None) == (self.kubeconfig_inline is None):
-            raise FieldError(["kubeconfig"], "give exactly one of: kubeconfig, kubeconfigInline")
-        return self
-
-    def kubeconfig_source(self) -> Path | str | dict[str, Any]:
-        """What ``adapters.kube.kubeconfig.load_clients`` reads: the file, or the inline one."""
-        if self.kubeconfig is not None:
-            return Path(self.kubeconfig)
-        assert self.kubeconfig_inline is not None
-        return self.kubeconfig_inline
 
 
 class ClusterSource(Section):
@@ -246,6 +253,71 @@ class ClusterConfig(Section):
 
     def to_cluster(self) -> Cluster:
         return Cluster(self.name, dict(self.labels), self.kind, self.cost_per_gpu_hour)
+
+
+class SimulatedPoolSource(Section):
+    """A simulated Cluster API pool: nodes come up ``provisionSeconds`` after a scale-up,
+    or never (``failureRate``, seeded)."""
+
+    failure_rate: float = Field(default=0.0, ge=0, le=1)
+    seed: int = 0
+
+
+class CapiPoolSource(KubeconfigRef):
+    """A Cluster API MachineDeployment (or MachinePool) on a management cluster, scaled
+    through its ``/scale`` subresource; the kubeconfig context is the management cluster's."""
+
+    namespace: DnsLabel
+    name: str = Field(min_length=1, max_length=253)
+    kind: Literal["MachineDeployment", "MachinePool"] = "MachineDeployment"
+
+
+class PoolSource(Section):
+    """Where a burst pool's nodes come from: exactly one key names the adapter."""
+
+    simulated: SimulatedPoolSource | None = None
+    capi: CapiPoolSource | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PoolSource:
+        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise FieldError([], f"give exactly one of: {', '.join(type(self).model_fields)}")
+        return self
+
+
+class BurstPoolConfig(Section):
+    """A cloud node pool that grows member cluster ``cluster`` when a gang allowed to burst
+    fits nowhere. The node shape and size bounds may be left out for a Cluster API pool
+    whose MachineDeployment carries the cluster-autoscaler scale-from-zero annotations."""
+
+    name: DnsLabel
+    cluster: DnsLabel
+    gpu_type: GpuTypeName | None = None
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_POD)
+    cpu: CpuQuantity | None = None
+    memory: MemoryQuantity | None = None
+    min_nodes: int | None = Field(default=None, ge=0, le=10_000)
+    max_nodes: int | None = Field(default=None, ge=0, le=10_000)
+    cost_per_node_hour: float = Field(default=0.0, ge=0, le=100_000)
+    provision_seconds: float = Field(default=300.0, ge=0, le=86_400)  # expected (simulated: actual)
+    burst_after_seconds: float | None = Field(default=None, ge=0, le=86_400)
+    scale_down_after_seconds: float = Field(default=600.0, ge=0, le=86_400)
+    provision_timeout_seconds: float = Field(default=900.0, gt=0, le=86_400)
+    # Who scales the pool: the broker, or the cluster autoscaler (then the broker only
+    # places onto what is there and never scales it, so the two never fight).
+    owner: Literal["fedbroker", "cluster-autoscaler"] = "fedbroker"
+    source: PoolSource
+
+    @model_validator(mode="after")
+    def _shape_for_simulated(self) -> BurstPoolConfig:
+        if self.source.simulated is not None:
+            for key in ("gpu_type", "gpus", "cpu", "memory", "max_nodes"):
+                if getattr(self, key) is None:
+                    raise FieldError([to_camel(key)], "required for a simulated pool")
+        if None not in (self.min_nodes, self.max_nodes) and self.min_nodes > self.max_nodes:  # type: ignore[operator]
+            raise FieldError(["minNodes"], "must be <= maxNodes")
+        return self
 
 
 class QueueConfig(Section):
@@ -304,6 +376,7 @@ class Config(Section):
     api: ApiConfig = ApiConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     clusters: list[ClusterConfig] = Field(default_factory=list, max_length=256)
+    burst_pools: list[BurstPoolConfig] = Field(default_factory=list, max_length=256)
     queues: list[QueueConfig] = Field(default_factory=list, max_length=1024)
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
@@ -311,12 +384,24 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
-        for section in ("clusters", "queues", "tenants"):
+        for section in ("clusters", "burst_pools", "queues", "tenants"):
             seen: set[str] = set()
             for i, item in enumerate(getattr(self, section)):
                 if item.name in seen:
-                    raise FieldError([section, i, "name"], f"duplicate name {item.name!r}")
+                    raise FieldError(
+                        [to_camel(section), i, "name"], f"duplicate name {item.name!r}"
+                    )
                 seen.add(item.name)
+        clusters = {c.name for c in self.clusters}
+        fed: set[str] = set()
+        for i, pool in enumerate(self.burst_pools):
+            if pool.cluster not in clusters:
+                raise FieldError(["burstPools", i, "cluster"], f"no cluster named {pool.cluster!r}")
+            if pool.cluster in fed:
+                raise FieldError(
+                    ["burstPools", i, "cluster"], f"cluster {pool.cluster!r} already has a pool"
+                )
+            fed.add(pool.cluster)
         queues = {q.name for q in self.queues}
         for i, tenant in enumerate(self.tenants):
             if tenant.default_queue not in queues:
@@ -421,7 +506,8 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
 
     onprem-a: G2 x8, T4 x2, V100M32 x8 at 5 % of openb's counts = 47 nodes, 262 GPUs.
     onprem-b: P100 x2, G3 x8, V100M16 x4 at 15 % = 30 nodes, 104 GPUs.
-    cloud-burst: up to 16 A100 x8 nodes, priced like an on-demand p4d.24xlarge
+    cloud-burst: empty; the simulated pool cloud-a100 grows it by A100 x8 nodes (up to 16,
+    20 s to come up, back after 60 s idle), priced like an on-demand p4d.24xlarge
     (32.77 $/h for 8 A100 in us-east-1).
     """
     missing = [name for name in DEMO_TENANTS if not tokens.get(name)]
@@ -429,13 +515,18 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
         raise ValueError(f"demo tokens missing for: {', '.join(missing)}")
     openb_a = {"shapes": _openb_shapes("G2", "T4", "V100M32"), "scale": 0.05}
     openb_b = {"shapes": _openb_shapes("P100", "G3", "V100M16"), "scale": 0.15}
-    a100 = {"gpuType": "A100", "gpus": 8, "cpu": "96", "memory": "1152Gi", "count": 16}
-    pool = {"shapes": [a100], "launchDelaySeconds": 30.0}
+    cloud = {"shapes": [], "launchDelaySeconds": 5.0}  # empty until the pool grows it
     clusters: list[dict[str, Any]] = [
         {"name": "onprem-a", "labels": {"region": "eu"}, "source": {"simulated": openb_a}},
         {"name": "onprem-b", "labels": {"region": "us"}, "source": {"simulated": openb_b}},
         {"name": "cloud-burst", "kind": "cloud", "labels": {"region": "eu"},
-         "costPerGpuHour": 4.1, "source": {"simulated": pool}},
+         "costPerGpuHour": 4.1, "source": {"simulated": cloud}},
+    ]  # fmt: skip
+    burst_pools: list[dict[str, Any]] = [
+        {"name": "cloud-a100", "cluster": "cloud-burst", "gpuType": "A100", "gpus": 8,
+         "cpu": "96", "memory": "1152Gi", "minNodes": 0, "maxNodes": 16,
+         "costPerNodeHour": 32.77, "provisionSeconds": 20.0, "scaleDownAfterSeconds": 60.0,
+         "source": {"simulated": {}}},
     ]  # fmt: skip
     queues: list[dict[str, Any]] = [
         {"name": "training", "policy": "gang", "priority": 100, "weight": 2.0, "borrow": True,
@@ -458,6 +549,7 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
         # Generous per tenant: the demo's load generator and the crash test submit fast.
         "api": {"rateLimitPerTenant": {"requestsPerSecond": 2000.0, "burst": 4000}},
         "clusters": clusters,
+        "burstPools": burst_pools,
         "queues": queues,
         "tenants": tenants,
     }

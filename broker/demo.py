@@ -98,8 +98,10 @@ def banner(url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path)
 
 
 def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[str, Any]]:
-    """(tenant, manifest): a gang for team-a's training queue (one in four), else a small
+    """(tenant, manifest): a gang for team-a's training queue (one in four; allowed to burst,
+    and one in seven of them asks for A100s, which only the cloud pool has), else a small
     job for team-b's inference queue, on one whole GPU or a quarter or half of one."""
+    placement: dict[str, Any] = {}
     if rng.random() < 0.25:
         pods, gpus = rng.randint(2, 8), rng.choice((4, 8))
         resources: dict[str, Any] = {
@@ -107,6 +109,12 @@ def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[
         }  # fmt: skip
         tenant, queue, policy = "team-a", "training", "gang"
         gang = {"minMember": pods, "scheduleTimeoutSeconds": 600}
+        placement = {"allowBurst": True}
+        if rng.random() < 0.15:  # A100 only: no on-prem cluster has them, so it bursts
+            placement["gpuTypes"] = ["A100"]
+            pods, resources = rng.randint(2, 4), {"nvidia.com/gpu": 8, "cpu": "64",
+                                                  "memory": "512Gi"}  # fmt: skip
+            gang["minMember"] = pods
     else:
         pods, gang = 1, {}
         if rng.random() < 0.5:
@@ -122,6 +130,8 @@ def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[
     }
     if gang:
         spec["gang"] = gang
+    if placement:
+        spec["placement"] = placement
     name = f"{'gang' if gang else 'small'}-{run_id}-{seq:05d}"
     manifest = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
                 "metadata": {"name": name}, "spec": spec}  # fmt: skip
@@ -172,11 +182,19 @@ def status_table(service: Service) -> str:
     running, placed = _running_by_queue(service)
     queues = [[q["name"], q["pending"], placed.get(q["name"], 0), running.get(q["name"], 0)]
               for q in service.queues()]  # fmt: skip
-    return (
+    pools = [[p["pool"], p["cluster"], p["ready"], p["coming"], p["scaleUps"], p["scaleDowns"],
+              f"{p['nodeHours']:.2f}", f"{p['idleNodeHours']:.2f}", f"{p['cost']:.2f}"]
+             for p in service.pools.rows()]  # fmt: skip
+    text = (
         render_table(("CLUSTER", "GPU", "TOTAL", "USED", "RESERVED", "FREE"), rows)
         + "\n\n"
         + render_table(("QUEUE", "PENDING", "PLACED", "RUNNING"), queues)
     )
+    if pools:
+        heads = ("POOL", "CLUSTER", "UP", "COMING", "SCALE-UPS", "REMOVED", "NODE-H",
+                 "IDLE-H", "COST")  # fmt: skip
+        text += "\n\n" + render_table(heads, pools)
+    return text
 
 
 def status_line(service: Service) -> str:

@@ -480,6 +480,24 @@ class Ledger:
                     view._put(state.give_back(pod.resources, pod.gpus))
         return Snapshot(MappingProxyType(views), base.version)
 
+    def snapshot_hiding(self, nodes: Mapping[str, Iterable[str]]) -> Snapshot:
+        """A snapshot without ``nodes`` (cluster -> node names): nodes held for one job
+        (burst nodes coming up for a gang) as every other job must see the federation.
+        Only the clusters named are copied; the live state is untouched."""
+        base = self.snapshot()
+        views = dict(base.clusters)
+        for cluster, names in nodes.items():
+            view = views.get(cluster)
+            if view is None:
+                continue
+            copy: ClusterView | None = None
+            for name in names:
+                if name in view.nodes:
+                    if copy is None:
+                        copy = views[cluster] = view._copy()
+                    copy._drop(name)
+        return Snapshot(MappingProxyType(views), base.version)
+
     def _writable(self, cluster: str) -> ClusterView:
         view = self._views.get(cluster)
         if view is None:

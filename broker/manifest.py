@@ -427,8 +427,8 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     """The placement core's Job for a validated manifest submitted by ``tenant``.
 
     The namespace defaults to the tenant; a namespace naming another tenant is refused by
-    the caller (who knows about tenants), not here. ``backoffLimit`` and ``allowBurst``
-    have no place in Job and are read from the manifest by the lifecycle and burst code.
+    the caller (who knows about tenants), not here. ``backoffLimit`` has no place in Job
+    and is read from the manifest by the lifecycle.
     """
     spec = manifest.spec
     return Job(
@@ -445,6 +445,7 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         min_member=spec.gang.min_member,
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
+        allow_burst=spec.placement.allow_burst,
     )
 
 

@@ -212,6 +212,7 @@ class Job:
     min_member: int = 0
     schedule_timeout_seconds: int = 600
     policy: PolicyName = "auto"
+    allow_burst: bool = False  # may cloud nodes be added for it when nothing local fits
 
     def __post_init__(self) -> None:
         if not self.pod_sets:
@@ -270,6 +271,52 @@ class Placement:
         return sum(p.resources.gpu_request_milli for p in self.pods)
 
 
+@dataclass(frozen=True, slots=True)
+class BurstPool:
+    """A cloud node pool that grows a member cluster (a Cluster API MachineDeployment or a
+    simulated one): every node it adds is alike, ``node`` being what each offers."""
+
+    name: str
+    cluster: str
+    gpu_type: GpuType
+    node: Resources
+    min_nodes: int = 0
+    max_nodes: int = 0
+    cost_per_node_hour: float = 0.0
+    provision_seconds: float = 0.0
+    cluster_labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolState:
+    """A pool as the burst planner sees it: its desired size now (ready and coming up),
+    nodes coming up that no gang has claimed, and whether it is backing off after a
+    failure."""
+
+    pool: BurstPool
+    nodes: int
+    unclaimed: int = 0
+    failing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BurstPlan:
+    """Grow ``pool`` by ``nodes`` for ``job`` (``claimed`` of the gang's nodes are already
+    coming up unclaimed, so only ``nodes`` are new)."""
+
+    job: str
+    pool: str
+    cluster: str
+    nodes: int
+    claimed: int
+    cost_per_hour: float
+
+    @property
+    def total(self) -> int:
+        """Nodes the gang needs from the pool, new and claimed."""
+        return self.nodes + self.claimed
+
+
 class ReasonCode(enum.StrEnum):
     STALE = "ClusterStale"
     SELECTOR = "ClusterSelectorMismatch"
@@ -281,6 +328,7 @@ class ReasonCode(enum.StrEnum):
     CPU_MEMORY = "InsufficientCpuOrMemory"
     NO_CLUSTERS = "NoClusters"
     QUOTA = "QuotaExceeded"
+    NO_BURST_POOL = "NoBurstPool"
 
 
 @dataclass(frozen=True, slots=True)

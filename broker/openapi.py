@@ -135,12 +135,54 @@ class Queues(Out):
     queues: list[QueueInfo]
 
 
+class PoolInfo(Out):
+    pool: str
+    cluster: str
+    owner: Literal["fedbroker", "cluster-autoscaler"]
+    gpu_type: str
+    replicas: int
+    min_nodes: int
+    max_nodes: int
+    ready: int = Field(description="nodes the broker added that are up")
+    coming: int = Field(description="nodes asked for and not up yet")
+    failing: bool = Field(description="backing off after a provisioning failure")
+    scale_ups: int
+    scale_downs: int
+    nodes_added: int
+    provision_failures: int
+    node_hours: float
+    idle_node_hours: float
+    cost: float
+    cost_per_node_hour: float
+
+
+class BurstRequest(Out):
+    job: str
+    pool: str
+    nodes: int
+    arrived: int
+    requested_at: float
+    deadline: float
+
+
+class JobBurstCost(Out):
+    job: str
+    node_hours: float
+    cost: float
+
+
+class Pools(Out):
+    pools: list[PoolInfo]
+    requests: list[BurstRequest] = Field(description="gangs waiting for burst nodes")
+    jobs: list[JobBurstCost] = Field(description="burst node-hours and cost per job")
+
+
 class Health(Out):
     status: str
 
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
-    Error, Job, JobList, Explain, Plan, Clusters, Queues, Health,
+    Error, Job, JobList, Explain, Plan, Clusters, Queues, Pools, Health,
 )  # fmt: skip
 
 _DESCRIPTIONS = {
@@ -260,6 +302,14 @@ def _paths(max_list_limit: int) -> dict[str, Any]:
         },
         "/v1/queues": {
             "get": {"operationId": "queues", "responses": _responses({"200": "Queues"}, *_AUTH)}
+        },
+        "/v1/pools": {
+            "get": {
+                "operationId": "pools",
+                "summary": "burst pools: size, nodes coming and going, node-hours and cost; "
+                "gangs waiting for burst nodes and cost per job (own tenant; admin: all)",
+                "responses": _responses({"200": "Pools"}, *_AUTH),
+            }
         },
         "/v1/events": {
             "get": {

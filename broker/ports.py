@@ -22,3 +22,12 @@ class Launcher(Protocol):
     """Starts a placed job's pods in its cluster; returns the events that follow."""
 
     def launch(self, placement: Placement, run_seconds: float) -> list[CapacityEvent]: ...
+
+
+class ScalePool(Protocol):
+    """A node pool the broker may grow and shrink (Cluster API MachineDeployment, or a
+    simulated one). Failures raise the adapter's error after its own bounded retries."""
+
+    async def scale_to(self, replicas: int) -> int: ...
+
+    async def remove_node(self, node: str) -> None: ...

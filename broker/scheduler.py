@@ -120,16 +120,24 @@ def run_cycle(
     settings: SchedulerSettings,
     on_decision: Callable[[Pending, Placement | Unplaceable], None] | None = None,
     lifecycle: Lifecycle | None = None,
+    holds: Mapping[str, Mapping[str, frozenset[str]]] | None = None,
 ) -> CycleResult:
+    """One cycle. ``holds`` (job -> cluster -> nodes): nodes held for one job, burst nodes
+    coming up for the gang that asked for them; every other job decides without them."""
     result = CycleResult()
+
+    def fresh(job: str) -> CapacitySnapshot:
+        hidden = _held_for_others(holds, job) if holds else None
+        snapshot = ledger.snapshot_hiding(hidden) if hidden else ledger.snapshot()
+        return _Without(snapshot, result.held) if result.held else snapshot
+
     # 1. The eligible jobs, in order: priority, queue priority, fair share, FIFO.
     total, _ = federation_capacity(ledger.snapshot())
     for pending in queue.ordered(now, total)[: settings.max_jobs_per_cycle]:
         job = pending.job
         # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it).
         snapshot = ledger.snapshot()
-        view = _Without(snapshot, result.held) if result.held else snapshot
-        decision = policies.for_job(pending).decide(job, view)
+        decision = policies.for_job(pending).decide(job, fresh(job.key))
         if isinstance(decision, Unplaceable) and lifecycle is not None:
             victims = choose_victims(pending, ledger, queue, lifecycle, policies, result.held)
             if victims is not None:
@@ -138,8 +146,7 @@ def run_cycle(
                     if outcome is not None:
                         result.preempted.append((victim, outcome))
                 snapshot = ledger.snapshot()
-                view = _Without(snapshot, result.held) if result.held else snapshot
-                decision = policies.for_job(pending).decide(job, view)
+                decision = policies.for_job(pending).decide(job, fresh(job.key))
         if isinstance(decision, Placement):
             # 3. Quota: what the placement would take, by GPU type, against the queue's.
             demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
@@ -173,6 +180,17 @@ def run_cycle(
             if closest is not None and decision.largest_fit[closest] > 0:
                 result.held[closest] = job.key
     return result
+
+
+def _held_for_others(
+    holds: Mapping[str, Mapping[str, frozenset[str]]], job: str
+) -> dict[str, set[str]]:
+    hidden: dict[str, set[str]] = {}
+    for holder, by_cluster in holds.items():
+        if holder != job:
+            for cluster, nodes in by_cluster.items():
+                hidden.setdefault(cluster, set()).update(nodes)
+    return hidden
 
 
 def choose_victims(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
+from kubernetes.aio.client import ApiClient
 
 from adapters.kube.launch import LaunchSpec
 from adapters.kube.watch import WatchError
@@ -49,6 +50,7 @@ from broker.model import (
     PodPlacement,
     Unplaceable,
 )
+from broker.pools import BurstPools
 from broker.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
 from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
 from broker.store import (
@@ -171,6 +173,8 @@ class Service:
         sched = config.scheduler
         # Kubernetes members: clients, watchers and launchers are built in start().
         self.kube = KubeMembers(config.clusters, sched.stale_after_seconds, clock)
+        # Burst pools: ports are built in start(), once the clusters are known.
+        self.pools = BurstPools(config, clock)
         self._dispatch: ClusterLauncher | None = None
         if self.kube:
             self._dispatch = ClusterLauncher(default)
@@ -222,6 +226,9 @@ class Service:
         if self.kube:
             await self._collect_garbage()  # leftovers of jobs that were requeued
             self._spawn(self._kube_upkeep())
+        if self.pools:
+            await self.pools.start(self.ledger, self._workload_client)
+            self._spawn(self.pools.run(self._lock))
         self.ready = True
 
     # -- Kubernetes members ---------------------------------------------------------------
@@ -284,6 +291,10 @@ class Service:
             self._launching[key] = self._spawn(self._launch(placement))
         log.info("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))
         return True
+
+    def _workload_client(self, cluster: str) -> ApiClient | None:
+        member = self.kube.members.get(cluster)
+        return member.client if member is not None else None
 
     def _on_capacity(self, events: list[CapacityEvent]) -> None:
         """A watcher's events: into the ledger. Reservations a foreign pod took are rolled
@@ -381,6 +392,7 @@ class Service:
         # The clients first: closing their connections ends the watch streams, whose reads
         # do not always notice a cancellation on their own.
         await self.kube.close()
+        await self.pools.close()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.close()
 
@@ -468,6 +480,7 @@ class Service:
             if launch is not None:
                 await self.launcher.delete(launch.placement)
             self.lifecycle.cancel(key)
+            self.pools.ended(key)
             return record
 
     # -- scheduling -------------------------------------------------------------------------
@@ -480,14 +493,17 @@ class Service:
             if now is None:
                 now = self._clock()
             self._check_stale()
+            if self.pools:
+                self._on_capacity(self.pools.due(now))
             for launch in self.lifecycle.expired(now):
                 timeout = launch.pending.job.schedule_timeout_seconds
                 await self._roll_back(
                     launch.placement, now, f"gang did not start within {timeout}s"
                 )
+            holds = self.pools.holds(self.ledger.snapshot()) if self.pools else None
             result = run_cycle(
                 self.queue, self.ledger, self.policies, now, self.settings,
-                lifecycle=self.lifecycle,
+                lifecycle=self.lifecycle, holds=holds,
             )  # fmt: skip
             for victim, evicted in result.preempted:
                 # Already released and requeued by the lifecycle: stop watching it, delete
@@ -527,7 +543,11 @@ class Service:
                     log.warning("could not record placement of %s: %s", job.key, outcome)
                     continue
                 self.lifecycle.placed(pending, placement, now)
+                self.pools.placed(placement, now)
                 self._launching[job.key] = self._spawn(self._launch(placement))
+            if self.pools:
+                waiting = [p.job for key in result.waiting if (p := self.queue.get(key))]
+                self.pools.tick(now, self.ledger, waiting)
 
     async def _launch(self, placement: Placement) -> None:
         key = placement.job
@@ -581,6 +601,8 @@ class Service:
 
     async def _record(self, outcome: Outcome, now: float, expect: JobState) -> None:
         tenant, _, name = outcome.job.partition("/")
+        if outcome.state != "Running":
+            self.pools.ended(outcome.job)
         try:
             await self.store.transition(
                 tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
@@ -688,6 +710,25 @@ class Service:
                 **self.kube.watch_status(name),
             })  # fmt: skip
         return out
+
+    def burst(self, tenant: str | None) -> dict[str, Any]:
+        """Burst pools, gangs waiting for burst nodes and burst cost per job; ``tenant``
+        limits the jobs to one tenant's (None: all, for an admin)."""
+        controller = self.pools.controller
+
+        def mine(job: str) -> bool:
+            return tenant is None or job.partition("/")[0] == tenant
+
+        return {
+            "pools": self.pools.rows(),
+            "requests": [r for r in controller.requests() if mine(str(r["job"]))],
+            "jobs": [
+                {"job": job, "nodeHours": round(seconds / 3600.0, 4),
+                 "cost": round(controller.job_cost.get(job, 0.0), 4)}
+                for job, seconds in sorted(controller.job_node_seconds.items())
+                if mine(job)
+            ],
+        }  # fmt: skip
 
     def queues(self) -> list[dict[str, Any]]:
         return [

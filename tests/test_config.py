@@ -137,8 +137,19 @@ ERRORS: list[tuple[str, str, str]] = [
     ("clusters: [{name: c, source: {kube: {kubeconfig: k, context: x, launchMode: p}}}]",
      "clusters[0].source.kube.launchMode", "'delegate' or 'pin'"),
     ("clusters: [{name: c, source: {cloud: {}}}]", "clusters[0].source.cloud", "unknown field"),
-    ("clusters: [{name: c, source: {simulated: {shapes: []}}}]",
-     "clusters[0].source.simulated.shapes", "at least 1 item"),
+    ("clusters: [{name: c, source: {simulated: {shapes: {}}}}]",
+     "clusters[0].source.simulated.shapes", "must be a list"),
+    ("clusters: [{name: c, source: {simulated: {}}}]\nburstPools: [{name: p, cluster: d, "
+     "source: {simulated: {}}}]", "burstPools[0].gpuType", "required for a simulated pool"),
+    ("clusters: [{name: c, source: {simulated: {}}}]\nburstPools: [{name: p, cluster: d, "
+     "gpuType: A, gpus: 8, cpu: 1, memory: 1Gi, maxNodes: 2, source: {simulated: {}}}]",
+     "burstPools[0].cluster", "no cluster named 'd'"),
+    ("clusters: [{name: c, source: {simulated: {}}}]\nburstPools: [{name: p, cluster: c, "
+     "gpuType: A, gpus: 8, cpu: 1, memory: 1Gi, minNodes: 3, maxNodes: 2, "
+     "source: {simulated: {}}}]", "burstPools[0].minNodes", "must be <= maxNodes"),
+    ("clusters: [{name: c, source: {simulated: {}}}]\nburstPools: [{name: p, cluster: c, "
+     "source: {capi: {context: m, namespace: n, name: md}}}]",
+     "burstPools[0].source.capi.kubeconfig", "give exactly one of"),
     ("clusters: [{name: c, source: {simulated: {failureRate: 2, shapes: "
      "[{gpuType: A, gpus: 1, cpu: 1, memory: 1Gi, count: 1}]}}}]",
      "clusters[0].source.simulated.failureRate", "<= 1"),

@@ -91,7 +91,11 @@ def make_config(
 
 
 def manifest(
-    name: str, gpus: int = 1, count: int = 1, template: dict[str, Any] | None = None
+    name: str,
+    gpus: int = 1,
+    count: int = 1,
+    template: dict[str, Any] | None = None,
+    placement: dict[str, Any] | None = None,
 ) -> Any:
     pod_set: dict[str, Any] = {
         "name": "worker", "count": count,
@@ -103,7 +107,7 @@ def manifest(
         "apiVersion": "fedbroker.io/v1alpha1",
         "kind": "FederatedJob",
         "metadata": {"name": name},
-        "spec": {"podSets": [pod_set]},
+        "spec": {"podSets": [pod_set], "placement": placement or {}},
     }
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
@@ -389,6 +393,9 @@ def test_example_federation_config_is_valid() -> None:
     )
     sources = [cc.source.kube for cc in config.clusters]
     assert [s.context for s in sources if s is not None] == ["gpu-east", "gpu-west"]
+    [pool] = config.burst_pools
+    assert pool.cluster == "gpu-west" and pool.source.capi is not None
+    assert pool.source.capi.context == "capi-management" and pool.max_nodes is None
 
 
 async def test_inline_kubeconfig_and_its_secrets(

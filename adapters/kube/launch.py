@@ -32,19 +32,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
-import aiohttp
 from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi, V1Pod
 from kubernetes.aio.client.exceptions import ApiException
 from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    RetryError,
-    retry_if_exception,
-    stop_after_attempt,
     wait_exponential_jitter,
 )
 from tenacity.wait import wait_base
 
+from adapters.kube import retry
 from adapters.kube.translate import ANNOTATION_POD  # the ledger's pod name (PodPlacement.pod)
 from adapters.simulated import LaunchError
 from broker.model import MILLI_PER_GPU, Placement, PodBound, PodPlacement, Resources
@@ -113,33 +108,6 @@ class LaunchSpec:
         """A spec from the placement alone: ``placement.job`` is ``tenant/name`` (a job key)."""
         tenant, _, name = placement.job.rpartition("/")
         return LaunchSpec(tenant=tenant or "default", job=name)
-
-
-def _status_of(exc: BaseException) -> int | None:
-    return exc.status if isinstance(exc, ApiException) else None
-
-
-def _transient(exc: BaseException) -> bool:
-    status = _status_of(exc)
-    if status is not None:
-        return status == 429 or status >= 500
-    return isinstance(exc, aiohttp.ClientConnectionError | asyncio.TimeoutError)
-
-
-def _describe(exc: BaseException) -> str:
-    """HTTP status, reason and the server's Status message; never headers or the request."""
-    if isinstance(exc, ApiException):
-        message = ""
-        reason = exc.reason or ""
-        try:
-            body = json.loads(exc.body or "")
-        except (TypeError, ValueError):
-            body = None
-        if isinstance(body, dict):
-            reason = str(body.get("reason") or reason)
-            message = str(body.get("message") or "")[:200]
-        return f"HTTP {exc.status} {reason}" + (f": {message}" if message else "")
-    return type(exc).__name__
 
 
 def _labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -406,7 +374,7 @@ class KubeLauncher:
             )
         except ApiException as exc:
             if exc.status != 409:
-                raise KubeLaunchError(f"create pod {name}: {_describe(exc)}") from exc
+                raise KubeLaunchError(f"create pod {name}: {retry.describe(exc)}") from exc
             existing = await self._read_pod(name)
             if existing is None or not self._ours(existing, spec):
                 raise KubeLaunchError(
@@ -431,7 +399,7 @@ class KubeLauncher:
             return
         except ApiException as exc:
             if exc.status != 409:
-                raise KubeLaunchError(f"create PodGroup {name}: {_describe(exc)}") from exc
+                raise KubeLaunchError(f"create PodGroup {name}: {retry.describe(exc)}") from exc
         # AlreadyExists: adopt it if ours, and bring its spec up to date (optimistic update:
         # a 409 Conflict there means someone changed it meanwhile; re-read and try again).
         for _ in range(self.attempts):
@@ -463,7 +431,7 @@ class KubeLauncher:
                 return
             except ApiException as exc:
                 if exc.status != 409:
-                    raise KubeLaunchError(f"update PodGroup {name}: {_describe(exc)}") from exc
+                    raise KubeLaunchError(f"update PodGroup {name}: {retry.describe(exc)}") from exc
                 log.info("PodGroup %s changed meanwhile (409 Conflict); re-reading", name)
         raise KubeLaunchError(f"update PodGroup {name}: still conflicting after re-reads")
 
@@ -620,32 +588,8 @@ class KubeLauncher:
         """``op`` with 429/5xx/connection errors retried (bounded, exponential with jitter).
         Other API errors propagate as ``ApiException``; exhausting the retries raises
         ``KubeLaunchError`` with the last status."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=self._wait,
-            retry=retry_if_exception(_transient),
-            reraise=False,
-            before_sleep=lambda state: self._log_retry(what, state),
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await op()
-        except RetryError as exc:
-            last = exc.last_attempt.exception()
-            raise KubeLaunchError(
-                f"{what}: {_describe(last) if last else 'failed'} after {self.attempts} attempts"
-            ) from last
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _log_retry(self, what: str, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.warning(
-            "%s: %s (attempt %d of %d); retrying",
-            what,
-            _describe(exc) if exc is not None else "?",
-            state.attempt_number,
-            self.attempts,
+        return await retry.call(
+            what, op, attempts=self.attempts, wait=self._wait, error=KubeLaunchError, log=log
         )
 
     async def _read_pod(self, name: str) -> dict[str, Any] | None:
@@ -656,7 +600,7 @@ class KubeLauncher:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise KubeLaunchError(f"read pod {name}: {_describe(exc)}") from exc
+            raise KubeLaunchError(f"read pod {name}: {retry.describe(exc)}") from exc
         return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(pod))
 
     async def _read_pod_group(self, name: str) -> dict[str, Any] | None:
@@ -671,7 +615,7 @@ class KubeLauncher:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise KubeLaunchError(f"read PodGroup {name}: {_describe(exc)}") from exc
+            raise KubeLaunchError(f"read PodGroup {name}: {retry.describe(exc)}") from exc
         return cast(dict[str, Any], obj)
 
     def _selector(self) -> str:
@@ -687,7 +631,7 @@ class KubeLauncher:
                 ),
             )
         except ApiException as exc:
-            raise KubeLaunchError(f"list pods: {_describe(exc)}") from exc
+            raise KubeLaunchError(f"list pods: {retry.describe(exc)}") from exc
         raw = cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(pods))
         return [p for p in raw.get("items") or [] if _labels(p).get(LABEL_ORIGIN) == self.origin]
 
@@ -707,7 +651,7 @@ class KubeLauncher:
         except ApiException as exc:
             if exc.status == 404:  # no such resource (CRD not installed) or nothing listed
                 return []
-            raise KubeLaunchError(f"list PodGroups: {_describe(exc)}") from exc
+            raise KubeLaunchError(f"list PodGroups: {retry.describe(exc)}") from exc
         items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
         return [g for g in items if _labels(g).get(LABEL_ORIGIN) == self.origin]
 
@@ -728,7 +672,7 @@ class KubeLauncher:
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise KubeLaunchError(f"delete pod {name}: {_describe(exc)}") from exc
+                raise KubeLaunchError(f"delete pod {name}: {retry.describe(exc)}") from exc
 
     async def _delete_pod_group(self, name: str, *, owner: LaunchSpec | None) -> None:
         existing = await self._read_pod_group(name)
@@ -752,7 +696,7 @@ class KubeLauncher:
             )
         except ApiException as exc:
             if exc.status != 404:
-                raise KubeLaunchError(f"delete PodGroup {name}: {_describe(exc)}") from exc
+                raise KubeLaunchError(f"delete PodGroup {name}: {retry.describe(exc)}") from exc
 
     async def _delete_quietly(self, placement: Placement, spec: LaunchSpec) -> None:
         try:

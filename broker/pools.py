@@ -1,0 +1,217 @@
+"""The live broker's burst pools: the ``BurstController`` and the port behind each pool.
+
+``BurstPools`` is composed by ``broker.service.Service`` from the config's ``burstPools``:
+a simulated pool (the embedded default; nodes come up on the wall clock after
+``provisionSeconds``) or a Cluster API MachineDeployment/MachinePool on a management
+cluster (``adapters.capi``; its nodes reach the ledger through the member cluster's own
+watch). Each scheduling cycle the service asks for the holds (nodes coming up for one gang,
+hidden from every other job), then hands the controller what is still waiting and carries
+out the actions: a node to remove is cordoned in the ledger at once, under the service lock,
+so nothing is placed on it while the pool's API is called; the API calls themselves run in
+one task after another, outside the lock, in the order they were decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kubernetes.aio.client import ApiClient
+
+from adapters.capi import CapiPool, CapiPoolError
+from adapters.kube.kubeconfig import KubeconfigError, load_clients
+from adapters.simulated import ScaleError, SimulatedPool
+from broker.burst import Action, BurstController, BurstSettings, RemoveNode, ScaleTo
+from broker.config import BurstPoolConfig, Config
+from broker.ledger import Ledger
+from broker.manifest import cpu_millicores, memory_mebibytes
+from broker.model import (
+    BurstPool,
+    CapacityEvent,
+    CapacitySnapshot,
+    GpuType,
+    Job,
+    NodeUpdated,
+    Placement,
+    Resources,
+)
+from broker.ports import ScalePool
+
+log = logging.getLogger(__name__)
+
+
+class _SimulatedPort:
+    """A ``SimulatedPool`` behind the async ``ScalePool`` port, on the service's clock."""
+
+    def __init__(self, pool: SimulatedPool, clock: Callable[[], float]) -> None:
+        self.pool = pool
+        self._clock = clock
+
+    async def scale_to(self, replicas: int) -> int:
+        return self.pool.scale_to(replicas, self._clock())
+
+    async def remove_node(self, node: str) -> None:
+        self.pool.remove_node(node, self._clock())
+
+
+def _node_of(pc: BurstPoolConfig) -> Resources:
+    return Resources(
+        gpus=pc.gpus or 0,
+        cpu_milli=cpu_millicores(pc.cpu) if pc.cpu is not None else 0,
+        memory_mib=memory_mebibytes(pc.memory) if pc.memory is not None else 0,
+    )
+
+
+class BurstPools:
+    """The controller, one port per pool, and the simulated pools' capacity events."""
+
+    def __init__(self, config: Config, clock: Callable[[], float]) -> None:
+        sched = config.scheduler
+        self.configs = list(config.burst_pools)
+        self.controller = BurstController(
+            BurstSettings(burst_after_seconds=sched.burst_after_seconds)
+        )
+        self._clock = clock
+        self._clusters = {c.name: c for c in config.clusters}
+        self.ports: dict[str, ScalePool] = {}
+        self.simulated: list[SimulatedPool] = []
+        self._clients: list[ApiClient] = []
+        self._queue: asyncio.Queue[Action] = asyncio.Queue()
+
+    def __bool__(self) -> bool:
+        return bool(self.configs)
+
+    async def start(self, ledger: Ledger, workload: Callable[[str], ApiClient | None]) -> None:
+        """Build every pool's port and register the pool with the controller at its current
+        size; the nodes its cluster has now are not the broker's to remove. A Cluster API
+        pool is read first (its size, and its shape where the config leaves it out); one
+        that cannot be read is left out, with a warning, rather than keeping the broker down."""
+        for pc in self.configs:
+            cluster = self._clusters[pc.cluster]
+            existing = set(ledger.snapshot().clusters[pc.cluster].nodes)
+            node = _node_of(pc)
+            replicas = 0
+            min_nodes, max_nodes = pc.min_nodes, pc.max_nodes
+            gpu_type = pc.gpu_type
+            if pc.source.simulated is not None:
+                sim = SimulatedPool(
+                    pc.cluster, str(pc.gpu_type), node, name=pc.name,
+                    provision_seconds=pc.provision_seconds,
+                    failure_rate=pc.source.simulated.failure_rate, seed=pc.source.simulated.seed,
+                )  # fmt: skip
+                self.simulated.append(sim)
+                self.ports[pc.name] = _SimulatedPort(sim, self._clock)
+            else:
+                source = pc.source.capi
+                assert source is not None
+                try:
+                    clients, _ = await load_clients(source.kubeconfig_source(), [source.context])
+                    self._clients.extend(clients.values())
+                    port = CapiPool(
+                        clients[source.context], source.namespace, source.name,
+                        kind=source.kind, workload=workload(pc.cluster),
+                    )  # fmt: skip
+                    status = await port.status()
+                except (KubeconfigError, CapiPoolError) as exc:
+                    log.warning("burst pool %s left out: %s", pc.name, exc)
+                    continue
+                shape = status.shape
+                replicas = status.replicas
+                node = Resources(
+                    gpus=node.gpus or shape.gpus or 0,
+                    cpu_milli=node.cpu_milli or shape.cpu_milli or 0,
+                    memory_mib=node.memory_mib or shape.memory_mib or 0,
+                )
+                gpu_type = gpu_type or shape.gpu_type
+                min_nodes = shape.min_size if min_nodes is None else min_nodes
+                max_nodes = shape.max_size if max_nodes is None else max_nodes
+                if not (node.gpus and gpu_type and max_nodes is not None):
+                    log.warning(
+                        "burst pool %s left out: GPU count, GPU type and maximum size are "
+                        "neither configured nor annotated on %s", pc.name, port.key,
+                    )  # fmt: skip
+                    continue
+                self.ports[pc.name] = port
+            spec = BurstPool(
+                pc.name, pc.cluster, GpuType(str(gpu_type)), node,
+                min_nodes or 0, max_nodes or 0, pc.cost_per_node_hour, pc.provision_seconds,
+                dict(cluster.labels),
+            )  # fmt: skip
+            self.controller.add_pool(
+                spec, replicas, existing, pc.owner, pc.burst_after_seconds,
+                pc.scale_down_after_seconds, pc.provision_timeout_seconds,
+            )  # fmt: skip
+
+    async def close(self) -> None:
+        for client in self._clients:
+            await client.close()  # type: ignore[no-untyped-call]
+        self._clients.clear()
+
+    # -- each cycle (under the service lock) ----------------------------------------------
+
+    def due(self, now: float) -> list[CapacityEvent]:
+        """What the simulated pools did up to ``now``: nodes that came up or went away."""
+        return [event for pool in self.simulated for event in pool.due(now)]
+
+    def holds(self, snapshot: CapacitySnapshot) -> dict[str, dict[str, frozenset[str]]]:
+        return self.controller.holds(snapshot)
+
+    def tick(self, now: float, ledger: Ledger, waiting: Sequence[Job]) -> int:
+        """Decide; cordon the nodes to remove in the ledger now; queue the API calls.
+        Returns how many actions were queued."""
+        actions = self.controller.tick(now, ledger.snapshot(), waiting)
+        for action in actions:
+            if isinstance(action, RemoveNode):
+                state = ledger.snapshot().clusters[action.cluster].nodes.get(action.node)
+                if state is not None:
+                    cordoned = dataclasses.replace(state.node, unschedulable=True)
+                    ledger.apply(NodeUpdated(action.cluster, cordoned))
+            self._queue.put_nowait(action)
+        return len(actions)
+
+    def placed(self, placement: Placement, now: float) -> None:
+        self.controller.placed(placement, now)
+
+    def ended(self, job: str) -> None:
+        self.controller.ended(job)
+
+    # -- the API calls, in order, outside the lock ----------------------------------------
+
+    async def run(self, lock: asyncio.Lock) -> None:
+        """Carry out queued actions one after another; a failure is reported to the
+        controller (under ``lock``) after the port's own bounded retries."""
+        while True:
+            action = await self._queue.get()
+            try:
+                await self._carry_out(action, lock)
+            finally:
+                self._queue.task_done()
+
+    async def _carry_out(self, action: Action, lock: asyncio.Lock) -> None:
+        port = self.ports.get(action.pool)
+        if port is not None:
+            try:
+                if isinstance(action, ScaleTo):
+                    await port.scale_to(action.replicas)
+                    log.info(
+                        "pool %s scaled to %d: %s", action.pool, action.replicas, action.reason
+                    )
+                else:
+                    await port.remove_node(action.node)
+                    log.info("pool %s: node %s removed", action.pool, action.node)
+            except (CapiPoolError, ScaleError, ValueError) as exc:
+                log.warning("pool %s: %s", action.pool, exc)
+                async with lock:
+                    self.controller.failed(action, self._clock(), str(exc))
+
+    async def drain(self) -> None:
+        """Wait until every queued action has been carried out (tests, shutdown)."""
+        await self._queue.join()
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.controller.pool_rows(self._clock())
