@@ -319,6 +319,7 @@ class SimulatedPool:
         self.ready: set[str] = set()
         self._marked: set[str] = set()
         self._events: list[CapacityEvent] = []
+        self._labels: dict[str, dict[str, str]] = {}
         self.scale_calls = 0
 
     def _new_node(self, now: float) -> None:
@@ -366,6 +367,17 @@ class SimulatedPool:
         self._marked.add(node)
         return self.scale_to(self.replicas - 1, now)
 
+    def label_node(self, node: str, labels: Mapping[str, str]) -> None:
+        """Merge ``labels`` into a ready node's labels (a NodeUpdated follows)."""
+        if node not in self.ready:
+            raise ScaleError(f"pool {self.name}: no ready node {node}")
+        self._labels.setdefault(node, {}).update(labels)
+        self._events.append(NodeUpdated(self.cluster, self._node(node)))
+
+    def _node(self, name: str) -> Node:
+        labels = {"gpu-type": str(self.gpu_type), **self._labels.get(name, {})}
+        return Node(name, self.gpu_type, self.node, labels=labels)
+
     def next_due(self) -> float | None:
         """When the next node comes up (None: nothing is on its way)."""
         at = self._coming[0][0] if self._coming else float("inf")
@@ -376,10 +388,6 @@ class SimulatedPool:
         while self._coming and self._coming[0][0] <= now:
             _, name = heapq.heappop(self._coming)
             self.ready.add(name)
-            node = Node(
-                name, self.gpu_type, self.node, labels={"gpu-type": self.gpu_type,
-                                                        "fedbroker.io/pool": self.name}
-            )  # fmt: skip
-            self._events.append(NodeUpdated(self.cluster, node))
+            self._events.append(NodeUpdated(self.cluster, self._node(name)))
         events, self._events = self._events, []
         return events

@@ -81,7 +81,19 @@ class RemoveNode:
     node: str
 
 
-Action = ScaleTo | RemoveNode
+@dataclass(frozen=True, slots=True)
+class LabelNode:
+    """Label a node the broker added with its pool (``POOL_LABEL``), so that after a
+    restart the broker still knows it as its own."""
+
+    pool: str
+    cluster: str
+    node: str
+
+
+POOL_LABEL = "fedbroker.io/burst-pool"
+
+Action = ScaleTo | RemoveNode | LabelNode
 
 
 @dataclass(slots=True)
@@ -158,6 +170,7 @@ class BurstController:
         self.job_node_seconds: dict[str, float] = {}
         self.job_cost: dict[str, float] = {}
         self.events: deque[BurstEvent] = deque(maxlen=1000)
+        self._to_label: list[LabelNode] = []
         self._last: float | None = None
 
     # -- set-up ---------------------------------------------------------------------------
@@ -172,8 +185,9 @@ class BurstController:
         scale_down_after_seconds: float | None = None,
         provision_timeout_seconds: float | None = None,
     ) -> None:
-        """A pool at its current size; ``existing`` nodes (already in its cluster) are not
-        the broker's to remove. Unset times default to the controller's settings."""
+        """A pool at its current size; ``existing`` nodes (already in its cluster and not
+        labelled with this pool: see ``POOL_LABEL``) are not the broker's to remove. Unset
+        times default to the controller's settings."""
         settings = self.settings
         self._pools[pool.name] = _Pool(
             pool,
@@ -206,6 +220,8 @@ class BurstController:
             self._since.setdefault(job.key, now)
         actions: list[Action] = []
         self._notice_nodes(snapshot)
+        actions.extend(self._to_label)
+        self._to_label.clear()
         self._settle(now, waiting_keys, actions)
         self._plan(now, waiting, actions)
         self._scale_down(now, snapshot, actions)
@@ -252,6 +268,8 @@ class BurstController:
                 if not (node.ready and node.schedulable and node.allocatable.gpus > 0):
                     continue  # not counted until Ready, schedulable and advertising GPUs
                 pool.ours.add(name)
+                if node.labels.get(POOL_LABEL) != pool.spec.name:
+                    self._to_label.append(LabelNode(pool.spec.name, pool.spec.cluster, name))
                 for request in self._requests.values():
                     if request.pool == pool.spec.name and request.missing > 0:
                         request.arrived.append(name)
@@ -370,7 +388,9 @@ class BurstController:
         waits on) and the pool backs off; a failed removal leaves the node ours, to be
         tried again once idle long enough."""
         pool = self._pools[action.pool]
-        if isinstance(action, RemoveNode):
+        if isinstance(action, LabelNode):
+            pass  # it stays ours now; only a restart would forget it
+        elif isinstance(action, RemoveNode):
             pool.removing.discard(action.node)
             pool.ours.add(action.node)
             pool.replicas += 1

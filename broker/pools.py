@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
@@ -24,7 +24,15 @@ from kubernetes.aio.client import ApiClient
 from adapters.capi import CapiPool, CapiPoolError
 from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.simulated import ScaleError, SimulatedPool
-from broker.burst import Action, BurstController, BurstSettings, RemoveNode, ScaleTo
+from broker.burst import (
+    POOL_LABEL,
+    Action,
+    BurstController,
+    BurstSettings,
+    LabelNode,
+    RemoveNode,
+    ScaleTo,
+)
 from broker.config import BurstPoolConfig, Config
 from broker.ledger import Ledger
 from broker.manifest import cpu_millicores, memory_mebibytes
@@ -55,6 +63,9 @@ class _SimulatedPort:
 
     async def remove_node(self, node: str) -> None:
         self.pool.remove_node(node, self._clock())
+
+    async def label_node(self, node: str, labels: Mapping[str, str]) -> None:
+        self.pool.label_node(node, labels)
 
 
 def _node_of(pc: BurstPoolConfig) -> Resources:
@@ -91,7 +102,9 @@ class BurstPools:
         that cannot be read is left out, with a warning, rather than keeping the broker down."""
         for pc in self.configs:
             cluster = self._clusters[pc.cluster]
-            existing = set(ledger.snapshot().clusters[pc.cluster].nodes)
+            nodes = ledger.snapshot().clusters[pc.cluster].nodes
+            # Nodes labelled with this pool were added by the broker before a restart.
+            existing = {n for n, st in nodes.items() if st.node.labels.get(POOL_LABEL) != pc.name}
             node = _node_of(pc)
             replicas = 0
             min_nodes, max_nodes = pc.min_nodes, pc.max_nodes
@@ -199,6 +212,8 @@ class BurstPools:
                     log.info(
                         "pool %s scaled to %d: %s", action.pool, action.replicas, action.reason
                     )
+                elif isinstance(action, LabelNode):
+                    await port.label_node(action.node, {POOL_LABEL: action.pool})
                 else:
                     await port.remove_node(action.node)
                     log.info("pool %s: node %s removed", action.pool, action.node)

@@ -7,6 +7,7 @@ the broker.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from broker.model import CapacityEvent, Placement
@@ -31,3 +32,5 @@ class ScalePool(Protocol):
     async def scale_to(self, replicas: int) -> int: ...
 
     async def remove_node(self, node: str) -> None: ...
+
+    async def label_node(self, node: str, labels: Mapping[str, str]) -> None: ...

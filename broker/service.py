@@ -200,6 +200,7 @@ class Service:
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._launching: dict[str, asyncio.Task[None]] = {}
+        self._launch_tasks: set[asyncio.Task[None]] = set()
         self._runs: dict[str, asyncio.Task[None]] = {}
 
     # -- start and stop -------------------------------------------------------------------
@@ -288,7 +289,7 @@ class Service:
         if record.state == "Running":
             self.lifecycle.all_running(key, now)
         else:  # resume waiting for the gang (creating what is missing is idempotent)
-            self._launching[key] = self._spawn(self._launch(placement))
+            self._launching[key] = self._spawn_launch(placement)
         log.info("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))
         return True
 
@@ -396,9 +397,17 @@ class Service:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.close()
 
+    def _spawn_launch(self, placement: Placement) -> asyncio.Task[None]:
+        task = self._spawn(self._launch(placement))
+        self._launch_tasks.add(task)
+        task.add_done_callback(self._launch_tasks.discard)
+        return task
+
     async def launches_done(self, timeout: float | None = None) -> None:
-        """Wait until the launches in flight have ended (tests, benchmarks, draining)."""
-        tasks = list(self._launching.values())
+        """Wait until the launches in flight have ended, their outcome recorded (tests,
+        benchmarks, draining). ``_launching`` forgets a launch before its Running write,
+        so the tasks themselves are waited for."""
+        tasks = list(self._launch_tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=timeout)
 
@@ -544,7 +553,7 @@ class Service:
                     continue
                 self.lifecycle.placed(pending, placement, now)
                 self.pools.placed(placement, now)
-                self._launching[job.key] = self._spawn(self._launch(placement))
+                self._launching[job.key] = self._spawn_launch(placement)
             if self.pools:
                 waiting = [p.job for key in result.waiting if (p := self.queue.get(key))]
                 self.pools.tick(now, self.ledger, waiting)

@@ -117,6 +117,18 @@ async def test_gang_scales_the_machine_deployment_once_and_runs_on_its_nodes(
             await service.schedule_once()
         await service.pools.drain()
         assert len(k8s["put"][MD][SCALE]) == 1 and replicas(k8s) == 3
+        # The nodes are labelled as the pool's, so a restarted broker still knows them.
+        for i in range(3):
+            labels = k8s.objects[NODES, None, f"a100-{i}"]["metadata"]["labels"]
+            assert labels["fedbroker.io/burst-pool"] == "west-a100"
         assert CANARY not in caplog.text
     finally:
         await service.close()
+    restarted = Service(parse_config(text, "test config"))
+    await restarted.start()
+    try:
+        await restarted.schedule_once()
+        [pool] = restarted.pools.rows()
+        assert (pool["replicas"], pool["ready"], pool["coming"]) == (3, 3, 0)
+    finally:
+        await restarted.close()

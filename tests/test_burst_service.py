@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from broker.api import make_app
@@ -199,7 +200,7 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         )
         # Billed from the scale-up: at least the hour on three nodes, at 32.77 per node-hour.
         assert pool["nodeHours"] >= 3.0
-        assert pool["cost"] == round(pool["nodeHours"] * 32.77, 4)
+        assert pool["cost"] == pytest.approx(pool["nodeHours"] * 32.77, abs=0.01)
         [job] = doc["jobs"]
         assert job["job"] == "team-a/big" and job["nodeHours"] >= 3.0 and job["cost"] > 0
         b = await (await client.get("/v1/pools", headers={"Authorization": "Bearer tok-b"})).json()

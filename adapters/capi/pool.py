@@ -366,6 +366,19 @@ class CapiPool:
         await self.scale_by(-1)
         log.info("%s: Node cordoned, Machine %s marked, replicas lowered by one", what, name)
 
+    async def label_node(self, node: str, labels: Mapping[str, str]) -> None:
+        """Merge ``labels`` into a workload Node's labels (the broker marks the nodes it
+        added, so it still knows them after a restart)."""
+        core = self.workload
+        if core is None:
+            raise CapiPoolError(f"label node {node}: no workload cluster client given")
+        step = f"label node {node} of {self.kind.lower()} {self.key}"
+        patch = {"metadata": {"labels": dict(labels)}}
+        try:
+            await self._call(step, lambda: core.patch_node(node, patch, _content_type=_MERGE_PATCH))
+        except ApiException as exc:
+            raise CapiPoolError(f"{step}: {retry.describe(exc)}") from exc
+
     async def _read_node(self, node: str, what: str) -> dict[str, Any] | None:
         core = self.workload
         assert core is not None
