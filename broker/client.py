@@ -51,9 +51,12 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     lister.add_argument("--cluster")
     lister.add_argument("--limit", type=int, default=100)
     sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    sub.add_parser(
+        "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
+    )
 
 
-CLIENT_COMMANDS = ("submit", "get", "list", "cancel", "explain", "clusters")
+CLIENT_COMMANDS = ("submit", "get", "list", "cancel", "explain", "clusters", "pools")
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -105,6 +108,8 @@ async def _call(args: argparse.Namespace) -> Any:
             params["limit"] = str(args.limit)
         case "clusters":
             path = "/v1/clusters"
+        case "pools":
+            path = "/v1/pools"
     timeout = aiohttp.ClientTimeout(total=30)
     try:
         async with (
@@ -208,4 +213,21 @@ def render(command: str, doc: Any) -> str:
         return table(
             ("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows
         )
+    if command == "pools":
+        pools = [
+            [p.get("pool"), p.get("cluster"), p.get("gpuType"), p.get("replicas"),
+             p.get("ready"), p.get("coming"), "yes" if p.get("failing") else "no",
+             p.get("scaleUps"), p.get("scaleDowns"), p.get("nodeHours"),
+             p.get("idleNodeHours"), p.get("cost")]
+            for p in doc.get("pools", [])
+        ]  # fmt: skip
+        text = table(
+            ("POOL", "CLUSTER", "GPU", "REPLICAS", "UP", "COMING", "FAILING", "SCALE-UPS",
+             "REMOVED", "NODE-H", "IDLE-H", "COST"), pools,
+        )  # fmt: skip
+        waiting = [[r.get("job"), r.get("pool"), r.get("nodes"), r.get("arrived")]
+                   for r in doc.get("requests", [])]  # fmt: skip
+        if waiting:
+            text += "\n\n" + table(("WAITING GANG", "POOL", "NODES", "UP"), waiting)
+        return text
     return json.dumps(doc, indent=2)

@@ -125,6 +125,11 @@ def test_demo_serves_the_cli_and_keeps_jobs_across_restart(
     assert clusters.returncode == 0, clusters.stderr
     for name in ("onprem-a", "onprem-b", "cloud-burst"):
         assert name in clusters.stdout
+    pools = cli("pools", "--server", demo.url)
+    assert pools.returncode == 0, pools.stderr
+    [header, row] = pools.stdout.splitlines()[:2]
+    assert header.split()[:3] == ["POOL", "CLUSTER", "GPU"]
+    assert row.split()[:4] == ["cloud-a100", "cloud-burst", "A100", "0"]
     got = cli("get", "llama-pretrain", "--server", demo.url, "-o", "json")
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["status"]["state"] in ("Queued", "Placed", "Running")
