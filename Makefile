@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 FEDBROKER_TRACES ?= ../shared/traces
 export FEDBROKER_TRACES
 
-.PHONY: run test lint typecheck clean
+.PHONY: run test lint typecheck clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,16 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-test: lint typecheck
+# promtool (alert rule tests) and Chromium (dashboard test) come from Debian's packages;
+# installed when missing and root, else their tests skip with a reason (or fail under
+# FEDBROKER_REQUIRE_SERVICES=1, as in CI).
+system-deps:
+	@if command -v promtool >/dev/null && command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium; \
+	else echo "make: promtool or chromium missing (apt-get install prometheus chromium)"; fi
+
+test: system-deps lint typecheck
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -359,6 +359,13 @@ class SimulatedPool:
             self.ready.discard(name)
             self._events.append(NodeDeleted(self.cluster, name))
 
+    def cancel_coming(self, count: int, now: float) -> int:
+        """Lower the replicas by up to ``count`` nodes not up yet; returns how many."""
+        cancelled = min(count, len(self._coming))
+        if cancelled > 0:
+            self.scale_to(self.replicas - cancelled, now)
+        return cancelled
+
     def remove_node(self, node: str, now: float) -> int:
         """Cordon ``node``, mark its machine for deletion, lower the replicas by one (what
         the Cluster API adapter does); returns the new replica count."""

@@ -13,18 +13,18 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from broker.config import Config, RateLimit, TenantConfig
+from broker.dashboard import add_dashboard
 from broker.events import Event, EventBus, PublishingStore
 from broker.manifest import FederatedJob, ManifestError, parse_manifest
+from broker.metrics import Forward, ServiceCollector
 from broker.openapi import openapi_document
 from broker.service import Forbidden, NotFound, Service
 from broker.store import JOB_STATES, JobRecord, JobState, Transition
@@ -84,109 +84,6 @@ class RateLimiter:
 # --- metrics -----------------------------------------------------------------------------
 
 
-class _ServiceCollector(Collector):
-    """Gauges computed at scrape time from the service: pending jobs, GPUs by state."""
-
-    def __init__(self, service: Service, bus: EventBus) -> None:
-        self._service = service
-        self._bus = bus
-
-    def collect(self) -> Iterator[Metric]:
-        pending = GaugeMetricFamily(
-            "fedbroker_pending_jobs", "Jobs waiting in each queue", labels=["queue"]
-        )
-        for q in self._service.queues():
-            pending.add_metric([str(q["name"])], float(q["pending"]))
-        yield pending
-        clusters = self._service.clusters()
-        gpus = GaugeMetricFamily(
-            "fedbroker_gpus", "GPUs per cluster, GPU type and state",
-            labels=["cluster", "gpu_type", "state"],
-        )  # fmt: skip
-        for cluster in clusters:
-            for row in cluster["gpuTypes"]:
-                for state in ("free", "reserved", "allocated"):
-                    labels = [str(cluster["cluster"]), str(row["gpuType"]), state]
-                    gpus.add_metric(labels, float(row[state]))
-        yield gpus
-        stale = GaugeMetricFamily(
-            "fedbroker_cluster_stale",
-            "1 while a cluster takes no new placements because its capacity data is stale",
-            labels=["cluster"],
-        )
-        connected = GaugeMetricFamily(
-            "fedbroker_cluster_connected",
-            "1 while the watch of a Kubernetes member cluster is connected",
-            labels=["cluster"],
-        )
-        relists = CounterMetricFamily(
-            "fedbroker_cluster_relists",
-            "Full relists of a Kubernetes member cluster (start, 410 Gone, reconnects)",
-            labels=["cluster"],
-        )
-        for cluster in clusters:
-            name = str(cluster["cluster"])
-            stale.add_metric([name], float(bool(cluster["stale"])))
-            if "connected" in cluster:
-                connected.add_metric([name], float(bool(cluster["connected"])))
-                relists.add_metric([name], float(cast(int, cluster["relists"])))
-        yield stale
-        yield connected
-        yield relists
-        yield from _pool_metrics(self._service.pools.rows())
-        dropped = CounterMetricFamily(
-            "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
-        )
-        dropped.add_metric([], float(self._bus.dropped))
-        yield dropped
-        subscribers = GaugeMetricFamily("fedbroker_event_subscribers", "Open /v1/events streams")
-        subscribers.add_metric([], float(self._bus.subscribers))
-        yield subscribers
-
-
-def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
-    """Burst pools: scale-ups/downs, nodes by state, node-seconds (billed, idle) and cost."""
-    counters = {
-        "scaleUps": ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", 1.0),
-        "scaleDowns": ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool", 1.0),
-        "provisionFailures": (
-            "fedbroker_burst_provision_failures",
-            "Scale-ups whose nodes did not all come up in time",
-            1.0,
-        ),
-        "nodeHours": (
-            "fedbroker_burst_node_seconds",
-            "Node-seconds billed for nodes the broker added (from the scale-up on)",
-            3600.0,
-        ),
-        "idleNodeHours": (
-            "fedbroker_burst_idle_node_seconds",
-            "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
-            3600.0,
-        ),
-        "cost": ("fedbroker_burst_cost", "Cost of the nodes the broker added", 1.0),
-    }
-    for key, (name, doc, scale) in counters.items():
-        family = CounterMetricFamily(name, doc, labels=["pool"])
-        for row in rows:
-            family.add_metric([str(row["pool"])], float(row[key]) * scale)
-        yield family
-    nodes = GaugeMetricFamily(
-        "fedbroker_burst_nodes", "Nodes the broker added to a pool: up, or coming up",
-        labels=["pool", "state"],
-    )  # fmt: skip
-    failing = GaugeMetricFamily(
-        "fedbroker_burst_pool_failing", "1 while a pool backs off after a failure",
-        labels=["pool"],
-    )  # fmt: skip
-    for row in rows:
-        nodes.add_metric([str(row["pool"]), "ready"], float(row["ready"]))
-        nodes.add_metric([str(row["pool"]), "coming"], float(row["coming"]))
-        failing.add_metric([str(row["pool"])], float(bool(row["failing"])))
-    yield nodes
-    yield failing
-
-
 class ApiMetrics:
     """The API's Prometheus metrics, in an injected registry (never the global one)."""
 
@@ -200,7 +97,8 @@ class ApiMetrics:
             "fedbroker_http_requests", "HTTP requests per route template and status",
             ["route", "status"], registry=registry,
         )  # fmt: skip
-        registry.register(_ServiceCollector(service, bus))
+        registry.register(ServiceCollector(service, bus))
+        registry.register(Forward(service.metrics.registry))
 
 
 SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
@@ -530,6 +428,7 @@ def make_app(
     app.router.add_get("/v1/events", events)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    add_dashboard(app, service, _tenant)
     return app
 
 

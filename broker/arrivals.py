@@ -27,6 +27,11 @@ Generated gangs (no public trace has multi-pod gangs; see ../shared/traces/READM
   a load, not to fixed seconds, keeps the experiment meaningful for any trace, time scale,
   job count or federation size. (openb's own pods offer little: at most 66 GPUs of 6,212 are
   requested at once over its 149 days, so the gangs set the load.)
+- bursting: every generated job of more than one pod (a gang, as the replay's report counts
+  gangs) has ``allow_burst=True``, so a burst pool may be grown for it when it has waited
+  long enough (``broker.burst``). One-pod jobs, generated or from the trace, never burst: a
+  whole cloud node of 8 GPUs bought for one pod of 1-4 GPUs would mostly be paid for idle,
+  and such pods find room in the federation's fragments soon enough.
 """
 
 from __future__ import annotations
@@ -166,7 +171,11 @@ def _gang_arrivals(
     return [
         Arrival(
             at,
-            Job(f"gang-{i:0{width}d}", (PodSet("worker", s.pods, s.pod_resources()),)),
+            Job(
+                f"gang-{i:0{width}d}",
+                (PodSet("worker", s.pods, s.pod_resources()),),
+                allow_burst=s.pods > 1,
+            ),
             raw * scale,
         )
         for i, (s, at, raw) in enumerate(drawn)

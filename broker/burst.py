@@ -20,12 +20,18 @@ Per pool the controller tracks:
   scaled back, the gang waits on (it never left the queue), and the pool backs off
   (doubling from ``failure_backoff_seconds``) so the next plan picks another pool;
 * the nodes it added (``ours``): nodes of the pool's cluster that were not there when the
-  controller started. A node counts once the ledger has it Ready, schedulable and with its
-  GPUs. One that has had no pod for ``scale_down_after_seconds`` and is not held is
-  removed (``RemoveNode``: cordon, mark the machine, replicas minus one), never below the
-  pool's minimum. Nodes that were there before are never touched.
+  controller started (or carry the pool's label). They serve only jobs allowed to burst
+  (``hiding``): a small pod that may not burst would keep a paid node alive. A node
+  counts once the ledger has it Ready, schedulable and with its GPUs. One that has had no
+  pod for ``scale_down_after_seconds`` and is not held is removed (``RemoveNode``: cordon,
+  mark the machine, replicas minus one), never below the pool's minimum. Nodes that were
+  there before are never touched.
+* nodes coming up that no gang claims any more are scaled back: at once when their gang
+  started elsewhere (unless a gang planning in the same cycle claims them), else once
+  unclaimed for the pool's ``burstAfterSeconds`` (after a restart, when requests are gone);
 * cost: billed node-seconds (nodes added and not yet removed, from the scale-up on), idle
-  node-seconds (added nodes that are up with no pod on them), and per job the node-seconds
+  node-seconds (added nodes up with no pod on them and not held for a gang: the cost
+  leak), and per job the node-seconds
   of the nodes it waited for plus those it ran on.
 
 A pool owned by the cluster autoscaler (``owner``) is never scaled by the broker: the
@@ -35,7 +41,7 @@ autoscaler reacts to pending pods on its own, and two controllers would fight.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -140,6 +146,8 @@ class _Pool:
     removing: set[str] = field(default_factory=set)
     idle_since: dict[str, float] = field(default_factory=dict)
     failing_until: float = 0.0
+    unclaimed_since: float | None = None  # nodes coming up that no gang waits for
+    orphaned: int = 0  # of those, nodes whose gang started elsewhere or ended this tick
     failures: int = 0
     stats: PoolStats = field(default_factory=PoolStats)
 
@@ -224,20 +232,50 @@ class BurstController:
         self._to_label.clear()
         self._settle(now, waiting_keys, actions)
         self._plan(now, waiting, actions)
+        self._cancel_unclaimed(now, actions)
         self._scale_down(now, snapshot, actions)
         return actions
+
+    def _cancel_unclaimed(self, now: float, actions: list[Action]) -> None:
+        """Nodes coming up that no gang waits for are scaled back before they cost more:
+        at once when their gang started elsewhere or ended (and no gang planning in this
+        tick claimed them); otherwise (after a restart the requests are gone) once no gang
+        has claimed them for the pool's ``burstAfterSeconds``, time enough for the gangs
+        that were waiting to plan again and claim them."""
+        for name, pool in sorted(self._pools.items()):
+            unclaimed = self._unclaimed(name) if pool.owner == "fedbroker" else 0
+            orphaned, pool.orphaned = min(pool.orphaned, unclaimed), 0
+            if unclaimed <= 0:
+                pool.unclaimed_since = None
+                continue
+            if pool.unclaimed_since is None:
+                pool.unclaimed_since = now
+            cancel = unclaimed if now - pool.unclaimed_since >= pool.burst_after else orphaned
+            if cancel <= 0:
+                continue
+            if cancel == unclaimed:
+                pool.unclaimed_since = None
+            pool.replicas -= cancel
+            reason = f"{cancel} nodes coming up that no gang waits for"
+            actions.append(ScaleTo(name, pool.replicas, -cancel, reason))
+            self.events.append(BurstEvent(now, name, "scale-down", f"-{cancel}: {reason}"))
 
     def _account(self, now: float, snapshot: CapacitySnapshot) -> None:
         last, self._last = self._last, now
         if last is None or now <= last:
             return
         dt = now - last
+        held = {n for r in self._requests.values() for n in r.arrived}
         for pool in self._pools.values():
             pool.stats.node_seconds += pool.billed * dt
             view = snapshot.clusters.get(pool.spec.cluster)
             if view is None:
                 continue
-            idle = sum(1 for n in pool.ours if (s := view.nodes.get(n)) is not None and _empty(s))
+            # Idle: up, no pod, and not held for a gang waiting for the rest of its nodes
+            # (those are the gang's provisioning, charged to it, not a leak).
+            idle = sum(
+                1 for n in pool.ours - held if (s := view.nodes.get(n)) is not None and _empty(s)
+            )
             pool.stats.idle_node_seconds += idle * dt
         for request in self._requests.values():
             pool = self._pools[request.pool]
@@ -280,6 +318,7 @@ class BurstController:
             pool = self._pools[request.pool]
             if job not in waiting:  # placed (maybe on its nodes), cancelled or failed
                 del self._requests[job]
+                pool.orphaned += max(0, request.missing)  # still coming, for nobody now
                 continue
             if request.missing <= 0 or now < request.deadline:
                 continue
@@ -426,6 +465,37 @@ class BurstController:
         self._running.pop(job, None)
 
     # -- reads ----------------------------------------------------------------------------
+
+    def added_nodes(self) -> dict[str, set[str]]:
+        """Cluster -> the nodes the pools added (up, or being removed)."""
+        added: dict[str, set[str]] = {}
+        for pool in self._pools.values():
+            if pool.ours or pool.removing:
+                added.setdefault(pool.spec.cluster, set()).update(pool.ours | pool.removing)
+        return added
+
+    def hiding(self, snapshot: CapacitySnapshot) -> Callable[[Job], dict[str, set[str]]]:
+        """For the scheduling cycle about to use ``snapshot``: which nodes each job must not
+        see. Nodes held for a gang are hidden from every other job; every node the broker
+        added is hidden from jobs not allowed to burst (cloud nodes are paid for the work
+        that may use them: a small pod that may not burst would keep one alive for hours).
+        Nodes that just came up are claimed first, so no other job sees them before their
+        gang does."""
+        holds = self.holds(snapshot)
+        added = self.added_nodes()
+
+        def hidden(job: Job) -> dict[str, set[str]]:
+            out: dict[str, set[str]] = {}
+            if not job.allow_burst:
+                for cluster, names in added.items():
+                    out.setdefault(cluster, set()).update(names)
+            for holder, by_cluster in holds.items():
+                if holder != job.key:
+                    for cluster, held in by_cluster.items():
+                        out.setdefault(cluster, set()).update(held)
+            return out
+
+        return hidden
 
     def holds(
         self, snapshot: CapacitySnapshot | None = None

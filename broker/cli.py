@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
+from broker.agent import add_agent_command
 from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.demo import add_demo_command
 from broker.inspect import InspectError, add_inspect_command, add_plan_command
@@ -68,6 +69,19 @@ def _positive_float(name: str) -> Callable[[str], float]:
     return parse
 
 
+def _fraction(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, not {text!r}") from None
+        if not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be between 0 and 1, not {text!r}")
+        return value
+
+    return parse
+
+
 def _policy(text: str) -> str:
     if text not in POLICY_NAMES:
         raise argparse.ArgumentTypeError(
@@ -96,9 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--policy", type=_policy, action="append", help="policy to run (repeatable)")
     sim.add_argument(
-        "--clusters", type=_positive("--clusters"), default=1, help="split nodes round-robin"
+        "--clusters",
+        type=_positive("--clusters"),
+        default=None,
+        help="split nodes round-robin into this many on-prem clusters (default: 1 for fill, "
+        "2 for replay)",
     )
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seed", type=int, default=None, help="default: 0 for fill, 1 for replay")
     sim.add_argument(
         "--seeds", type=_positive("--seeds"), default=1, help="run seeds S..S+N-1 and average"
     )
@@ -115,14 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--time-scale",
         type=_positive_float("--time-scale"),
-        default=60.0,
-        help="replay: trace seconds per simulated second",
+        default=None,
+        help="replay: trace seconds per simulated second (default 60 with --pods; 10 for the "
+        "generated workload, whose day becomes 2.4 simulated hours)",
     )
     sim.add_argument(
         "--gang-load",
         type=_positive_float("--gang-load"),
-        default=90.0,
-        help="replay: GPU load the generated jobs offer over the trace span, %% of all GPUs",
+        default=None,
+        help="replay: GPU load the generated jobs offer over the trace span, %% of all GPUs "
+        "(default 90 with --pods; 130 for the generated workload: a federation short of "
+        "GPUs, where bursting matters)",
     )
     sim.add_argument(
         "--cycle-seconds",
@@ -136,12 +157,39 @@ def build_parser() -> argparse.ArgumentParser:
         default=32,
         help="replay: a cycle stops after this many queued jobs in a row do not fit",
     )
+    sim.add_argument(
+        "--no-burst",
+        action="store_true",
+        help="replay: no burst pool (by default one simulated cloud pool grows a third, "
+        "empty cluster for gangs that waited burstAfterSeconds=120: nodes of 8 x A100, 96 "
+        "cores, 1152 GiB like AWS p4d.24xlarge, 32.77 USD/h on demand in us-east-1; "
+        "scaleDownAfterSeconds=600, provisioning timeout 900 s)",
+    )
+    sim.add_argument(
+        "--burst-max-nodes",
+        type=_positive("--burst-max-nodes"),
+        default=32,
+        help="replay: the burst pool's maximum size in nodes",
+    )
+    sim.add_argument(
+        "--burst-provision-seconds",
+        type=_positive_float("--burst-provision-seconds"),
+        default=300.0,
+        help="replay: simulated seconds from a scale-up until a new node is Ready",
+    )
+    sim.add_argument(
+        "--burst-failure-rate",
+        type=_fraction("--burst-failure-rate"),
+        default=0.0,
+        help="replay: share of new burst nodes that never come up (seeded)",
+    )
 
     add_client_commands(sub, _Parser)
     add_serve_command(sub)
     add_demo_command(sub)
     add_inspect_command(sub)
     add_plan_command(sub)
+    add_agent_command(sub)
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
     bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
@@ -183,6 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.inspect import run_plan
 
             return run_plan(args)
+        if args.command == "agent":
+            from broker.agent import run_agent_command
+
+            return run_agent_command(args)
         if args.command == "bench" and args.e2e:
             from broker.bench_e2e import main_e2e
 
@@ -218,6 +270,16 @@ def load_inputs(
 
 def _simulate(args: argparse.Namespace) -> int:
     policies = args.policy or ["binpack", "fgd"]
+    replay = args.protocol == "replay"
+    if args.clusters is None:
+        args.clusters = 2 if replay else 1
+    if args.seed is None:
+        args.seed = 1 if replay else 0
+    generated = args.pods is None
+    if args.time_scale is None:
+        args.time_scale = 10.0 if generated else 60.0
+    if args.gang_load is None:
+        args.gang_load = 130.0 if generated else 90.0
     nodes, pods = load_inputs(args.nodes, args.pods, args.seed)
     if args.protocol == "replay":
         from broker.replay import run_replay

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -223,12 +224,21 @@ class KubeSource(KubeconfigRef):
         return names
 
 
+class MqttSource(Section):
+    """A member cluster whose capacity an agent (``fedbroker agent``) reports over MQTT
+    (``events.mqtt`` names the MQTT broker). Stale while the agent's last heartbeat is older
+    than ``staleAfterSeconds`` (default: ``scheduler.staleAfterSeconds``)."""
+
+    stale_after_seconds: float | None = Field(default=None, gt=0, le=3600)
+
+
 class ClusterSource(Section):
     """Where a cluster's capacity comes from: exactly one key names the adapter. A union
-    keyed by its one key (``{simulated: {...}}`` or ``{kube: {...}}``)."""
+    keyed by its one key (``{simulated: {...}}``, ``{kube: {...}}`` or ``{mqtt: {...}}``)."""
 
     simulated: SimulatedSource | None = None
     kube: KubeSource | None = None
+    mqtt: MqttSource | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ClusterSource:
@@ -358,6 +368,34 @@ class TokenRef(Section):
         return token
 
 
+# --- MQTT events (broker.mqtt) ----------------------------------------------------------
+
+
+def _default_client_id() -> str:
+    return f"fedbroker-{socket.gethostname()}"[:128]
+
+
+class MqttEventsConfig(Section):
+    """The MQTT broker fedbroker publishes its events to (and hears agents on)."""
+
+    host: str = Field(min_length=1, max_length=253)
+    port: int = Field(default=1883, ge=1, le=65_535)
+    client_id: str = Field(
+        default_factory=_default_client_id, min_length=1, max_length=128, pattern=r"^[^\s#+/]+$"
+    )
+    username: str | None = Field(default=None, min_length=1, max_length=256)
+    password: TokenRef | None = Field(default=None, repr=False)
+    # Topic levels without wildcards, no leading or trailing slash.
+    topic_prefix: str = Field(
+        default="fedbroker", max_length=128, pattern=r"^[^#+/\s]+(/[^#+/\s]+)*$"
+    )
+    outbox_size: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
+class EventsConfig(Section):
+    mqtt: MqttEventsConfig | None = None
+
+
 class TenantConfig(Section):
     name: DnsLabel
     default_queue: DnsLabel
@@ -379,8 +417,10 @@ class Config(Section):
     burst_pools: list[BurstPoolConfig] = Field(default_factory=list, max_length=256)
     queues: list[QueueConfig] = Field(default_factory=list, max_length=1024)
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
+    events: EventsConfig = EventsConfig()
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
     _tokens: list[tuple[SecretStr, TenantConfig]] = PrivateAttr(default_factory=list)
+    _mqtt_password: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
@@ -402,6 +442,12 @@ class Config(Section):
                     ["burstPools", i, "cluster"], f"cluster {pool.cluster!r} already has a pool"
                 )
             fed.add(pool.cluster)
+        if self.events.mqtt is None:
+            for i, cc in enumerate(self.clusters):
+                if cc.source.mqtt is not None:
+                    raise FieldError(
+                        ["clusters", i, "source", "mqtt"], "needs events.mqtt (the MQTT broker)"
+                    )
         queues = {q.name for q in self.queues}
         for i, tenant in enumerate(self.tenants):
             if tenant.default_queue not in queues:
@@ -444,6 +490,18 @@ class Config(Section):
                 raise FieldError(["tenants", i, "token"], f"same token as tenant {other!r}")
             resolved.append((secret, tenant))
         self._tokens = resolved
+        mqtt = self.events.mqtt
+        if mqtt is not None and mqtt.password is not None:
+            try:
+                self._mqtt_password = mqtt.password.resolve(environ)
+            except FieldError as exc:
+                path = ["events", "mqtt", "password", *exc.path]
+                raise FieldError(path, exc.message) from None
+
+    @property
+    def mqtt_password(self) -> SecretStr | None:
+        """events.mqtt.password, resolved (from the environment for an ``env`` one)."""
+        return self._mqtt_password
 
 
 def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> Config:

@@ -84,12 +84,15 @@ def banner(url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path)
     else:
         lines.append(f"  tokens: from {TOKENS_ENV}")
     shown = tokens["team-a"] if generated else "<team-a token>"
+    admin = tokens["admin"] if generated else "<admin token>"
     lines += [
+        f"  dashboard: {url}/#token={admin}",
         "  try, in another terminal:",
         f"    export FEDBROKER_TOKEN={shown} FEDBROKER_SERVER={url}",
         f"    fedbroker submit -f deploy/examples/job.yaml --server {url}",
         "    fedbroker clusters",
         "    fedbroker list",
+        "    fedbroker pools",
     ]
     return "\n".join(lines)
 

@@ -124,11 +124,12 @@ class KubeMembers:
         return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
 
     def watch_status(self, name: str) -> dict[str, object]:
-        """``connected`` and ``relists`` of a Kubernetes member's watch; nothing for other
-        clusters (their capacity is not watched)."""
+        """``connected`` and ``relists`` of a Kubernetes member's watch; a cluster that is
+        not a Kubernetes member (simulated) is always connected and never relists."""
         member = self.members.get(name)
         if member is None:
-            return {}
+            configured = any(cc.name == name for cc in self.configs)
+            return {"connected": not configured, "relists": 0}
         return {"connected": member.watcher.connected, "relists": member.watcher.lists}
 
     async def close(self) -> None:

@@ -177,12 +177,35 @@ class Pools(Out):
     jobs: list[JobBurstCost] = Field(description="burst node-hours and cost per job")
 
 
+class NodeOccupancy(Out):
+    name: str
+    gpu_type: str
+    gpus: int
+    used: float = Field(description="GPUs taken by bound pods")
+    reserved: float = Field(description="GPUs the broker assumed for placements not yet running")
+    free: float
+    burst: bool = Field(description="added by a burst pool")
+    schedulable: bool
+    reserved_for: list[str] = Field(description="jobs holding reservations here (own tenant's)")
+
+
+class ClusterNodes(Out):
+    cluster: str
+    kind: Literal["onprem", "cloud"]
+    stale: bool
+    nodes: list[NodeOccupancy]
+
+
+class Nodes(Out):
+    clusters: list[ClusterNodes]
+
+
 class Health(Out):
     status: str
 
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
-    Error, Job, JobList, Explain, Plan, Clusters, Queues, Pools, Health,
+    Error, Job, JobList, Explain, Plan, Clusters, Queues, Pools, Nodes, Health,
 )  # fmt: skip
 
 _DESCRIPTIONS = {
@@ -302,6 +325,13 @@ def _paths(max_list_limit: int) -> dict[str, Any]:
         },
         "/v1/queues": {
             "get": {"operationId": "queues", "responses": _responses({"200": "Queues"}, *_AUTH)}
+        },
+        "/v1/nodes": {
+            "get": {
+                "operationId": "nodes",
+                "summary": "every node's GPU occupancy per cluster (the dashboard's heat map)",
+                "responses": _responses({"200": "Nodes"}, *_AUTH),
+            }
         },
         "/v1/pools": {
             "get": {

@@ -61,6 +61,9 @@ class _SimulatedPort:
     async def scale_to(self, replicas: int) -> int:
         return self.pool.scale_to(replicas, self._clock())
 
+    async def cancel_coming(self, count: int) -> int:
+        return self.pool.cancel_coming(count, self._clock())
+
     async def remove_node(self, node: str) -> None:
         self.pool.remove_node(node, self._clock())
 
@@ -169,8 +172,8 @@ class BurstPools:
         """What the simulated pools did up to ``now``: nodes that came up or went away."""
         return [event for pool in self.simulated for event in pool.due(now)]
 
-    def holds(self, snapshot: CapacitySnapshot) -> dict[str, dict[str, frozenset[str]]]:
-        return self.controller.holds(snapshot)
+    def hiding(self, snapshot: CapacitySnapshot) -> Callable[[Job], dict[str, set[str]]]:
+        return self.controller.hiding(snapshot)
 
     def tick(self, now: float, ledger: Ledger, waiting: Sequence[Job]) -> int:
         """Decide; cordon the nodes to remove in the ledger now; queue the API calls.
@@ -207,7 +210,10 @@ class BurstPools:
         port = self.ports.get(action.pool)
         if port is not None:
             try:
-                if isinstance(action, ScaleTo):
+                if isinstance(action, ScaleTo) and action.delta < 0:
+                    # Only machines not up yet: never a node that may run pods.
+                    await port.cancel_coming(-action.delta)
+                elif isinstance(action, ScaleTo):
                     await port.scale_to(action.replicas)
                     log.info(
                         "pool %s scaled to %d: %s", action.pool, action.replicas, action.reason

@@ -24,7 +24,8 @@ cycle and recomputed each cycle, so it ends by itself once the gang is placed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from broker.ledger import ConflictError, Ledger
@@ -33,6 +34,7 @@ from broker.model import (
     CapacitySnapshot,
     ClusterCapacity,
     GpuType,
+    Job,
     Placement,
     Reason,
     ReasonCode,
@@ -55,6 +57,8 @@ class CycleResult:
     held: dict[str, str] = field(default_factory=dict)  # cluster -> the gang it is held for
     preempted: list[tuple[Launch, Outcome]] = field(default_factory=list)
     conflicts: int = 0
+    # (seconds the policy took, policy name, placed?) per decision, for metrics.
+    decisions: list[tuple[float, str, bool]] = field(default_factory=list)
 
 
 class _Without:
@@ -120,14 +124,14 @@ def run_cycle(
     settings: SchedulerSettings,
     on_decision: Callable[[Pending, Placement | Unplaceable], None] | None = None,
     lifecycle: Lifecycle | None = None,
-    holds: Mapping[str, Mapping[str, frozenset[str]]] | None = None,
+    hiding: Callable[[Job], Mapping[str, Collection[str]]] | None = None,
 ) -> CycleResult:
-    """One cycle. ``holds`` (job -> cluster -> nodes): nodes held for one job, burst nodes
-    coming up for the gang that asked for them; every other job decides without them."""
+    """One cycle. ``hiding(job)`` (cluster -> nodes): nodes the job must decide without,
+    such as burst nodes held for another gang (``BurstController.hiding``)."""
     result = CycleResult()
 
-    def fresh(job: str) -> CapacitySnapshot:
-        hidden = _held_for_others(holds, job) if holds else None
+    def fresh(job: Job) -> CapacitySnapshot:
+        hidden = hiding(job) if hiding is not None else None
         snapshot = ledger.snapshot_hiding(hidden) if hidden else ledger.snapshot()
         return _Without(snapshot, result.held) if result.held else snapshot
 
@@ -137,7 +141,13 @@ def run_cycle(
         job = pending.job
         # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it).
         snapshot = ledger.snapshot()
-        decision = policies.for_job(pending).decide(job, fresh(job.key))
+        policy = policies.for_job(pending)
+        view = fresh(job)
+        started = time.perf_counter()
+        decision = policy.decide(job, view)
+        result.decisions.append(
+            (time.perf_counter() - started, policy.name, isinstance(decision, Placement))
+        )
         if isinstance(decision, Unplaceable) and lifecycle is not None:
             victims = choose_victims(pending, ledger, queue, lifecycle, policies, result.held)
             if victims is not None:
@@ -146,7 +156,7 @@ def run_cycle(
                     if outcome is not None:
                         result.preempted.append((victim, outcome))
                 snapshot = ledger.snapshot()
-                decision = policies.for_job(pending).decide(job, fresh(job.key))
+                decision = policies.for_job(pending).decide(job, fresh(job))
         if isinstance(decision, Placement):
             # 3. Quota: what the placement would take, by GPU type, against the queue's.
             demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
@@ -180,17 +190,6 @@ def run_cycle(
             if closest is not None and decision.largest_fit[closest] > 0:
                 result.held[closest] = job.key
     return result
-
-
-def _held_for_others(
-    holds: Mapping[str, Mapping[str, frozenset[str]]], job: str
-) -> dict[str, set[str]]:
-    hidden: dict[str, set[str]] = {}
-    for holder, by_cluster in holds.items():
-        if holder != job:
-            for cluster, nodes in by_cluster.items():
-                hidden.setdefault(cluster, set()).update(nodes)
-    return hidden
 
 
 def choose_victims(

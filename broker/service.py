@@ -39,6 +39,7 @@ from broker.ledger import ConflictError, Ledger
 from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
 from broker.manifest import FederatedJob, parse_manifest, pod_templates, to_job
 from broker.members import ClusterLauncher, KubeMembers
+from broker.metrics import MetricSource, SchedulerMetrics
 from broker.model import (
     CapacityEvent,
     CapacitySnapshot,
@@ -50,6 +51,7 @@ from broker.model import (
     PodPlacement,
     Unplaceable,
 )
+from broker.mqtt import MqttEvents
 from broker.pools import BurstPools
 from broker.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
 from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
@@ -63,6 +65,7 @@ from broker.store import (
     open_store,
 )
 from policies.framework import Policy, largest_fit
+from policies.stranded import stranded_gpus
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +178,9 @@ class Service:
         self.kube = KubeMembers(config.clusters, sched.stale_after_seconds, clock)
         # Burst pools: ports are built in start(), once the clusters are known.
         self.pools = BurstPools(config, clock)
+        self.metrics = SchedulerMetrics()
+        self.metric_sources: list[MetricSource] = []  # adapters' own families (MQTT, ...)
+        self.leader = True  # one replica: always the one placing (leader election: issue 7)
         self._dispatch: ClusterLauncher | None = None
         if self.kube:
             self._dispatch = ClusterLauncher(default)
@@ -202,6 +208,12 @@ class Service:
         self._launching: dict[str, asyncio.Task[None]] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self._runs: dict[str, asyncio.Task[None]] = {}
+        # MQTT events and agent-fed clusters (broker/mqtt.py); it wraps self.store to see
+        # every job change, so it comes after the store.
+        self.mqtt: MqttEvents | None = None
+        if config.events.mqtt is not None:
+            self.mqtt = MqttEvents(self, clock)
+            self.metric_sources.append(self.mqtt.metrics)
 
     # -- start and stop -------------------------------------------------------------------
 
@@ -223,6 +235,7 @@ class Service:
                     record.tenant, record.name, "Queued", "requeued after broker restart", now,
                     expect=(record.state,), attempts=record.attempts,
                 )  # fmt: skip
+                self.metrics.requeues.labels("restart").inc()
             self.queue.push(self._pending(record))
         if self.kube:
             await self._collect_garbage()  # leftovers of jobs that were requeued
@@ -230,6 +243,8 @@ class Service:
         if self.pools:
             await self.pools.start(self.ledger, self._workload_client)
             self._spawn(self.pools.run(self._lock))
+        if self.mqtt is not None:
+            self.mqtt.start()
         self.ready = True
 
     # -- Kubernetes members ---------------------------------------------------------------
@@ -313,7 +328,9 @@ class Service:
             for job in jobs:
                 launch = self.lifecycle.get(job)
                 if launch is not None and not launch.running:
-                    await self._roll_back(launch.placement, now, "capacity taken by another pod")
+                    await self._roll_back(
+                        launch.placement, now, "capacity taken by another pod", "evicted"
+                    )
 
     def _launch_spec(self, placement: Placement) -> LaunchSpec:
         tenant, _, name = placement.job.partition("/")
@@ -394,6 +411,8 @@ class Service:
         # do not always notice a cancellation on their own.
         await self.kube.close()
         await self.pools.close()
+        if self.mqtt is not None:
+            await self.mqtt.close()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.close()
 
@@ -506,17 +525,23 @@ class Service:
                 self._on_capacity(self.pools.due(now))
             for launch in self.lifecycle.expired(now):
                 timeout = launch.pending.job.schedule_timeout_seconds
+                self.metrics.gang_timeouts.inc()
                 await self._roll_back(
-                    launch.placement, now, f"gang did not start within {timeout}s"
+                    launch.placement, now, f"gang did not start within {timeout}s", "timeout"
                 )
-            holds = self.pools.holds(self.ledger.snapshot()) if self.pools else None
+            hiding = self.pools.hiding(self.ledger.snapshot()) if self.pools else None
             result = run_cycle(
                 self.queue, self.ledger, self.policies, now, self.settings,
-                lifecycle=self.lifecycle, holds=holds,
+                lifecycle=self.lifecycle, hiding=hiding,
             )  # fmt: skip
+            for seconds, policy, placed in result.decisions:
+                self.metrics.decision.observe(seconds)
+                self.metrics.placements.labels(policy, "placed" if placed else "unplaceable").inc()
             for victim, evicted in result.preempted:
                 # Already released and requeued by the lifecycle: stop watching it, delete
                 # every pod of it, record why.
+                self.metrics.preemptions.inc()
+                self.metrics.requeues.labels("preempted").inc()
                 for tasks in (self._launching, self._runs):
                     task = tasks.pop(victim.placement.job, None)
                     if task is not None:
@@ -565,14 +590,21 @@ class Service:
         except LaunchError as exc:
             async with self._lock:
                 self._launching.pop(key, None)
-                await self._roll_back(placement, self._clock(), f"launch failed: {exc}")
+                await self._roll_back(
+                    placement, self._clock(), f"launch failed: {exc}", "launch_failed"
+                )
             return
         async with self._lock:
             self._launching.pop(key, None)
             now = self._clock()
             outcome = self.lifecycle.all_running(key, now)
+            launch = self.lifecycle.get(key)
         if outcome is None:
             return
+        if launch is not None:
+            pending = launch.pending
+            wait = max(0.0, now - pending.enqueued_at)
+            self.metrics.job_wait.labels(pending.job.queue).observe(wait)
         # Recorded outside the lock: many gangs start together, and their Running writes
         # then share one group commit instead of queueing one fsync each behind the lock.
         # A cancel landing meanwhile makes this write a harmless compare-and-set miss.
@@ -598,14 +630,17 @@ class Service:
             if self._runs.get(key) is asyncio.current_task():
                 del self._runs[key]
 
-    async def _roll_back(self, placement: Placement, now: float, reason: str) -> None:
-        """Delete every pod, release the reservation, requeue with backoff (or fail)."""
+    async def _roll_back(self, placement: Placement, now: float, reason: str, kind: str) -> None:
+        """Delete every pod, release the reservation, requeue with backoff (or fail).
+        ``kind``: the requeue reason counted in metrics (timeout, launch_failed, evicted)."""
         task = self._launching.pop(placement.job, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         await self.launcher.delete(placement)
         outcome = self.lifecycle.roll_back(placement.job, now, reason)
         if outcome is not None:
+            if outcome.state == "Queued":
+                self.metrics.requeues.labels(kind).inc()
             await self._record(outcome, now, expect="Placed")
 
     async def _record(self, outcome: Outcome, now: float, expect: JobState) -> None:
@@ -717,8 +752,41 @@ class Service:
                 "cluster": name, "kind": view.cluster.kind, "stale": view.stale,
                 "labels": dict(view.cluster.labels), "gpuTypes": types,
                 **self.kube.watch_status(name),
+                **(self.mqtt.watch_status(name) if self.mqtt is not None else {}),
             })  # fmt: skip
         return out
+
+    def capacity_metrics(self, clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Per cluster and GPU type: total GPUs, GPUs of the largest 8-GPU-pod gang placeable
+        now, and stranded GPUs (free, on nodes where no pod of any pending job fits; none
+        while nothing waits). ``clusters``: the rows of ``clusters()``."""
+        stranded = stranded_gpus(self.ledger.snapshot(), [p.job for p in self.queue.pending()])
+        return [
+            {"cluster": c["cluster"], "gpuType": t["gpuType"], "total": t["total"],
+             "largestGangGpus": t["largestGang"] * t["gangGpusPerPod"],
+             "stranded": stranded.get((str(c["cluster"]), str(t["gpuType"])), 0.0)}
+            for c in clusters
+            for t in c["gpuTypes"]
+        ]  # fmt: skip
+
+    def queue_metrics(self) -> list[dict[str, Any]]:
+        """Per queue: the GPUs its pending jobs ask for, and how long its oldest pending gang
+        has waited (seconds since submission; 0 when none waits)."""
+        now = self._clock()
+        rows: dict[str, dict[str, Any]] = {
+            q.name: {"queue": q.name, "pendingGpus": 0.0, "oldestGangSeconds": 0.0}
+            for q in self.queue.queues()
+        }
+        for pending in self.queue.pending():
+            job = pending.job
+            row = rows.setdefault(
+                job.queue, {"queue": job.queue, "pendingGpus": 0.0, "oldestGangSeconds": 0.0}
+            )
+            row["pendingGpus"] += job.gpu_request_milli / 1000
+            if job.total_pods > 1:
+                waited = max(0.0, now - pending.enqueued_at)
+                row["oldestGangSeconds"] = max(row["oldestGangSeconds"], waited)
+        return list(rows.values())
 
     def burst(self, tenant: str | None) -> dict[str, Any]:
         """Burst pools, gangs waiting for burst nodes and burst cost per job; ``tenant``

@@ -147,7 +147,10 @@ class World:
         ):
             if isinstance(action, ScaleTo):
                 self.scale_actions.append(action)
-                self.sim.scale_to(action.replicas, self.now)
+                if action.delta < 0:
+                    self.sim.cancel_coming(-action.delta, self.now)
+                else:
+                    self.sim.scale_to(action.replicas, self.now)
             elif isinstance(action, RemoveNode):
                 self.sim.remove_node(action.node, self.now)
 
@@ -265,3 +268,25 @@ def test_a_failed_scale_up_is_undone_and_the_pool_backs_off() -> None:
     for _ in range(20):  # past it: planned again
         w.cycle()
     assert len(w.scale_actions) == 2
+
+
+def test_nodes_still_coming_for_a_gang_that_started_elsewhere_are_cancelled() -> None:
+    w = world()
+    blocker = Job("blocker", (PodSet("p", 1, Resources(gpus=4)),))
+    taken = make_policy("binpack").decide(blocker, w.ledger.snapshot())
+    w.ledger.assume(taken)  # type: ignore[arg-type]
+    w.ledger.confirm("default/blocker")
+    w.placed["default/blocker"] = taken
+    w.waiting["default/g"] = gang(pods=1, gpus=4)  # fits on-prem once the blocker ends
+    while not w.scale_actions:
+        w.cycle()
+    assert [a.delta for a in w.scale_actions] == [1]
+    w.finish("default/blocker")
+    w.cycle()  # placed on-prem, while its cloud node is still coming up
+    assert w.placed["default/g"].cluster == "onprem"  # type: ignore[attr-defined]
+    assert [a.delta for a in w.scale_actions] == [1, -1]  # cancelled at once
+    assert w.sim.replicas == 0
+    for _ in range(30):
+        w.cycle()
+    assert not w.ledger.snapshot().clusters["cloud-cluster"].nodes  # never came up
+    assert w.burst.stats("cloud").idle_node_seconds == 0

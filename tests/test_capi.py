@@ -513,3 +513,32 @@ async def test_canary_token_never_logged_nor_in_errors(
         texts.append(record.getMessage())
         texts.append(logging.Formatter().format(record))
     assert not [t for t in texts if CANARY in t]
+
+
+def add_coming(k8s: Emulator, machine: str, created: str, node: str | None = None) -> None:
+    """A Machine of the pool's MachineDeployment; without ``node`` still provisioning."""
+    add_machine(k8s, machine, node)
+    k8s.objects[MACHINES, NS, machine].patch(
+        {"metadata": {"labels": {"cluster.x-k8s.io/deployment-name": NAME},
+                      "creationTimestamp": created}}
+    )  # fmt: skip
+
+
+async def test_cancel_coming_marks_only_machines_without_a_node(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    add_pool(k8s, replicas=4)
+    serve_scale(k8s)
+    add_coming(k8s, "m-up", "2026-11-29T10:00:00Z", node="n-up")  # up: may run pods
+    add_coming(k8s, "m-old", "2026-11-29T10:01:00Z")
+    add_coming(k8s, "m-new", "2026-11-29T10:02:00Z")
+    add_machine(k8s, "m-other")  # another pool's: no deployment label
+    assert await pool(api).cancel_coming(1) == 1
+    assert replicas(k8s) == 3
+    assert machine_of(k8s, "m-new")["metadata"]["annotations"][ANNOTATION_DELETE_MACHINE] == "yes"
+    assert ANNOTATION_DELETE_MACHINE not in machine_of(k8s, "m-old")["metadata"]["annotations"]
+    # Asked for more than are provisioning: only those, never the machine with a node.
+    assert await pool(api).cancel_coming(5) == 2
+    assert replicas(k8s) == 1
+    for name in ("m-up", "m-other"):
+        assert ANNOTATION_DELETE_MACHINE not in machine_of(k8s, name)["metadata"]["annotations"]

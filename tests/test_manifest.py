@@ -99,6 +99,7 @@ VALID: list[tuple[str, bytes, str | None, Job]] = [
             min_member=8,
             schedule_timeout_seconds=600,
             policy="auto",
+            allow_burst=True,
         ),
     ),
     (

@@ -59,6 +59,7 @@ ANNOTATION_MIN_SIZE = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-si
 ANNOTATION_MAX_SIZE = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size"
 ANNOTATION_MACHINE = "cluster.x-k8s.io/machine"  # on a workload Node: its Machine's name
 ANNOTATION_DELETE_MACHINE = "cluster.x-k8s.io/delete-machine"  # on a Machine: delete it first
+LABEL_DEPLOYMENT = "cluster.x-k8s.io/deployment-name"  # on a Machine: its MachineDeployment
 
 _MERGE_PATCH = "application/merge-patch+json"
 _T = TypeVar("_T")
@@ -423,7 +424,9 @@ class CapiPool:
                 return None
             raise CapiPoolError(f"{step}: {retry.describe(exc)}") from exc
 
-    async def _machine_of_gone_node(self, node: str, what: str) -> dict[str, Any]:
+    async def _list_machines(self, what: str, selector: str | None = None) -> list[Any]:
+        """Machines in the pool's namespace (``selector``: a label selector, also checked
+        by the caller, since not every server applies it)."""
         step = f"{what}: list Machines"
         try:
             listing = cast(
@@ -431,13 +434,16 @@ class CapiPool:
                 await self._call(
                     step,
                     lambda: self.custom.list_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, MACHINES
+                        GROUP, VERSION, self.namespace, MACHINES, label_selector=selector or ""
                     ),
                 ),
             )
         except ApiException as exc:
             raise CapiPoolError(f"{step}: {retry.describe(exc)}") from exc
-        for machine in listing.get("items") or []:
+        return list(listing.get("items") or [])
+
+    async def _machine_of_gone_node(self, node: str, what: str) -> dict[str, Any]:
+        for machine in await self._list_machines(what):
             node_ref = (machine.get("status") or {}).get("nodeRef") or {}
             if node_ref.get("name") == node:
                 return cast(dict[str, Any], machine)
@@ -445,6 +451,32 @@ class CapiPool:
             f"{what}: no Node {node} in the workload cluster and no Machine in "
             f"{self.namespace} refers to it"
         )
+
+    async def cancel_coming(self, count: int) -> int:
+        """Lower the replicas by up to ``count`` Machines that have no Node yet: each is
+        marked ``delete-machine`` first, so the MachineSet deletes those and never a node
+        that may run pods (its default delete policy is Random). Returns how many were
+        cancelled: fewer than ``count`` when fewer are still provisioning. A MachinePool
+        has no Machines to mark, so nothing is cancelled there."""
+        what = f"cancel {count} provisioning machines of {self.kind.lower()} {self.key}"
+        if count <= 0 or self.kind != "MachineDeployment":
+            return 0
+        machines = await self._list_machines(what, f"{LABEL_DEPLOYMENT}={self.name}")
+        coming = [
+            m for m in machines
+            if (_meta(m).get("labels") or {}).get(LABEL_DEPLOYMENT) == self.name
+            and not ((m.get("status") or {}).get("nodeRef") or {}).get("name")
+        ]  # fmt: skip
+        # Newest first: the least far along.
+        coming.sort(key=lambda m: str(_meta(m).get("creationTimestamp") or ""), reverse=True)
+        chosen = coming[:count]
+        for machine in chosen:
+            annotations = _meta(machine).get("annotations") or {}
+            if annotations.get(ANNOTATION_DELETE_MACHINE) != "yes":
+                await self._mark(str(_meta(machine).get("name")), what)
+        if chosen:
+            await self.scale_by(-len(chosen))
+        return len(chosen)
 
     async def _mark(self, machine: str, what: str) -> None:
         patch = {"metadata": {"annotations": {ANNOTATION_DELETE_MACHINE: "yes"}}}

@@ -1,0 +1,1 @@
+"""MQTT adapters (aiomqtt): the event publisher and the member-cluster agent."""

@@ -1,0 +1,233 @@
+"""The broker's Prometheus metrics (prometheus-client, in an injected registry, never the
+global one). Names carry the prefix ``fedbroker_``, base units (seconds, GPUs), ``_total``
+on counters, and never a job or user ID as a label.
+
+* ``SchedulerMetrics``: counters and histograms the service updates as things happen
+  (placements by policy and result, gang timeouts, requeues by reason, preemptions, the
+  wait from submission to running per queue, the placement decision's latency);
+* ``ServiceCollector``: gauges (and counters the service keeps itself) computed at scrape
+  time from the service: GPUs per cluster, GPU type and state, the largest gang placeable,
+  stranded GPUs, pending jobs and GPU demand and the oldest pending gang per queue, cluster
+  staleness and watches, burst pools, the event bus, leadership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from broker.events import EventBus
+    from broker.service import Service
+
+MetricSource = Callable[[], Iterable[Metric]]
+
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+DECISION_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+)  # fmt: skip
+
+
+class SchedulerMetrics:
+    """What the service counts as it happens, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.placements = Counter(
+            "fedbroker_placements", "Placement decisions by policy and result (placed, "
+            "unplaceable)", ["policy", "result"], registry=r,
+        )  # fmt: skip
+        self.gang_timeouts = Counter(
+            "fedbroker_gang_timeouts", "Gangs not fully running within their timeout",
+            registry=r,
+        )  # fmt: skip
+        self.requeues = Counter(
+            "fedbroker_requeues", "Jobs put back in their queue, by reason (timeout, "
+            "launch_failed, evicted, preempted, restart)", ["reason"], registry=r,
+        )  # fmt: skip
+        self.preemptions = Counter(
+            "fedbroker_preemptions", "Jobs preempted for a higher-priority gang", registry=r
+        )
+        self.job_wait = Histogram(
+            "fedbroker_job_wait_seconds", "Seconds from submission to all pods running",
+            ["queue"], buckets=WAIT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.decision = Histogram(
+            "fedbroker_placement_decision_seconds",
+            "Seconds one placement decision (policy.decide) took", buckets=DECISION_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+
+
+class Forward(Collector):
+    """Everything of another registry, collected as part of this one (the service keeps
+    its own registry; the API's, injected, serves both)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._source.collect()
+
+
+class ServiceCollector(Collector):
+    """Gauges computed at scrape time from the service: capacity per cluster and GPU type,
+    queues, clusters' watches, burst pools, the event bus, and the extra sources adapters
+    register (``Service.metric_sources``)."""
+
+    def __init__(self, service: Service, bus: EventBus) -> None:
+        self._service = service
+        self._bus = bus
+
+    def collect(self) -> Iterator[Metric]:
+        pending = GaugeMetricFamily(
+            "fedbroker_pending_jobs", "Jobs waiting in each queue", labels=["queue"]
+        )
+        for q in self._service.queues():
+            pending.add_metric([str(q["name"])], float(q["pending"]))
+        yield pending
+        clusters = self._service.clusters()
+        gpus = GaugeMetricFamily(
+            "fedbroker_gpus", "GPUs per cluster, GPU type and state",
+            labels=["cluster", "gpu_type", "state"],
+        )  # fmt: skip
+        for cluster in clusters:
+            for row in cluster["gpuTypes"]:
+                for state in ("free", "reserved", "allocated"):
+                    labels = [str(cluster["cluster"]), str(row["gpuType"]), state]
+                    gpus.add_metric(labels, float(row[state]))
+        yield gpus
+        stale = GaugeMetricFamily(
+            "fedbroker_cluster_stale",
+            "1 while a cluster takes no new placements because its capacity data is stale",
+            labels=["cluster"],
+        )
+        connected = GaugeMetricFamily(
+            "fedbroker_cluster_connected",
+            "1 while the broker hears from a cluster (its watch or agent is connected; "
+            "simulated clusters always)",
+            labels=["cluster"],
+        )
+        relists = CounterMetricFamily(
+            "fedbroker_cluster_relists",
+            "Full relists of a Kubernetes member cluster (start, 410 Gone, reconnects)",
+            labels=["cluster"],
+        )
+        for cluster in clusters:
+            name = str(cluster["cluster"])
+            stale.add_metric([name], float(bool(cluster["stale"])))
+            if "connected" in cluster:
+                connected.add_metric([name], float(bool(cluster["connected"])))
+            if "relists" in cluster:
+                relists.add_metric([name], float(cast(int, cluster["relists"])))
+        yield stale
+        yield connected
+        yield relists
+        yield from _capacity_metrics(self._service.capacity_metrics(clusters))
+        yield from _queue_metrics(self._service)
+        yield from _pool_metrics(self._service.pools.rows())
+        leader = GaugeMetricFamily(
+            "fedbroker_leader", "1 while this replica is the one placing jobs"
+        )
+        leader.add_metric([], 1.0 if self._service.leader else 0.0)
+        yield leader
+        for source in self._service.metric_sources:
+            yield from source()
+        dropped = CounterMetricFamily(
+            "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
+        )
+        dropped.add_metric([], float(self._bus.dropped))
+        yield dropped
+        subscribers = GaugeMetricFamily("fedbroker_event_subscribers", "Open /v1/events streams")
+        subscribers.add_metric([], float(self._bus.subscribers))
+        yield subscribers
+
+
+def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Burst pools: scale-ups/downs, nodes by state, node-seconds (billed, idle) and cost."""
+    counters = {
+        "scaleUps": ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", 1.0),
+        "scaleDowns": ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool", 1.0),
+        "provisionFailures": (
+            "fedbroker_burst_provision_failures",
+            "Scale-ups whose nodes did not all come up in time",
+            1.0,
+        ),
+        "nodeHours": (
+            "fedbroker_burst_node_seconds",
+            "Node-seconds billed for nodes the broker added (from the scale-up on)",
+            3600.0,
+        ),
+        "idleNodeHours": (
+            "fedbroker_burst_idle_node_seconds",
+            "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
+            3600.0,
+        ),
+        "cost": ("fedbroker_burst_cost", "Cost of the nodes the broker added", 1.0),
+    }
+    for key, (name, doc, scale) in counters.items():
+        family = CounterMetricFamily(name, doc, labels=["pool"])
+        for row in rows:
+            family.add_metric([str(row["pool"])], float(row[key]) * scale)
+        yield family
+    nodes = GaugeMetricFamily(
+        "fedbroker_burst_nodes", "Nodes the broker added to a pool: up, or coming up",
+        labels=["pool", "state"],
+    )  # fmt: skip
+    failing = GaugeMetricFamily(
+        "fedbroker_burst_pool_failing", "1 while a pool backs off after a failure",
+        labels=["pool"],
+    )  # fmt: skip
+    for row in rows:
+        nodes.add_metric([str(row["pool"]), "ready"], float(row["ready"]))
+        nodes.add_metric([str(row["pool"]), "coming"], float(row["coming"]))
+        failing.add_metric([str(row["pool"])], float(bool(row["failing"])))
+    yield nodes
+    yield failing
+
+
+def _capacity_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Total GPUs, the largest gang placeable now and stranded GPUs per cluster and type."""
+    total = GaugeMetricFamily(
+        "fedbroker_cluster_gpus", "GPUs per cluster and GPU type (schedulable nodes)",
+        labels=["cluster", "gpu_type"],
+    )  # fmt: skip
+    largest = GaugeMetricFamily(
+        "fedbroker_largest_gang_gpus",
+        "GPUs of the largest gang of 8-GPU pods that could be placed now",
+        labels=["cluster", "gpu_type"],
+    )
+    stranded = GaugeMetricFamily(
+        "fedbroker_stranded_gpus",
+        "Free GPUs on nodes where no pod of any pending job fits (0 while nothing waits)",
+        labels=["cluster", "gpu_type"],
+    )
+    for row in rows:
+        labels = [str(row["cluster"]), str(row["gpuType"])]
+        total.add_metric(labels, float(row["total"]))
+        largest.add_metric(labels, float(row["largestGangGpus"]))
+        stranded.add_metric(labels, float(row["stranded"]))
+    yield total
+    yield largest
+    yield stranded
+
+
+def _queue_metrics(service: Service) -> Iterator[Metric]:
+    demand = GaugeMetricFamily(
+        "fedbroker_pending_gpus", "GPUs the pending jobs of a queue ask for", labels=["queue"]
+    )
+    oldest = GaugeMetricFamily(
+        "fedbroker_oldest_pending_gang_seconds",
+        "Seconds the oldest pending gang (job of more than one pod) of a queue has waited",
+        labels=["queue"],
+    )
+    for row in service.queue_metrics():
+        demand.add_metric([str(row["queue"])], float(row["pendingGpus"]))
+        oldest.add_metric([str(row["queue"])], float(row["oldestGangSeconds"]))
+    yield demand
+    yield oldest
