@@ -28,14 +28,17 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(BIN)/mypy
 
-# promtool (alert rule tests) and Chromium (dashboard test) come from Debian's packages;
+# promtool (alert rule tests), Chromium (dashboard test) and kubectl (kustomize rendering of
+# deploy/) come from Debian's packages;
 # installed when missing and root, else their tests skip with a reason (or fail under
 # FEDBROKER_REQUIRE_SERVICES=1, as in CI).
 system-deps:
-	@if command -v promtool >/dev/null && command -v chromium >/dev/null; then :; \
+	@if command -v promtool >/dev/null && command -v chromium >/dev/null \
+	  && command -v kubectl >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium; \
-	else echo "make: promtool or chromium missing (apt-get install prometheus chromium)"; fi
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus chromium kubectl; \
+	else echo "make: promtool, chromium or kubectl missing (apt-get install prometheus \
+	  chromium kubectl)"; fi
 
 test: system-deps lint typecheck
 	$(BIN)/python -m pytest -q

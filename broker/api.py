@@ -26,7 +26,7 @@ from broker.events import Event, EventBus, PublishingStore
 from broker.manifest import FederatedJob, ManifestError, parse_manifest
 from broker.metrics import Forward, ServiceCollector
 from broker.openapi import openapi_document
-from broker.service import Forbidden, NotFound, Service
+from broker.service import Forbidden, NotFound, NotLeader, Service
 from broker.store import JOB_STATES, JobRecord, JobState, Transition
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(403, str(exc))
     except NotFound as exc:
         return _error(404, f"name: {exc}")
+    except NotLeader as exc:
+        # Writes go to the leader; reads are served here. The leader's identity is its
+        # address (hostname:port) so a client can go there.
+        headers = {"Retry-After": str(exc.retry_after)}
+        if exc.holder:
+            headers["X-Fedbroker-Leader"] = exc.holder
+        return _error(503, str(exc), **headers)
     except Exception:
         # A bug, not the caller's fault; the path only (no headers: they hold the token).
         log.exception("internal error on %s %s", request.method, _route(request))
@@ -310,14 +317,22 @@ async def pools(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE].burst(None if tenant.admin else tenant.name))
 
 
+def _role(service: Service) -> dict[str, Any]:
+    leadership = service.leadership
+    role = "leader" if service.leading else "follower"
+    return {"role": role, "identity": leadership.identity, "leader": leadership.holder}
+
+
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return web.json_response({"status": "ok", **_role(request.app[SERVICE])})
 
 
 async def readyz(request: web.Request) -> web.Response:
-    if not request.app[SERVICE].ready:
+    """Ready once state is rebuilt: the leader's, or a follower's (it serves reads)."""
+    service = request.app[SERVICE]
+    if not service.ready:
         return web.json_response({"status": "rebuilding state"}, status=503)
-    return web.json_response({"status": "ready"})
+    return web.json_response({"status": "ready", **_role(service)})
 
 
 # --- events (server-sent) ----------------------------------------------------------------

@@ -350,11 +350,11 @@ def measure_point(clusters: int, nodes_per_cluster: int, decisions: int, seed: i
         round(gang.per_cpu_s, 1),
         single.unplaceable,
         gang.unplaceable,
-        round(_max_rss_mib(), 1),
+        round(max_rss_mib(), 1),
     )
 
 
-def _max_rss_mib() -> float:
+def max_rss_mib() -> float:
     # ru_maxrss is the process's high-water mark, in KiB on Linux and bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

@@ -25,6 +25,7 @@ import aiohttp
 from aiohttp import web
 
 from broker.api import make_app
+from broker.bench import max_rss_mib
 from broker.config import Config, parse_config
 from broker.runtime import run_loop
 from broker.service import Service
@@ -163,12 +164,15 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
             break
         await asyncio.sleep(0.05)
     placed_latency: list[float] = []
+    placed_at: list[float] = []
     for record in await service.store.list_jobs(limit=jobs + 1):
         history = await service.store.history(record.tenant, record.name)
         queued = next((t.at for t in history if t.state == "Queued"), None)
         placed = next((t.at for t in history if t.state == "Placed"), None)
         if queued is not None and placed is not None:
             placed_latency.append(placed - queued)
+            placed_at.append(placed)
+    span = (max(placed_at) - min(placed_at)) if len(placed_at) > 1 else 0.0
     return {
         "jobs": jobs,
         "target_rate_per_s": rate,
@@ -180,6 +184,10 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
         "ack_p99_ms": round(1000 * percentile(acked, 99), 2),
         "submit_to_placed_p50_ms": round(1000 * percentile(placed_latency, 50), 2),
         "submit_to_placed_p99_ms": round(1000 * percentile(placed_latency, 99), 2),
+        # Placements over the span from the first to the last, as the service recorded them.
+        "placements_per_s": round(len(placed_at) / span, 1) if span > 0 else None,
+        # The broker's process (service + API; the load generator runs in another one).
+        "broker_max_rss_mib": round(max_rss_mib(), 1),
     }
 
 
@@ -200,5 +208,7 @@ def main_e2e(args: Any) -> int:
         "  submit -> placed p50/p99 "
         f"{doc['submit_to_placed_p50_ms']} / {doc['submit_to_placed_p99_ms']} ms"
     )
+    print(f"  placements/s              {doc['placements_per_s']}")
+    print(f"  broker peak RSS           {doc['broker_max_rss_mib']} MiB")
     print(f"  acknowledged {doc['acknowledged']}, failed {doc['failed']}, placed {doc['placed']}")
     return 0

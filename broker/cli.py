@@ -192,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_command(sub)
 
     bench = sub.add_parser("bench", help="measure placement decisions per second of the core")
-    bench.add_argument("--clusters", type=_positive("--clusters"), default=20)
+    bench.add_argument(
+        "--clusters", type=_positive("--clusters"), default=None,
+        help="member clusters (default 20; 100 with --cycle)",
+    )  # fmt: skip
     bench.add_argument("--nodes-per-cluster", type=_positive("--nodes-per-cluster"), default=500)
     bench.add_argument("--decisions", type=_positive("--decisions"), default=5000)
     bench.add_argument(
@@ -205,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--jobs", type=_positive("--jobs"), default=5000, help="e2e: jobs to submit")
     bench.add_argument("--rate", type=_positive("--rate"), default=500, help="e2e: submissions/s")
+    bench.add_argument(
+        "--cycle", action="store_true",
+        help="scheduling cycle time and memory with a backlog of --queued jobs",
+    )  # fmt: skip
+    bench.add_argument(
+        "--queued", type=_positive("--queued"), default=100_000, help="cycle: jobs queued"
+    )
     return parser
 
 
@@ -235,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from broker.agent import run_agent_command
 
             return run_agent_command(args)
+        if args.command == "bench" and args.clusters is None:
+            args.clusters = 100 if args.cycle else 20
+        if args.command == "bench" and args.cycle:
+            from broker.bench_cycle import main_cycle
+
+            return main_cycle(args)
         if args.command == "bench" and args.e2e:
             from broker.bench_e2e import main_e2e
 

@@ -136,6 +136,29 @@ class SchedulerConfig(Section):
         return self
 
 
+class LeaderElectionConfig(Section):
+    """Several replicas on one store: exactly one places (broker/leader.py). ``enabled``
+    defaults to on for a PostgreSQL store; a SQLite store always elects with an OS file
+    lock (one machine; the timings do not apply) and ``enabled: false`` on PostgreSQL means
+    the operator runs exactly one replica."""
+
+    enabled: bool | None = None
+    lease_seconds: float = Field(default=15.0, gt=0, le=3600)
+    renew_seconds: float = Field(default=2.0, gt=0, le=600)
+    # A leader that has not renewed for this long stops placing: before its lease expires,
+    # so before another replica can take it.
+    stop_after_seconds: float = Field(default=10.0, gt=0, le=3600)
+    identity: str | None = Field(default=None, min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if self.renew_seconds >= self.stop_after_seconds:
+            raise FieldError(["renewSeconds"], "must be < stopAfterSeconds")
+        if self.stop_after_seconds >= self.lease_seconds:
+            raise FieldError(["stopAfterSeconds"], "must be < leaseSeconds")
+        return self
+
+
 class ShapeSpec(Section):
     """``count`` nodes alike; for a cloud pool, the most nodes it can scale to."""
 
@@ -212,6 +235,11 @@ class KubeSource(KubeconfigRef):
     # How often the phases of our pods are read (one LIST for all gangs of the cluster):
     # a starting gang is confirmed, a running one noticed to end, within this.
     pod_poll_seconds: float = Field(default=2.0, gt=0, le=300)
+    # A watch that hears nothing (not even a bookmark) this long is restarted; a server
+    # that accepts but never answers counts as down after it. Lists time out after
+    # requestTimeoutSeconds.
+    watch_inactivity_seconds: float = Field(default=90.0, gt=0, le=3600)
+    request_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
 
     @field_validator("gpu_resources")
     @classmethod
@@ -418,6 +446,7 @@ class Config(Section):
     queues: list[QueueConfig] = Field(default_factory=list, max_length=1024)
     tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
     events: EventsConfig = EventsConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
     _tokens: list[tuple[SecretStr, TenantConfig]] = PrivateAttr(default_factory=list)
     _mqtt_password: SecretStr | None = PrivateAttr(default=None)

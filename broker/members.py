@@ -100,7 +100,11 @@ class KubeMembers:
                 tuple(source.gpu_resources), source.gpu_type_label, source.shared_gpu_resource
             )
             self.tracker.track(cc.name)
-            watcher = ClusterWatcher(cc.name, client, emit, gpu, on_status=self.tracker.on_status)
+            watcher = ClusterWatcher(
+                cc.name, client, emit, gpu, on_status=self.tracker.on_status,
+                inactivity_timeout=source.watch_inactivity_seconds,
+                request_timeout=source.request_timeout_seconds,
+            )  # fmt: skip
             launcher = KubeLauncher(
                 client,
                 source.namespace,
@@ -111,6 +115,7 @@ class KubeMembers:
                 gpu_resource=source.gpu_resources[0],
                 shared_gpu_resource=source.shared_gpu_resource,
                 poll_seconds=source.pod_poll_seconds,
+                request_timeout=source.request_timeout_seconds,
                 run_poll_seconds=source.pod_poll_seconds,
             )
             self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher)

@@ -83,13 +83,12 @@ from broker.burst import (
     RemoveNode,
     ScaleTo,
 )
-from broker.ledger import ClusterView, ConflictError, Ledger, Snapshot
+from broker.ledger import ConflictError, Ledger
 from broker.model import (
     MILLI_PER_GPU,
     BurstPool,
     Cluster,
     GpuType,
-    Job,
     Node,
     NodeUpdated,
     Placement,
@@ -99,6 +98,7 @@ from broker.model import (
 )
 from broker.traces import TracePod
 from policies import Policy, make_policy
+from policies.precheck import may_fit
 
 DEFAULT_GANG_LOAD_PCT = 90.0
 DEFAULT_CYCLE_SECONDS = 10.0
@@ -145,7 +145,7 @@ class ReplayConfig:
     cycle_seconds: float = DEFAULT_CYCLE_SECONDS
     scan_misses: int = DEFAULT_SCAN_MISSES
     samples: int = DEFAULT_SAMPLES
-    precheck: bool = True  # skip deciding jobs that visibly cannot fit (see _may_fit)
+    precheck: bool = True  # skip deciding jobs that visibly cannot fit (policies.precheck)
     burst: BurstConfig | None = None  # None: no burst pool
 
 
@@ -313,7 +313,7 @@ class _Run:
                 continue
             hidden = hiding(arrival.job) if hiding is not None else None
             snapshot = self.ledger.snapshot_hiding(hidden) if hidden else self.ledger.snapshot()
-            if self.config.precheck and not _may_fit(arrival.job, snapshot):
+            if self.config.precheck and not may_fit(arrival.job, snapshot):
                 decision: Placement | Unplaceable | None = None
             else:
                 decision = self.policy.decide(arrival.job, snapshot)
@@ -359,32 +359,6 @@ class _Run:
         views = [v for name, v in clusters.items() if name in self.onprem]
         total = sum(v.gpus_total() for v in views) * MILLI_PER_GPU
         return 0.0 if not total else 100.0 * (1.0 - sum(v.free_milli() for v in views) / total)
-
-
-def _may_fit(job: Job, snapshot: Snapshot) -> bool:
-    """Necessary conditions read off the ledger's index in O(clusters x GPU types x buckets).
-
-    It only skips decisions that would say "no" anyway, so results are the same with it off
-    (tested), and it saves the policy's costly "why not" on jobs waiting for room.
-    """
-    if job.elastic:
-        return True
-    return any(not v.stale and _may_fit_cluster(job, v) for v in snapshot.clusters.values())
-
-
-def _may_fit_cluster(job: Job, view: ClusterView) -> bool:
-    """Enough free GPUs of the allowed types in all, and, for each pod set of whole-GPU pods,
-    enough nodes with enough whole free GPUs (CPU, memory and taints are left to the policy)."""
-    groups = [g for g in view.groups() if g[0] is not None and job.allows_gpu_type(g[0])]
-    if sum(view.free_milli(g) for g in groups) < job.gpu_request_milli:
-        return False
-    for ps in job.pod_sets:
-        per_pod = ps.resources.gpus
-        if per_pod:
-            fits = sum(n * (k // per_pod) for g in groups for k, n in view.whole_histogram(g))
-            if fits < ps.count:
-                return False
-    return True
 
 
 def federation(nodes: Sequence[Node], clusters: int) -> tuple[SimulatedFederation, Ledger]:

@@ -1,13 +1,17 @@
 """The running broker process: one supervisor of named tasks, signals and clean shutdown.
 
 This module owns the life of ``fedbroker serve`` (and of ``fedbroker demo``, which is
-``serve`` with a built-in config): it builds the Service and its aiohttp app, rebuilds state
-(``service.start()``, readiness) BEFORE it listens, then runs named tasks — the scheduler
-loop, the HTTP site, and optionally the demo's workload generator and live table — under one
-supervisor. The first task that ends or fails is logged with its name and stops the rest;
-SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
-close the store, exit 0. It also owns the process's logging: JSON lines when stderr is not a
-terminal, and a filter that blanks anything that looks like a bearer token.
+``serve`` with a built-in config): it builds the Service and its aiohttp app, opens the
+store and connects the members (``service.start()``), listens, and only then campaigns for
+the leader lease (``service.campaign()``: the leader rebuilds its state there; readiness
+comes after it). Campaigning after listening means two processes given one address (one
+identity) never both lead: the second cannot listen. Then it runs named tasks — the
+scheduler loop, the leader election, the HTTP site, and optionally the demo's workload
+generator and live table — under one supervisor. The first task that ends or fails is
+logged with its name and stops the rest; SIGTERM/SIGINT stop everything cleanly: stop
+accepting, cancel the tasks (bounded wait), close the store, exit 0. It also owns the
+process's logging: JSON lines when stderr is not a terminal, and a filter that blanks
+anything that looks like a bearer token.
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ async def serve(
     runner = web.AppRunner(make_app(service, config), access_log=None)
     try:
         try:
-            await service.start()
+            await service.start(elect=False)
         except KubeconfigError as exc:  # scrubbed of the kubeconfig's secrets
             log.error("%s", exc)
             return EXIT_USAGE
@@ -121,10 +125,14 @@ async def serve(
             log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
             return EXIT_FAILED
         url = _base_url(runner, host, port)
+        service.advertise(int(url.rpartition(":")[2]))
+        await service.campaign()  # leader: state rebuilt before readiness
         log.info("listening on %s", url, extra={"url": url, "store": config.store.redacted_url})
         if on_listening is not None:
             on_listening(url)
-        tasks: dict[str, Awaitable[None]] = {"scheduler": service.run(), "http": _hold(site)}
+        tasks: dict[str, Awaitable[None]] = {
+            "scheduler": service.run(), "leader": service.lead(), "http": _hold(site),
+        }  # fmt: skip
         if workload is not None:
             tasks["workload"] = workload(service, url)
         if table is not None:

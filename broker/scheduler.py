@@ -42,6 +42,12 @@ from broker.model import (
 )
 from broker.queue import JobQueue, Pending, gpu_milli_by_type
 from policies import Policy, make_policy
+from policies.precheck import may_fit
+
+_NO_ROOM = Reason(
+    ReasonCode.INSUFFICIENT_GPUS,
+    "not enough free GPUs of an allowed type in any cluster (see explain for each cluster)",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +63,9 @@ class CycleResult:
     held: dict[str, str] = field(default_factory=dict)  # cluster -> the gang it is held for
     preempted: list[tuple[Launch, Outcome]] = field(default_factory=list)
     conflicts: int = 0
-    # (seconds the policy took, policy name, placed?) per decision, for metrics.
-    decisions: list[tuple[float, str, bool]] = field(default_factory=list)
+    # (seconds the policy took, None when the precheck answered; policy name; placed?) per
+    # decision, for metrics.
+    decisions: list[tuple[float | None, str, bool]] = field(default_factory=list)
 
 
 class _Without:
@@ -143,11 +150,18 @@ def run_cycle(
         snapshot = ledger.snapshot()
         policy = policies.for_job(pending)
         view = fresh(job)
-        started = time.perf_counter()
-        decision = policy.decide(job, view)
-        result.decisions.append(
-            (time.perf_counter() - started, policy.name, isinstance(decision, Placement))
-        )
+        starving = job.total_pods > 1 and now - pending.enqueued_at >= settings.starvation_seconds
+        if not starving and not may_fit(job, view):
+            # Visibly fits nowhere: no policy asked, no per-cluster reasons (explain has
+            # them). A starving gang is always decided: its hold needs the largest fits.
+            decision: Placement | Unplaceable = Unplaceable(job.key, (_NO_ROOM,))
+            result.decisions.append((None, policy.name, False))
+        else:
+            started = time.perf_counter()
+            decision = policy.decide(job, view)
+            result.decisions.append(
+                (time.perf_counter() - started, policy.name, isinstance(decision, Placement))
+            )
         if isinstance(decision, Unplaceable) and lifecycle is not None:
             victims = choose_victims(pending, ledger, queue, lifecycle, policies, result.held)
             if victims is not None:

@@ -15,6 +15,12 @@ HTTP skin over it). It owns the order of side effects that the invariants rest o
 
 State changes run under one lock, so a cancel never interleaves with a placement of the
 same job. The clock is injected; tests drive ``schedule_once(now)`` directly.
+
+Several replicas on one store elect a leader (broker/leader.py). Only the leader holds a
+queue and reservations, runs scheduling cycles, launches, burst pool actions and Kubernetes
+garbage collection; a replica that becomes leader first rebuilds its state from the store
+(the same path as a restart), and one that loses the lease stops placing at once and drops
+that state. Followers serve reads and refuse writes (``NotLeader``, a 503 naming the leader).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -35,6 +42,15 @@ from adapters.kube.launch import LaunchSpec
 from adapters.kube.watch import WatchError
 from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
+from broker.leader import (
+    AlwaysLeader,
+    Elector,
+    FileLock,
+    Leadership,
+    PostgresLease,
+    Timings,
+    default_identity,
+)
 from broker.ledger import ConflictError, Ledger
 from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
 from broker.manifest import FederatedJob, parse_manifest, pod_templates, to_job
@@ -98,6 +114,15 @@ class NotFound(Exception):
     """No such job for this tenant (404; also for other tenants' jobs)."""
 
 
+class NotLeader(Exception):
+    """This replica does not place jobs now (503): the message names the leader."""
+
+    def __init__(self, message: str, holder: str | None, retry_after: int) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.retry_after = retry_after
+
+
 def placement_json(placement: Placement) -> dict[str, Any]:
     return {
         "job": placement.job,
@@ -158,6 +183,8 @@ class Service:
         clock: Callable[[], float] = time.time,
         store: Store | None = None,
         run_seconds: Callable[[Placement], float | None] | None = None,
+        elector: Elector | None = None,
+        identity: str | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -180,7 +207,7 @@ class Service:
         self.pools = BurstPools(config, clock)
         self.metrics = SchedulerMetrics()
         self.metric_sources: list[MetricSource] = []  # adapters' own families (MQTT, ...)
-        self.leader = True  # one replica: always the one placing (leader election: issue 7)
+        self.leader = False  # placing now: elected and state rebuilt (fedbroker_leader)
         self._dispatch: ClusterLauncher | None = None
         if self.kube:
             self._dispatch = ClusterLauncher(default)
@@ -201,6 +228,16 @@ class Service:
         )
         self.policies: PolicyBook = _TenantPolicyBook(self.queue)
         self.store = store or open_store(config.store.url)
+        election = config.leader_election
+        self.leadership = Leadership(
+            elector or self._elector(identity),
+            Timings(election.lease_seconds, election.renew_seconds, election.stop_after_seconds),
+            self._elected,
+            self._deposed,
+        )
+        self._cycle: asyncio.Task[None] | None = None
+        self._found: dict[str, dict[str, list[PodBound]]] | None = None
+        self._pools_task: asyncio.Task[None] | None = None
         self.ready = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -217,13 +254,120 @@ class Service:
 
     # -- start and stop -------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the store and rebuild the queue from it; ready only afterwards. Kubernetes
-        members are listed first (their capacity is known before readiness), and the jobs the
-        store says are Placed or Running there get their reservations back from our
-        labelled pods instead of being requeued."""
+    def _elector(self, identity: str | None) -> Elector:
+        """From the config: a lease row on PostgreSQL, a file lock next to a SQLite file,
+        always-leader for an in-memory database or when election is disabled."""
+        election = self.config.leader_election
+        identity = identity or election.identity or default_identity()
+        path = self.config.store.sqlite_path
+        if path is not None:
+            if str(path) == ":memory:":
+                return AlwaysLeader(identity)
+            return FileLock(f"{path}.leader", identity)
+        if election.enabled is False:
+            return AlwaysLeader(identity)
+        from broker.store.postgres import PostgresStore
+
+        if not isinstance(self.store, PostgresStore):  # an injected store of another kind
+            return AlwaysLeader(identity)
+        return PostgresLease(self.store, identity, election.lease_seconds)
+
+    async def start(self, *, elect: bool = True) -> None:
+        """Open the store and connect the members; ready only afterwards. With ``elect``
+        (the default) the first attempt at the lease is made here, and a replica that wins
+        rebuilds its state before readiness; ``fedbroker serve`` passes False and campaigns
+        (``lead``) once it listens, so that two processes given one address never both
+        lead: the second cannot listen. Kubernetes members are listed first (their capacity
+        is known before readiness)."""
         await self.store.open()
         found = await self._start_kube()
+        if self.kube:
+            self._spawn(self._kube_upkeep())
+        if self.pools:
+            await self.pools.start(self.ledger, self._workload_client)
+        if self.mqtt is not None:
+            self.mqtt.start()
+        self._found = found
+        if elect:
+            await self.campaign()
+
+    async def campaign(self) -> None:
+        """The first attempt at the lease (the leader rebuilds its state here); ready
+        afterwards, as the leader or as a follower."""
+        await self.leadership.step()
+        self._found = None  # stale by the time a later election could use it
+        self.ready = True
+
+    def advertise(self, port: int) -> None:
+        """The port this replica listens on, known once bound: it goes into the identity
+        (``hostname:port``) unless the config names one. Before the first campaign only."""
+        if not self.config.leader_election.identity and not self.leadership.leading:
+            self.leadership.elector.identity = default_identity(port)
+
+    async def lead(self) -> None:
+        """Campaign for the lease and keep it (a supervised task of ``serve``)."""
+        await self.leadership.run()
+
+    @property
+    def leading(self) -> bool:
+        """Placing now: elected, state rebuilt, and the lease renewed recently enough."""
+        return self.leader and self.leadership.valid()
+
+    def not_leader(self) -> NotLeader:
+        """The error a write gets on a replica that is not placing now."""
+        timings = self.leadership.timings
+        retry = max(1, math.ceil(timings.renew_seconds))
+        holder = self.leadership.holder
+        me = self.leadership.identity
+        if self.leadership.leading and not self.leader:
+            message = f"leader: this replica ({me}) is taking over; retry after {retry} s"
+        elif holder and holder != me:
+            message = f"leader: this replica ({me}) is a follower; the leader is {holder}"
+        else:
+            message = f"leader: no leader elected right now; retry after {retry} s"
+        return NotLeader(message, holder, retry)
+
+    async def _elected(self) -> None:
+        """Won the lease: rebuild the queue and reservations from the store, then place.
+        (The first time, the pods read back at start are used.)"""
+        found, self._found = self._found, None
+        async with self._lock:
+            await self._rebuild(found)
+            self.leader = True
+        if self.pools:
+            self._pools_task = self._spawn(self.pools.run(self._lock))
+        self._wake.set()
+
+    async def _deposed(self, why: str) -> None:
+        """Lost the lease: stop placing at once and drop what the next leader rebuilds."""
+        self.leader = False
+        for task in (self._cycle, self._pools_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._pools_task = None
+        async with self._lock:
+            self._drop(why)
+
+    def _drop(self, why: str) -> None:
+        for task in [*self._launching.values(), *self._runs.values(), *self._launch_tasks]:
+            task.cancel()
+        self._launching.clear()
+        self._runs.clear()
+        for launch in self.lifecycle.launches():
+            self.lifecycle.finished(launch.placement.job, False, why)  # frees what it held
+        for job in list(self.ledger.reservations()):  # a cycle stopped half-way
+            self.ledger.forget(job)
+            self.queue.release(job)
+        for pending in self.queue.pending():
+            self.queue.remove(pending.job.key)
+
+    async def _rebuild(self, found: dict[str, dict[str, list[PodBound]]] | None) -> None:
+        """Every active job of the store back into the queue (under the lock). The jobs the
+        store says are Placed or Running on a Kubernetes member get their reservations back
+        from our labelled pods instead of being requeued."""
+        self._drop("rebuilding")
+        if found is None:
+            found = await self._read_back()
         now = self._clock()
         for record in await self.store.active_jobs():
             if record.state in ("Placed", "Running") and record.cluster in found:
@@ -238,14 +382,7 @@ class Service:
                 self.metrics.requeues.labels("restart").inc()
             self.queue.push(self._pending(record))
         if self.kube:
-            await self._collect_garbage()  # leftovers of jobs that were requeued
-            self._spawn(self._kube_upkeep())
-        if self.pools:
-            await self.pools.start(self.ledger, self._workload_client)
-            self._spawn(self.pools.run(self._lock))
-        if self.mqtt is not None:
-            self.mqtt.start()
-        self.ready = True
+            await self._collect_garbage_locked()  # leftovers of jobs that were requeued
 
     # -- Kubernetes members ---------------------------------------------------------------
 
@@ -265,6 +402,16 @@ class Service:
                 log.warning("cluster %s unreachable at start: %s", name, type(exc).__name__)
             self._spawn(member.watcher.run())
         self._check_stale()
+        return found
+
+    async def _read_back(self) -> dict[str, dict[str, list[PodBound]]]:
+        """Our pods on every reachable Kubernetes member (cluster -> job key -> pods)."""
+        found: dict[str, dict[str, list[PodBound]]] = {}
+        for name, member in self.kube.members.items():
+            try:
+                found[name] = await member.launcher.read_back()
+            except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("cluster %s: cannot read our pods back: %s", name, type(exc).__name__)
         return found
 
     def _restore(self, record: JobRecord, pods: list[PodBound], now: float) -> bool:
@@ -358,16 +505,21 @@ class Service:
 
     async def _collect_garbage(self) -> None:
         """Delete our objects that belong to no placed or running job (under the lock, so a
-        launch cannot create pods of a job the live set missed)."""
+        launch cannot create pods of a job the live set missed). The leader's job only: a
+        follower knows no live set."""
         async with self._lock:
-            live = {launch.placement.job for launch in self.lifecycle.launches()}
-            for name, member in self.kube.members.items():
-                if self.kube.stale(name):
-                    continue
-                try:
-                    await member.launcher.collect_garbage(live)
-                except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    log.warning("cluster %s: garbage collection failed: %s", name, exc)
+            if self.leader:
+                await self._collect_garbage_locked()
+
+    async def _collect_garbage_locked(self) -> None:
+        live = {launch.placement.job for launch in self.lifecycle.launches()}
+        for name, member in self.kube.members.items():
+            if self.kube.stale(name):
+                continue
+            try:
+                await member.launcher.collect_garbage(live)
+            except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("cluster %s: garbage collection failed: %s", name, exc)
 
     async def _kube_upkeep(self) -> None:
         """Staleness every cycle, garbage collection every garbageCollectSeconds."""
@@ -377,7 +529,7 @@ class Service:
         while True:
             await asyncio.sleep(cycle)
             self._check_stale()
-            if time.monotonic() >= next_gc:
+            if time.monotonic() >= next_gc and self.leading:
                 next_gc = time.monotonic() + every
                 try:
                     await self._collect_garbage()
@@ -385,8 +537,9 @@ class Service:
                     log.exception("garbage collection failed; retrying later")
 
     def spawn_loop(self) -> None:
-        """Run the scheduler loop as a supervised task (cancelled by close)."""
+        """Run the scheduler loop and the leader election as tasks (cancelled by close)."""
         self._spawn(self.run())
+        self._spawn(self.lead())
 
     async def run(self) -> None:
         """Schedule every cycleSeconds, and soon after a submission: a wake-up waits
@@ -397,13 +550,30 @@ class Service:
                 await asyncio.wait_for(self._wake.wait(), self.config.scheduler.cycle_seconds)
                 await asyncio.sleep(BATCH_SECONDS)
             self._wake.clear()
+            if not self.leading:
+                continue  # a follower (or a leader whose lease is in doubt) places nothing
+            self._cycle = asyncio.ensure_future(self.schedule_once())
             try:
-                await self.schedule_once()
+                await self._cycle
+            except asyncio.CancelledError:
+                if self._cycle.cancelled() and not _cancelling():
+                    continue  # the cycle was stopped on losing the lease; the loop goes on
+                raise
             except Exception:
                 log.exception("scheduling cycle failed; retrying next cycle")
+            finally:
+                self._cycle = None
 
     async def close(self) -> None:
         self.ready = False
+        self.leader = False
+        if self.leadership.leading:
+            self.leadership.leading = False
+            try:
+                async with asyncio.timeout(self.leadership.timings.renew_seconds):
+                    await self.leadership.elector.release()
+            except Exception as exc:  # it expires on its own
+                log.warning("could not release the leader lease: %s", type(exc).__name__)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -464,6 +634,8 @@ class Service:
 
     async def submit(self, tenant: str, manifest: FederatedJob) -> tuple[JobRecord, bool]:
         job = self.job_for(tenant, manifest)
+        if not self.leading:
+            raise self.not_leader()
         # The commit runs outside the service lock, so submissions do not wait for a
         # scheduling cycle's store writes; the queue is only touched under the lock. A cancel
         # that lands between the two is harmless: placing a cancelled job fails its
@@ -471,7 +643,8 @@ class Service:
         record, created = await self.store.create_job(
             job.tenant, job.name, job.queue, job.priority, manifest.wire(), self._clock()
         )
-        if created:
+        if created and self.leader:
+            # Not leading any more: the job is stored, the next leader queues it.
             # No lock: push is synchronous, so no cycle can be half-way through the queue
             # (its own walk is over a copy), and taking the lock would make every submission
             # wait for the fsync of whatever cycle holds it.
@@ -486,7 +659,11 @@ class Service:
         return record
 
     async def cancel(self, tenant: str, name: str) -> JobRecord:
+        if not self.leading:
+            raise self.not_leader()
         async with self._lock:
+            if not self.leader:
+                raise self.not_leader()
             record = await self.get(tenant, name)
             if record.state in FINAL_STATES:
                 return record
@@ -505,11 +682,13 @@ class Service:
             if run is not None:
                 run.cancel()
             launch = self.lifecycle.get(key)
-            if launch is not None:
-                await self.launcher.delete(launch.placement)
             self.lifecycle.cancel(key)
             self.pools.ended(key)
-            return record
+        # The cluster's API is called outside the lock: an unreachable cluster delays this
+        # answer (bounded by the launcher's timeouts and retries), never the scheduler.
+        if launch is not None:
+            await self._delete(launch.placement)
+        return record
 
     # -- scheduling -------------------------------------------------------------------------
 
@@ -518,6 +697,8 @@ class Service:
         is read inside the lock (tests pass it): a job submitted while the cycle waited for
         the lock must not look placed before it was queued."""
         async with self._lock:
+            if not self.leading:
+                return  # lost the lease while waiting for the lock
             if now is None:
                 now = self._clock()
             self._check_stale()
@@ -535,7 +716,8 @@ class Service:
                 lifecycle=self.lifecycle, hiding=hiding,
             )  # fmt: skip
             for seconds, policy, placed in result.decisions:
-                self.metrics.decision.observe(seconds)
+                if seconds is not None:
+                    self.metrics.decision.observe(seconds)
                 self.metrics.placements.labels(policy, "placed" if placed else "unplaceable").inc()
             for victim, evicted in result.preempted:
                 # Already released and requeued by the lifecycle: stop watching it, delete
@@ -546,7 +728,7 @@ class Service:
                     task = tasks.pop(victim.placement.job, None)
                     if task is not None:
                         task.cancel()
-                await self.launcher.delete(victim.placement)
+                await self._delete(victim.placement)
                 was: JobState = "Running" if victim.running else "Placed"
                 await self._record(evicted, now, expect=was)
             # The cycle's placements are recorded together, so the store can make them
@@ -630,13 +812,25 @@ class Service:
             if self._runs.get(key) is asyncio.current_task():
                 del self._runs[key]
 
+    async def _delete(self, placement: Placement) -> None:
+        """Delete a gang's objects; a cluster that cannot be reached now does not stop the
+        job's cancel or requeue: what is left has our origin label and no live job, so the
+        garbage collector removes it once the cluster answers again."""
+        try:
+            await self.launcher.delete(placement)
+        except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning(
+                "could not delete %s in %s now (%s); garbage collection will",
+                placement.job, placement.cluster, exc,
+            )  # fmt: skip
+
     async def _roll_back(self, placement: Placement, now: float, reason: str, kind: str) -> None:
         """Delete every pod, release the reservation, requeue with backoff (or fail).
         ``kind``: the requeue reason counted in metrics (timeout, launch_failed, evicted)."""
         task = self._launching.pop(placement.job, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-        await self.launcher.delete(placement)
+        await self._delete(placement)
         outcome = self.lifecycle.roll_back(placement.job, now, reason)
         if outcome is not None:
             if outcome.state == "Queued":
@@ -817,11 +1011,18 @@ class Service:
         ]  # fmt: skip
 
 
+def _cancelling() -> bool:
+    """Whether the current task itself is being cancelled (not just something it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 __all__ = [
     "FINAL_STATES",
     "Forbidden",
     "Launcher",
     "NotFound",
+    "NotLeader",
     "RunWatcher",
     "Service",
     "placement_json",

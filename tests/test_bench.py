@@ -145,3 +145,19 @@ def test_the_measured_jobs_have_the_issue_shapes() -> None:
     assert {(1, False), (2, False), (4, False), (0, True)} <= sizes
     for job in gang_jobs(rng):
         assert [(ps.count, ps.resources.gpus) for ps in job.pod_sets] == [(8, 8)]
+
+
+def test_cycle_bench_places_until_full_and_accounts_for_every_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "--cycle", "--clusters", "2", "--nodes-per-cluster", "20"]
+    assert main([*argv, "--queued", "3000", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cycles = doc["cycles"]
+    placed = sum(c["placed"] for c in cycles)
+    assert placed > 0 and cycles[0]["placed"] > 0
+    assert placed + doc["still_queued"] == doc["queued"] == 3000
+    assert cycles[-1]["placed"] == 0  # it ran until the federation took nothing more
+    assert all(c["placed"] + c["waiting"] <= 1000 for c in cycles)  # maxJobsPerCycle
+    assert doc["max_cycle_s"] >= doc["steady_cycle_s"] > 0
+    assert doc["max_rss_mib"] > 0

@@ -92,7 +92,7 @@ class Sink:
         self.changed.set()
 
     async def until(self, predicate: Callable[[], bool]) -> None:
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(20):  # a deadline for failing, generous for a busy CI
             while not predicate():
                 self.changed.clear()
                 await self.changed.wait()

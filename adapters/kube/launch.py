@@ -155,6 +155,7 @@ class KubeLauncher:
         scheduler_name: str | None = None,
         default_image: str = "busybox:stable",
         attempts: int = 5,
+        request_timeout: float = 30.0,
         retry_wait: wait_base | None = None,
         poll_seconds: float = 1.0,
         run_poll_seconds: float = 5.0,
@@ -181,6 +182,7 @@ class KubeLauncher:
         self.scheduler_name = scheduler_name or ("volcano" if volcano else None)
         self.default_image = default_image
         self.attempts = attempts
+        self.request_timeout = request_timeout
         self._wait: wait_base = retry_wait or wait_exponential_jitter(
             multiplier=0.2, max=10, jitter=1
         )
@@ -588,8 +590,17 @@ class KubeLauncher:
         """``op`` with 429/5xx/connection errors retried (bounded, exponential with jitter).
         Other API errors propagate as ``ApiException``; exhausting the retries raises
         ``KubeLaunchError`` with the last status."""
+        timeout = self.request_timeout
+
+        async def bounded() -> _T:
+            # A server that accepts and never answers (a black hole) must not hold a
+            # launch, a delete or a cancel for the client's default five minutes.
+            # (asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel.)
+            async with asyncio.timeout(timeout):
+                return await op()
+
         return await retry.call(
-            what, op, attempts=self.attempts, wait=self._wait, error=KubeLaunchError, log=log
+            what, bounded, attempts=self.attempts, wait=self._wait, error=KubeLaunchError, log=log
         )
 
     async def _read_pod(self, name: str) -> dict[str, Any] | None:

@@ -201,7 +201,10 @@ class ClusterWatcher:
         """Watch ``kind`` from the last resourceVersion; re-watch when the server ends the
         stream or it goes quiet for the inactivity timeout; raise on failure."""
         while True:
-            resp = await self._call(kind, watch=True)
+            # A server that accepts but never answers (a black hole) fails the watch after
+            # the inactivity timeout: a healthy one sends the headers at once.
+            async with asyncio.timeout(self._inactivity):
+                resp = await self._call(kind, watch=True)
             try:
                 if resp.status == HTTP_GONE:
                     raise Gone(f"cluster {self.cluster}: {kind} watch: 410 Gone")
@@ -293,7 +296,8 @@ async def _lines(resp: aiohttp.ClientResponse, inactivity: float) -> AsyncIterat
     timer is re-armed by every chunk, bookmarks included)."""
     buffer = b""
     while True:
-        chunk = await asyncio.wait_for(resp.content.readany(), inactivity)
+        async with asyncio.timeout(inactivity):  # not wait_for: it can swallow a cancel
+            chunk = await resp.content.readany()
         if not chunk:
             if buffer.strip():
                 yield buffer

@@ -152,6 +152,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        3,
+        "leader election leases",
+        (),
+        # broker/leader.py: one row per lease, timed by the database's clock. PostgreSQL
+        # only: replicas on SQLite (one machine) elect with an OS file lock instead.
+        per_dialect=(
+            (
+                "postgres",
+                "CREATE TABLE leases ("
+                " name TEXT PRIMARY KEY,"
+                " holder TEXT NOT NULL,"
+                " expires_at TIMESTAMPTZ NOT NULL)",
+            ),
+        ),
+    ),
 )
 
 

@@ -296,6 +296,36 @@ class PostgresStore:
             )
         return [_job(row) for row in rows]
 
+    # -- leader election (broker/leader.py) ------------------------------------------------
+
+    async def acquire_lease(self, name: str, holder: str, seconds: float) -> str | None:
+        """Take the lease ``name`` for ``holder`` when it is free, expired or already
+        ``holder``'s, for ``seconds`` of the database's clock; one statement. Returns the
+        live holder afterwards (``holder`` when taken; None when nobody holds it)."""
+        pool = self._require()
+        with self._errors("acquire_lease"):
+            taken = await pool.fetchval(_ACQUIRE_LEASE, name, holder, float(seconds))
+            if taken is not None:
+                return str(taken)
+            live = await pool.fetchval(_LEASE_HOLDER, name)
+            return None if live is None else str(live)
+
+    async def renew_lease(self, name: str, holder: str, seconds: float) -> str | None:
+        """Extend ``holder``'s lease only while it is unexpired and still ``holder``'s;
+        returns the live holder afterwards, as acquire_lease."""
+        pool = self._require()
+        with self._errors("renew_lease"):
+            renewed = await pool.fetchval(_RENEW_LEASE, name, holder, float(seconds))
+            if renewed is not None:
+                return str(renewed)
+            live = await pool.fetchval(_LEASE_HOLDER, name)
+            return None if live is None else str(live)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        pool = self._require()
+        with self._errors("release_lease"):
+            await pool.execute("DELETE FROM leases WHERE name = $1 AND holder = $2", name, holder)
+
     # -- errors ----------------------------------------------------------------------------
 
     def _require(self) -> asyncpg.Pool:
@@ -362,3 +392,18 @@ _INSERT_HISTORY = (
     "INSERT INTO job_history (tenant, name, at, state, reason, cluster) "
     "VALUES ($1, $2, $3, $4, $5, $6)"
 )
+# One statement, timed by the database's clock: insert, or take over a row that expired or
+# is already ours (a restarted replica with the same identity); no row returned otherwise.
+_ACQUIRE_LEASE = (
+    "INSERT INTO leases (name, holder, expires_at) "
+    "VALUES ($1, $2, now() + make_interval(secs => $3)) "
+    "ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, "
+    "expires_at = EXCLUDED.expires_at "
+    "WHERE leases.expires_at < now() OR leases.holder = EXCLUDED.holder "
+    "RETURNING holder"
+)
+_RENEW_LEASE = (
+    "UPDATE leases SET expires_at = now() + make_interval(secs => $3) "
+    "WHERE name = $1 AND holder = $2 AND expires_at >= now() RETURNING holder"
+)
+_LEASE_HOLDER = "SELECT holder FROM leases WHERE name = $1 AND expires_at >= now()"

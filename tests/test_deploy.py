@@ -1,0 +1,482 @@
+"""The Kubernetes manifests an operator applies (deploy/kustomize), checked offline.
+
+Every kustomization (the base, overlays sqlite and postgres, the member-cluster RBAC) is
+rendered with ``kubectl kustomize`` (Debian package kubectl, kustomize built in). Built-in
+kinds are validated against the Kubernetes OpenAPI schemas that kubernetes-validate ships
+(strict: unknown fields are errors); the Prometheus Operator kinds are checked by hand. Then
+what the broker needs: the pod's security context, probes, replicas, that no secret value is
+shipped, that the shipped config parses (broker.config.parse_config) with tokens from the
+env the Deployment provides, and that the RBAC grants what the adapters call.
+
+Without kubectl the rendering tests skip with the reason, or fail under
+FEDBROKER_REQUIRE_SERVICES=1. The PrometheusRule freshness check needs no tool.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, cast
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from broker.config import Config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+KUSTOMIZE = ROOT / "deploy" / "kustomize"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+GENERATOR = ROOT / "deploy" / "prometheusrule.py"
+PROMETHEUS_RULE = KUSTOMIZE / "base" / "prometheusrule.yaml"
+
+KUBERNETES_VERSION = "1.30"  # the oldest minor still supported upstream when this was written
+NAMESPACE = "fedbroker"
+BROKER_TARGETS = ("base", "overlays/sqlite", "overlays/postgres")
+MEMBER_TARGET = "member-cluster"
+TARGETS = (*BROKER_TARGETS, MEMBER_TARGET)
+REPLICAS = {"base": 2, "overlays/postgres": 2, "overlays/sqlite": 1}
+
+MONITORING = "monitoring.coreos.com/v1"
+# The Prometheus Operator fields we use (a subset of its CRDs' schemas).
+SERVICE_MONITOR_SPEC = frozenset({"jobLabel", "selector", "namespaceSelector", "endpoints"})
+SERVICE_MONITOR_ENDPOINT = frozenset({"port", "path", "scheme", "interval", "scrapeTimeout"})
+RULE_KEYS = frozenset({"alert", "expr", "for", "labels", "annotations"})
+
+Doc = dict[str, Any]
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    """kubectl's path; skips (or fails under FEDBROKER_REQUIRE_SERVICES=1) without it."""
+    path = shutil.which("kubectl")
+    if path is None:
+        reason = "kubectl not found on PATH (install the Debian package kubectl)"
+        if os.environ.get("FEDBROKER_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{reason} (FEDBROKER_REQUIRE_SERVICES=1)")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rendered(kubectl: str) -> dict[str, list[Doc]]:
+    """target -> the objects ``kubectl kustomize deploy/kustomize/<target>`` renders."""
+    out: dict[str, list[Doc]] = {}
+    for target in TARGETS:
+        result = subprocess.run(
+            [kubectl, "kustomize", str(KUSTOMIZE / target)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, f"kubectl kustomize {target}: {result.stderr}"
+        docs = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+        assert docs, f"{target} renders nothing"
+        assert all(isinstance(d, dict) for d in docs), target
+        out[target] = cast(list[Doc], docs)
+    return out
+
+
+def _of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _one(docs: list[Doc], kind: str) -> Doc:
+    found = _of_kind(docs, kind)
+    assert len(found) == 1, f"{len(found)} {kind} objects, expected one"
+    return found[0]
+
+
+def _pod_spec(docs: list[Doc]) -> Doc:
+    return cast(Doc, _one(docs, "Deployment")["spec"]["template"]["spec"])
+
+
+def _container(docs: list[Doc]) -> Doc:
+    containers = _pod_spec(docs)["containers"]
+    assert [c["name"] for c in containers] == ["fedbroker"]
+    return cast(Doc, containers[0])
+
+
+def _mounts(docs: list[Doc]) -> dict[str, Doc]:
+    """mountPath -> the volume mounted there."""
+    volumes = {v["name"]: v for v in _pod_spec(docs)["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in _container(docs)["volumeMounts"]}
+
+
+def _secret_env(docs: list[Doc]) -> dict[str, tuple[str, str]]:
+    """env name -> (Secret, key) for every variable the container takes from a Secret."""
+    refs: dict[str, tuple[str, str]] = {}
+    for var in _container(docs).get("env", []):
+        ref = var.get("valueFrom", {}).get("secretKeyRef")
+        if ref is not None:
+            refs[var["name"]] = (ref["name"], ref["key"])
+    return refs
+
+
+def _shipped_config(docs: list[Doc]) -> tuple[str, str]:
+    """(the --config path, the text of that file in the ConfigMap mounted for it)."""
+    args = _container(docs)["args"]
+    assert args[:2] == ["serve", "--config"], args
+    path = PurePosixPath(args[2])
+    volume = _mounts(docs).get(str(path.parent))
+    assert volume is not None and "configMap" in volume, f"{path.parent} is no ConfigMap mount"
+    name = volume["configMap"]["name"]
+    maps = [m for m in _of_kind(docs, "ConfigMap") if m["metadata"]["name"] == name]
+    assert len(maps) == 1, f"ConfigMap {name} not rendered"
+    return str(path), maps[0]["data"][path.name]
+
+
+def _parsed_config(docs: list[Doc]) -> Config:
+    """The shipped config, parsed with the env the Deployment takes from Secrets (each
+    variable a distinct stand-in value): a token env the Deployment lacks fails here."""
+    path, text = _shipped_config(docs)
+    environ = {name: f"stand-in-{name.lower()}" for name in _secret_env(docs)}
+    return parse_config(text, path, environ)
+
+
+# --- the PrometheusRule: generated from alerts.yaml -----------------------------------------
+
+
+def _generator() -> Any:
+    spec = importlib.util.spec_from_file_location("deploy_prometheusrule", GENERATOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_committed_prometheusrule_is_what_the_generator_writes() -> None:
+    wanted = _generator().render(ALERTS.read_text(encoding="utf-8"))
+    assert PROMETHEUS_RULE.read_text(encoding="utf-8") == wanted, (
+        f"{PROMETHEUS_RULE.relative_to(ROOT)} is stale: run python deploy/prometheusrule.py"
+    )
+
+
+def test_generator_check_mode_tells_stale_from_fresh(tmp_path: Path) -> None:
+    module = _generator()
+    assert module.main(["--check"]) == 0
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text("# edited by hand\n", encoding="utf-8")
+    module.OUTPUT = stale
+    assert module.main(["--check"]) == 1
+    assert stale.read_text(encoding="utf-8") == "# edited by hand\n"  # --check writes nothing
+    assert module.main([]) == 0
+    assert stale.read_text(encoding="utf-8") == PROMETHEUS_RULE.read_text(encoding="utf-8")
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_builtin_kinds_validate_strictly(rendered: dict[str, list[Doc]], target: str) -> None:
+    builtin = [d for d in rendered[target] if d["apiVersion"] != MONITORING]
+    assert builtin
+    for doc in builtin:
+        what = f"{target}: {doc['kind']} {doc['metadata'].get('name')}"
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{what}: {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError as exc:
+            pytest.fail(f"{what}: not a built-in kind, no hand check either: {exc.message}")
+
+
+def test_the_validator_rejects_unknown_fields(rendered: dict[str, list[Doc]]) -> None:
+    """The strict schemas do catch a typo (so the test above can fail)."""
+    deployment = _one(rendered["base"], "Deployment")
+    typo = {**deployment, "spec": {**deployment["spec"], "replica": 2}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_only_known_custom_kinds(rendered: dict[str, list[Doc]], target: str) -> None:
+    custom = sorted(d["kind"] for d in rendered[target] if d["apiVersion"] == MONITORING)
+    expected = [] if target == MEMBER_TARGET else ["PrometheusRule", "ServiceMonitor"]
+    assert custom == expected
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_service_monitor_scrapes_metrics_as_job_fedbroker(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    docs = rendered[target]
+    monitor = _one(docs, "ServiceMonitor")
+    service = _one(docs, "Service")
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    spec = monitor["spec"]
+    assert set(spec) <= SERVICE_MONITOR_SPEC, set(spec) - SERVICE_MONITOR_SPEC
+    # The alerts expect up{job="fedbroker"}: the job is the Service's jobLabel label.
+    assert service["metadata"]["labels"][spec["jobLabel"]] == "fedbroker"
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert spec["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert spec["endpoints"]
+    for endpoint in spec["endpoints"]:
+        assert set(endpoint) <= SERVICE_MONITOR_ENDPOINT, set(endpoint) - SERVICE_MONITOR_ENDPOINT
+        assert endpoint["path"] == "/metrics"
+        assert endpoint["port"] in port_names
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_prometheus_rule_carries_the_groups_of_alerts_yaml(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    rule = _one(rendered[target], "PrometheusRule")
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    assert set(rule["spec"]) == {"groups"}
+    alerts = yaml.safe_load(ALERTS.read_text(encoding="utf-8"))
+    assert rule["spec"]["groups"] == alerts["groups"]
+    for group in rule["spec"]["groups"]:
+        assert set(group) == {"name", "rules"}
+        for alert in group["rules"]:
+            assert set(alert) <= RULE_KEYS, (alert.get("alert"), set(alert) - RULE_KEYS)
+
+
+# --- the broker's pod ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_replicas(rendered: dict[str, list[Doc]], target: str) -> None:
+    deployment = _one(rendered[target], "Deployment")
+    assert deployment["spec"]["replicas"] == REPLICAS[target]
+    if target == "overlays/sqlite":  # never two pods on one SQLite file, not even in a rollout
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_pod_is_locked_down(rendered: dict[str, list[Doc]], target: str) -> None:
+    pod = _pod_spec(rendered[target])["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert pod["runAsUser"] > 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = _container(rendered[target])["securityContext"]
+    assert container["runAsNonRoot"] is True
+    assert container["runAsUser"] > 0
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False
+    assert container.get("privileged", False) is False
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_resources_and_probes(rendered: dict[str, list[Doc]], target: str) -> None:
+    container = _container(rendered[target])
+    for bound in ("requests", "limits"):
+        assert set(container["resources"][bound]) == {"cpu", "memory"}, bound
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": 8080}
+    for probe, path in (
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+        ("startupProbe", "/healthz"),
+    ):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert ports.get(get["port"], get["port"]) == 8080, probe
+    service = _one(rendered[target], "Service")
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(8080, "http")]
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_writable_paths_are_volumes(rendered: dict[str, list[Doc]], target: str) -> None:
+    """The root filesystem is read-only: /tmp and the SQLite directory are volumes."""
+    mounts = _mounts(rendered[target])
+    assert "emptyDir" in mounts["/tmp"]
+    config = _parsed_config(rendered[target])
+    if config.store.sqlite_path is not None:
+        directory = str(PurePosixPath(config.store.sqlite_path).parent)
+        assert directory in mounts, f"the SQLite directory {directory} is not a volume"
+        assert "persistentVolumeClaim" in mounts[directory]  # survives a restart
+        claim = mounts[directory]["persistentVolumeClaim"]["claimName"]
+        claims = {
+            c["metadata"]["name"] for c in _of_kind(rendered[target], "PersistentVolumeClaim")
+        }
+        assert claim in claims
+
+
+# --- secrets: referenced, never shipped ------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_secret_value_is_shipped(rendered: dict[str, list[Doc]], target: str) -> None:
+    for secret in _of_kind(rendered[target], "Secret"):
+        # Only a service-account token Secret, which the cluster fills in.
+        assert secret["type"] == "kubernetes.io/service-account-token", secret["metadata"]
+        assert not secret.get("data") and not secret.get("stringData"), secret["metadata"]
+    for deployment in _of_kind(rendered[target], "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            for var in container.get("env", []):
+                if any(word in var["name"] for word in ("TOKEN", "PASSWORD", "SECRET", "KEY")):
+                    assert "value" not in var, f"{var['name']} is written in the manifest"
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_secrets_referenced(rendered: dict[str, list[Doc]], target: str) -> None:
+    """The kubeconfig Secret is mounted (where the config looks), the tokens come from a
+    Secret, and a PostgreSQL password from a Secret too, not from the ConfigMap."""
+    docs = rendered[target]
+    mounts = _mounts(docs)
+    config = _parsed_config(docs)
+    sources = [c.source.kube for c in config.clusters] + [p.source.capi for p in config.burst_pools]
+    paths = {ref.kubeconfig for ref in sources if ref is not None}
+    assert paths, "no kubeconfig in the shipped config"
+    for path in paths:
+        assert path is not None
+        volume = mounts.get(str(PurePosixPath(path).parent))
+        assert volume is not None and volume["secret"]["secretName"] == "fedbroker-kubeconfig"
+    secret_env = _secret_env(docs)
+    for tenant in config.tenants:
+        assert tenant.token.env in secret_env, tenant.name
+        assert secret_env[tenant.token.env][0] == "fedbroker-tokens"
+    if config.store.is_sqlite:
+        assert "PGPASSWORD" not in secret_env
+    else:
+        assert config.store.redacted_url == config.store.url, "a password in the store URL"
+        assert secret_env["PGPASSWORD"] == ("fedbroker-postgres", "password")
+
+
+# --- the shipped config ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_shipped_config_parses(rendered: dict[str, list[Doc]], target: str) -> None:
+    config = _parsed_config(rendered[target])
+    assert config.api.host == "0.0.0.0"
+    assert config.api.port == 8080
+    assert config.clusters and config.tenants
+    # Every tenant's token is the stand-in the Deployment's env gave it.
+    for tenant in config.tenants:
+        assert config.authenticate(f"stand-in-{str(tenant.token.env).lower()}") is tenant
+    expected = "sqlite://" if target == "overlays/sqlite" else "postgresql://"
+    assert config.store.url.startswith(expected)
+
+
+def test_shipped_config_needs_the_token_env() -> None:
+    """parse_config does refuse the shipped config without the token variables."""
+    text = (KUSTOMIZE / "base" / "federation.yaml").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="FEDBROKER_TOKEN_TEAM_A is not set"):
+        parse_config(text, "federation.yaml", {})
+
+
+def test_sqlite_config_differs_from_the_base_in_store_only() -> None:
+    def without_store(path: Path) -> Doc:
+        data = cast(Doc, yaml.safe_load(path.read_text(encoding="utf-8")))
+        data.pop("store")
+        return data
+
+    base = without_store(KUSTOMIZE / "base" / "federation.yaml")
+    assert base == without_store(KUSTOMIZE / "overlays" / "sqlite" / "federation.yaml")
+
+
+# --- RBAC ----------------------------------------------------------------------------------
+
+
+def _allows(rules: list[Doc], group: str, resource: str, verb: str) -> bool:
+    return any(
+        group in rule.get("apiGroups", [])
+        and resource in rule.get("resources", [])
+        and verb in rule.get("verbs", [])
+        for rule in rules
+    )
+
+
+def _grants(docs: list[Doc], subject: tuple[str, str]) -> Iterator[tuple[str | None, list[Doc]]]:
+    """(namespace, rules) per binding of the ServiceAccount ``subject`` (namespace, name);
+    namespace None for a ClusterRoleBinding."""
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d["rules"]
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}  # fmt: skip
+    for binding in docs:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subjects = {(s["namespace"], s["name"]) for s in binding["subjects"]
+                    if s["kind"] == "ServiceAccount"}  # fmt: skip
+        if subject not in subjects:
+            continue
+        namespace = binding["metadata"].get("namespace")
+        ref = binding["roleRef"]
+        role_ns = namespace if ref["kind"] == "Role" else None
+        key = (ref["kind"], role_ns, ref["name"])
+        assert key in roles, f"{binding['metadata']['name']}: no {key}"
+        yield (namespace if binding["kind"] == "RoleBinding" else None), roles[key]
+
+
+def test_member_cluster_rbac_covers_what_the_broker_calls(
+    rendered: dict[str, list[Doc]],
+) -> None:
+    member = rendered[MEMBER_TARGET]
+    account = _one(member, "ServiceAccount")["metadata"]
+    subject = (account["namespace"], account["name"])
+    grants = list(_grants(member, subject))
+    cluster_rules = [r for ns, rules in grants if ns is None for r in rules]
+    # Capacity (list+watch of nodes and pods everywhere) and burst nodes (label, cordon).
+    for resource, verbs in (("nodes", "get list watch patch"), ("pods", "list watch")):
+        for verb in verbs.split():
+            assert _allows(cluster_rules, "", resource, verb), (resource, verb)
+    # Launch: pods and PodGroups in the namespace the config launches into.
+    config = _parsed_config(rendered["base"])
+    namespaces = {c.source.kube.namespace for c in config.clusters if c.source.kube}
+    assert namespaces == {n["metadata"]["name"] for n in _of_kind(member, "Namespace")}
+    for namespace in namespaces:
+        rules = [r for ns, rules in grants if ns == namespace for r in rules]
+        for verb in ("create", "get", "list", "delete"):
+            assert _allows(rules, "", "pods", verb), verb
+        for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
+            for verb in ("create", "get", "list", "patch", "delete"):
+                assert _allows(rules, group, "podgroups", verb), (group, verb)
+    assert not _allows(cluster_rules, "", "pods", "create"), "pods created cluster-wide"
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_management_rbac_scales_machine_deployments(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    docs = rendered[target]
+    deployment = _one(docs, "Deployment")
+    subject = (deployment["metadata"]["namespace"], _pod_spec(docs)["serviceAccountName"])
+    account = _one(docs, "ServiceAccount")["metadata"]
+    assert (account["namespace"], account["name"]) == subject
+    grants = list(_grants(docs, subject))
+    config = _parsed_config(docs)
+    pools = [p.source.capi for p in config.burst_pools if p.source.capi is not None]
+    assert pools
+    for pool in pools:
+        rules = [r for ns, rules in grants if ns in (pool.namespace, None) for r in rules]
+        group = "cluster.x-k8s.io"
+        plural = {"MachineDeployment": "machinedeployments", "MachinePool": "machinepools"}
+        assert _allows(rules, group, plural[pool.kind], "get")
+        for verb in ("get", "update"):
+            assert _allows(rules, group, f"{plural[pool.kind]}/scale", verb), verb
+        for verb in ("get", "list", "patch"):
+            assert _allows(rules, group, "machines", verb), verb
+    assert not any(ns is None for ns, _ in grants), "no cluster-wide grant in the management"
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_everything_lives_in_the_fedbroker_namespace(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    config = _parsed_config(rendered[target])
+    capi_namespaces = {p.source.capi.namespace for p in config.burst_pools if p.source.capi}
+    for doc in rendered[target]:
+        namespace = doc["metadata"].get("namespace")
+        if doc["kind"] in cluster_scoped:
+            assert namespace is None, doc["metadata"]
+        elif doc["kind"] == "RoleBinding" and namespace in capi_namespaces:
+            continue  # the grant on the pools' namespace
+        else:
+            assert namespace == NAMESPACE, (doc["kind"], doc["metadata"])
