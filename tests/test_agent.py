@@ -17,6 +17,8 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
+from test_kube_service import foreign_pod as pod_obj
+from test_kube_service import node_obj
 from test_mqtt import (
     MQTT_HOST,
     MQTT_PORT,
@@ -38,32 +40,6 @@ from broker.service import Service
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
 CANARY = "canary-token-5e1d0b7a"
-
-
-def node_obj(name: str, gpus: int = 4) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "A100"}},
-        "spec": {},
-        "status": {
-            "allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "64", "memory": "256Gi"},
-            "conditions": [{"type": "Ready", "status": "True"}],
-        },
-    }
-
-
-def pod_obj(name: str, node: str, gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "ml"},
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}],
-        },
-        "status": {"phase": "Running"},
-    }
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

@@ -322,6 +322,15 @@ async def gpus_in_use(session: aiohttp.ClientSession, url: str) -> dict[str, flo
     return used
 
 
+def held_gpus(records: list[JobRecord]) -> dict[str, float]:
+    """GPUs the Placed and Running jobs hold per cluster (one GPU each)."""
+    held = {f"c{i}": 0.0 for i in range(CLUSTERS)}
+    for record in records:
+        if record.state in ("Placed", "Running") and record.cluster is not None:
+            held[record.cluster] += 1
+    return held
+
+
 def check_no_oversubscription(records: list[JobRecord]) -> None:
     milli: dict[tuple[str, str], int] = defaultdict(int)
     gpus: dict[tuple[str, str, int], list[str]] = defaultdict(list)
@@ -427,11 +436,7 @@ async def test_acknowledged_jobs_survive_sigkill_once_and_placed_once(
             assert len(records) == JOBS
             check_no_oversubscription(records)
             # The ledger the restarted broker rebuilt agrees with the stored placements.
-            held = {f"c{i}": 0.0 for i in range(CLUSTERS)}
-            for record in records:
-                if record.state in ("Placed", "Running") and record.cluster is not None:
-                    held[record.cluster] += 1  # one GPU each
-            assert in_use == held, (in_use, held)
+            assert in_use == held_gpus(records), (in_use, held_gpus(records))
             placed_again = await check_histories(store, records)
         finally:
             await store.close()

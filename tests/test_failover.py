@@ -27,7 +27,6 @@ import asyncpg
 import pytest
 from services import postgres_database
 from test_crash_safety import (
-    CLUSTERS,
     PLACED_STATES,
     TENANT,
     TENANT_TOKEN,
@@ -36,6 +35,7 @@ from test_crash_safety import (
     check_histories,
     check_no_oversubscription,
     gpus_in_use,
+    held_gpus,
     job_name,
     manifest,
     settle,
@@ -207,11 +207,7 @@ async def test_follower_takes_over_within_20s_of_the_leader_being_killed(
             records = await store.list_jobs(limit=10 * JOBS)
             assert len(records) == JOBS
             check_no_oversubscription(records)
-            held = {f"c{i}": 0.0 for i in range(CLUSTERS)}
-            for record in records:
-                if record.state in ("Placed", "Running") and record.cluster is not None:
-                    held[record.cluster] += 1
-            assert in_use == held, (in_use, held)
+            assert in_use == held_gpus(records), (in_use, held_gpus(records))
             placed_again = await check_histories(store, records)
         finally:
             await store.close()
