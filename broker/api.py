@@ -13,12 +13,14 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from yarl import URL
 
 from broker.config import Config, RateLimit, TenantConfig
 from broker.dashboard import add_dashboard
@@ -27,15 +29,29 @@ from broker.manifest import FederatedJob, ManifestError, parse_manifest
 from broker.metrics import Forward, ServiceCollector
 from broker.openapi import openapi_document
 from broker.service import Forbidden, NotFound, NotLeader, Service
-from broker.store import JOB_STATES, JobRecord, JobState, Transition
+from broker.store import JOB_STATES, JobRecord, JobState, StoreUnavailable, Transition
 
 log = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT = 1000
 KEEPALIVE_SECONDS = 15.0  # an SSE comment this often, so idle streams and dead peers show
+STORE_RETRY_SECONDS = 1  # Retry-After while the store cannot be reached (it is retried anyway)
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() accepts "²", int() does not
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# A follower's forward of a write to the leader (leaderElection.forwardWrites).
+FORWARDED_BY = "X-Fedbroker-Forwarded-By"  # set on the hop, and on the answer relayed back
+FORWARD_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=2)
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_FORWARD_REQUEST_HEADERS = ("Authorization", "Content-Type", "Accept")
+_FORWARD_RESPONSE_HEADERS = (
+    "Content-Type", "Retry-After", "X-Fedbroker-Leader", "WWW-Authenticate", "Allow",
+)  # fmt: skip
+# host:port (a DNS name or IPv4 address) or [IPv6]:port: an identity that is an address.
+_ADDRESS = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}"
+)
 
 
 # --- rate limit --------------------------------------------------------------------------
@@ -107,6 +123,7 @@ EVENTS: web.AppKey[EventBus] = web.AppKey("events", EventBus)
 METRICS: web.AppKey[ApiMetrics] = web.AppKey("metrics", ApiMetrics)
 LIMITER: web.AppKey[RateLimiter] = web.AppKey("limiter", RateLimiter)
 OPENAPI: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
+FORWARDER: web.AppKey[aiohttp.ClientSession] = web.AppKey("forwarder", aiohttp.ClientSession)
 
 
 def _route(request: web.Request) -> str:
@@ -164,15 +181,82 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(404, f"name: {exc}")
     except NotLeader as exc:
         # Writes go to the leader; reads are served here. The leader's identity is its
-        # address (hostname:port) so a client can go there.
+        # address (hostname:port): this replica forwards the write there if it can, else a
+        # client can go there.
+        forwarded = await _forward(request, exc)
+        if forwarded is not None:
+            return forwarded
         headers = {"Retry-After": str(exc.retry_after)}
         if exc.holder:
             headers["X-Fedbroker-Leader"] = exc.holder
         return _error(503, str(exc), **headers)
+    except StoreUnavailable as exc:
+        # The database is down or restarting: nothing was acknowledged, the client retries
+        # (the broker reports not-ready meanwhile). No traceback: this is not a bug.
+        log.warning("store unavailable on %s %s: %s", request.method, _route(request), exc)
+        return _error(
+            503,
+            f"store: unavailable right now; retry after {STORE_RETRY_SECONDS} s",
+            **{"Retry-After": str(STORE_RETRY_SECONDS)},
+        )
     except Exception:
         # A bug, not the caller's fault; the path only (no headers: they hold the token).
         log.exception("internal error on %s %s", request.method, _route(request))
         return _error(500, "server: internal error")
+
+
+def leader_address(holder: str | None, me: str) -> str | None:
+    """The leader's identity when it is an address (host:port) and not this replica's."""
+    if not holder or holder == me or not _ADDRESS.fullmatch(holder):
+        return None
+    return holder if 1 <= int(holder.rpartition(":")[2]) <= 65_535 else None
+
+
+async def _forward(request: web.Request, refused: NotLeader) -> web.Response | None:
+    """The leader's answer to this write, relayed (with ``X-Fedbroker-Forwarded-By``), or
+    None when it is not forwarded: forwarding off, not a write under /v1/, already
+    forwarded once (no loops), the leader unknown or no address, or the leader not
+    answering within FORWARD_TIMEOUT. Whatever the leader answers is relayed, a 503 too
+    (it stopped leading meanwhile: its answer names the newer leader).
+
+    The Authorization header goes to the leader as it came; it is never logged."""
+    session = request.app.get(FORWARDER)
+    me = request.app[SERVICE].leadership.identity
+    if (
+        session is None
+        or not request.app[CONFIG].leader_election.forward_writes
+        or request.method not in WRITE_METHODS
+        or not request.path.startswith("/v1/")
+        or FORWARDED_BY in request.headers
+    ):
+        return None
+    address = leader_address(refused.holder, me)
+    if address is None:
+        return None
+    body = await request.read()  # already read (and size-checked) by the handler: cached
+    headers = {k: request.headers[k] for k in _FORWARD_REQUEST_HEADERS if k in request.headers}
+    headers[FORWARDED_BY] = me
+    url = URL(f"http://{address}{request.raw_path}", encoded=True)  # path and query as sent
+    try:
+        async with session.request(
+            request.method, url, data=body, headers=headers, allow_redirects=False
+        ) as answer:
+            payload = await answer.read()
+            relayed = {
+                k: answer.headers[k] for k in _FORWARD_RESPONSE_HEADERS if k in answer.headers
+            }
+            status = answer.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        # The route template and the error only: no path (job names), no headers (token).
+        log.warning(
+            "%s %s not forwarded to the leader %s (%s: %s); answering 503",
+            request.method, _route(request), address, type(exc).__name__, exc,
+        )  # fmt: skip
+        return None
+    log.info("%s %s forwarded to the leader %s: %d", request.method, _route(request),
+             address, status)  # fmt: skip
+    relayed[FORWARDED_BY] = me
+    return web.Response(body=payload, status=status, headers=relayed)
 
 
 def _tenant(request: web.Request) -> TenantConfig:
@@ -328,10 +412,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready once state is rebuilt: the leader's, or a follower's (it serves reads)."""
+    """Ready once state is rebuilt (the leader's, or a follower's: it serves reads) and
+    while the store answers (it cannot accept a job without it)."""
     service = request.app[SERVICE]
     if not service.ready:
         return web.json_response({"status": "rebuilding state"}, status=503)
+    if not await service.store.ping():
+        return web.json_response({"status": "store unavailable"}, status=503)
     return web.json_response({"status": "ready", **_role(service)})
 
 
@@ -400,6 +487,13 @@ async def _close_events(app: web.Application) -> None:
     app[EVENTS].close()
 
 
+async def _forwarder(app: web.Application) -> AsyncIterator[None]:
+    """The HTTP client a follower forwards writes with (one pool, closed on shutdown)."""
+    async with aiohttp.ClientSession(timeout=FORWARD_TIMEOUT) as session:
+        app[FORWARDER] = session
+        yield
+
+
 def make_app(
     service: Service,
     config: Config,
@@ -429,6 +523,7 @@ def make_app(
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
     app[OPENAPI] = openapi_document(MAX_LIST_LIMIT)
     app.on_shutdown.append(_close_events)
+    app.cleanup_ctx.append(_forwarder)
     app.router.add_post("/v1/jobs", submit)
     app.router.add_get("/v1/jobs", list_jobs)
     app.router.add_get("/v1/jobs/{name}", get_job)

@@ -151,6 +151,7 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
     ctx = multiprocessing.get_context("spawn")
     results: Any = ctx.Queue()
     generator = ctx.Process(target=_generate, args=(base, token, jobs, rate, results))
+    cpu_before = time.process_time()
     generator.start()
     try:
         # The broker keeps serving on this loop while the generator runs elsewhere.
@@ -163,6 +164,9 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
         if not await service.store.list_jobs(state="Queued", limit=1):
             break
         await asyncio.sleep(0.05)
+    # CPU the broker process (all its threads) spent taking and placing the jobs: less
+    # sensitive than latency to whatever else the machine runs, so comparable across runs.
+    cpu_s = time.process_time() - cpu_before
     placed_latency: list[float] = []
     placed_at: list[float] = []
     for record in await service.store.list_jobs(limit=jobs + 1):
@@ -188,6 +192,7 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
         "placements_per_s": round(len(placed_at) / span, 1) if span > 0 else None,
         # The broker's process (service + API; the load generator runs in another one).
         "broker_max_rss_mib": round(max_rss_mib(), 1),
+        "broker_cpu_ms_per_job": round(1000 * cpu_s / max(1, len(acked)), 3),
     }
 
 
@@ -210,5 +215,6 @@ def main_e2e(args: Any) -> int:
     )
     print(f"  placements/s              {doc['placements_per_s']}")
     print(f"  broker peak RSS           {doc['broker_max_rss_mib']} MiB")
+    print(f"  broker CPU per job        {doc['broker_cpu_ms_per_job']} ms")
     print(f"  acknowledged {doc['acknowledged']}, failed {doc['failed']}, placed {doc['placed']}")
     return 0

@@ -5,6 +5,11 @@ It talks to a running broker over its HTTP API (``--server``, default
 ``$FEDBROKER_TOKEN``) and prints tables for people or ``-o json|yaml`` for scripts. Every
 failure is one line on stderr: the server's own error message, or why it could not be
 reached. The token is sent as a bearer header and never printed.
+
+A 503 that carries Retry-After (a follower that does not take writes, a store that is
+down, a new leader rebuilding its state) is retried after the hinted wait, for at most
+``--retry-for`` seconds in all (default ``$FEDBROKER_RETRY_SECONDS`` or 30; 0 turns it off);
+each retry is announced on stderr, and when the time is up the last answer is the error.
 """
 
 from __future__ import annotations
@@ -15,19 +20,62 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 EXIT_ERROR = 1
+DEFAULT_RETRY_SECONDS = 30.0
+MAX_RETRY_SECONDS = 3600.0
+REQUEST_TIMEOUT_SECONDS = 30.0
+
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class ClientError(Exception):
     """One line for the user."""
+
+
+class Unavailable(ClientError):
+    """A 503 with Retry-After: the broker asks to be asked again after ``retry_after`` s."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
+    if not 0 <= value <= MAX_RETRY_SECONDS:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be within 0..{MAX_RETRY_SECONDS:g}, not {text}")
+    return value
+
+
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date, RFC 9110 10.2.3); None when
+    absent or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -35,6 +83,14 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     common.add_argument("--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER))
     common.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
     common.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    common.add_argument(
+        "--retry-for",
+        type=_retry_seconds,
+        metavar="SECONDS",
+        default=os.environ.get("FEDBROKER_RETRY_SECONDS", str(DEFAULT_RETRY_SECONDS)),
+        help="retry a 503 with Retry-After (no leader, store down, state being rebuilt) for "
+        "at most this long in all; 0: never (default $FEDBROKER_RETRY_SECONDS or 30)",
+    )
 
     submit = sub.add_parser("submit", parents=[common], help="submit a FederatedJob manifest")
     submit.add_argument("-f", "--file", type=Path, required=True, help="YAML or JSON manifest")
@@ -61,7 +117,7 @@ CLIENT_COMMANDS = ("submit", "get", "list", "cancel", "explain", "clusters", "po
 
 def run_client(args: argparse.Namespace) -> int:
     try:
-        doc = asyncio.run(_call(args))
+        doc = asyncio.run(call(args))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_ERROR
@@ -74,7 +130,16 @@ def run_client(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _call(args: argparse.Namespace) -> Any:
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
+    """The command's request, its answer as JSON; raises ClientError (one line).
+
+    ``sleep`` waits between retries (tests inject one that returns at once: the budget is
+    counted in the waits asked for as well as in wall-clock time, so it still runs out).
+    """
     token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     base = args.server.rstrip("/")
@@ -110,25 +175,89 @@ async def _call(args: argparse.Namespace) -> Any:
             path = "/v1/clusters"
         case "pools":
             path = "/v1/pools"
-    timeout = aiohttp.ClientTimeout(total=30)
+    budget = float(args.retry_for)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.request(method, base + path, data=body, headers=headers, params=params) as resp,
-        ):
-            text = await resp.text()
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            # Every command is safe to send again, writes included:
+            # * submit: jobs are idempotent by (tenant, name) -- the store inserts with
+            #   ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission with
+            #   200 and the job already stored (never a second job, never a 409; note that a
+            #   resubmission with a DIFFERENT spec also gets the stored job back). So a retry
+            #   after an answer that was lost (e.g. a follower's forward that reached the
+            #   leader) cannot create a duplicate.
+            # * cancel: cancelling a job in a final state returns it unchanged.
+            # * the rest are reads.
+            # A follower's 503 is raised before anything is written in any case.
+            retrying = AsyncRetrying(
+                sleep=sleep,
+                retry=retry_if_exception_type(Unavailable),
+                wait=lambda state: min(_hint(state), _left(state, budget)),
+                stop=lambda state: _left(state, budget) <= 0,
+                before_sleep=_announce,
+                reraise=True,
+            )
             try:
-                doc = json.loads(text) if text else {}
-            except json.JSONDecodeError:
-                doc = {"error": text.strip()[:200]}
-            if resp.status >= 400:
-                message = doc.get("error") if isinstance(doc, dict) else None
-                raise ClientError(f"{resp.status} {message or resp.reason}")
-            return doc
+                async for attempt in retrying:
+                    with attempt:
+                        return await _request(session, method, base + path, body, headers, params)
+            except Unavailable as exc:
+                tries = retrying.statistics.get("attempt_number", 1)
+                if budget <= 0:
+                    raise ClientError(f"{exc} (not retried: --retry-for 0)") from None
+                raise ClientError(
+                    f"{exc} (still unavailable after {tries} attempts in {budget:g} s; --retry-for)"
+                ) from None
     except aiohttp.ClientConnectionError:
         raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
     except TimeoutError:
-        raise ClientError(f"the broker at {base} did not answer within 30 s") from None
+        raise ClientError(
+            f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
+        ) from None
+    raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    params: dict[str, str],
+) -> Any:
+    async with session.request(method, url, data=body, headers=headers, params=params) as resp:
+        text = await resp.text()
+        try:
+            doc = json.loads(text) if text else {}
+        except json.JSONDecodeError:
+            doc = {"error": text.strip()[:200]}
+        if resp.status >= 400:
+            message = doc.get("error") if isinstance(doc, dict) else None
+            line = " ".join(f"{resp.status} {message or resp.reason}".split())
+            wait = retry_after_seconds(resp.headers.get("Retry-After"))
+            if resp.status == 503 and wait is not None:
+                raise Unavailable(line, wait)
+            raise ClientError(line)
+        return doc
+
+
+def _elapsed(state: RetryCallState) -> float:
+    """Time used so far: wall clock, or the waits asked for when sleep was faster."""
+    return max(state.seconds_since_start or 0.0, state.idle_for)
+
+
+def _left(state: RetryCallState, budget: float) -> float:
+    return budget - _elapsed(state)
+
+
+def _hint(state: RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return exc.retry_after if isinstance(exc, Unavailable) else 1.0
+
+
+def _announce(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    sys.stderr.write(f"fedbroker: {exc}; retrying in {state.upcoming_sleep:.3g} s\n")
 
 
 def _age(seconds: float | None) -> str:

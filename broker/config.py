@@ -149,6 +149,9 @@ class LeaderElectionConfig(Section):
     # so before another replica can take it.
     stop_after_seconds: float = Field(default=10.0, gt=0, le=3600)
     identity: str | None = Field(default=None, min_length=1, max_length=253)
+    # A follower proxies a write (POST/PUT/PATCH/DELETE under /v1/) to the leader when the
+    # leader's identity is an address (host:port); false, or when that fails: 503 naming it.
+    forward_writes: bool = True
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaderElectionConfig:

@@ -77,8 +77,10 @@ class LeaseStore(Protocol):
 def default_identity(port: int | None = None) -> str:
     """``hostname:port`` (the advertised address): unique per live replica, since two
     processes cannot listen on one host and port, and stable across a restart of the same
-    replica, which may then take its own lease back without waiting for it to expire."""
-    host = socket.gethostname() or "localhost"
+    replica, which may then take its own lease back without waiting for it to expire.
+    ``FEDBROKER_ADVERTISE_HOST`` replaces the hostname where other replicas cannot resolve
+    it (a Kubernetes pod: its IP, from the downward API), so followers can forward writes."""
+    host = os.environ.get("FEDBROKER_ADVERTISE_HOST") or socket.gethostname() or "localhost"
     return f"{host}:{port}" if port else f"{host}:pid{os.getpid()}"
 
 

@@ -20,6 +20,14 @@ Job changes come from the same place as ``/v1/events``: the service's store is w
 ``PublishingStore`` whose bus also hands every job event to MQTT (synchronously, into the
 bounded outbox: nothing waits on MQTT, a full outbox drops and counts).
 
+While the MQTT broker is unreachable (``tests/test_mqtt_outage.py``): the API, the
+scheduler and readiness go on as before (MQTT is an optional sink); job events wait in the
+outbox, oldest first, and are sent after the reconnect, and once ``outboxSize`` of them
+wait the newer ones are dropped and counted (``fedbroker_mqtt_dropped_events_total``).
+Capacity is state, not an event: it is not queued while disconnected (nor while the outbox
+is full), and every cluster's current row is published again after a reconnect, so stale
+rows never take the job events' room and a refused capacity row is not counted as dropped.
+
 Member clusters with ``source: {mqtt: {...}}`` are fed by ``fedbroker agent`` (topics and
 schema in ``adapters.mqtt.reports``): the broker subscribes to
 ``<prefix>/agents/<cluster>/#``, turns node reports into ledger capacity events (through
@@ -296,6 +304,9 @@ class MqttEvents:
         """Publish the rows that changed (each at most once per CAPACITY_MIN_SECONDS);
         returns how many were queued."""
         now = time.monotonic() if now is None else now
+        if not self.publisher.connected:
+            self._version = -1  # look again once connected (a reconnect resends every row)
+            return 0
         version = self._service.ledger.snapshot().version
         if not force and version == self._version and now - self._computed_at < 1.0:
             return 0
@@ -308,12 +319,13 @@ class MqttEvents:
             if now - self._sent_at.get(name, -1e18) < CAPACITY_MIN_SECONDS:
                 self._version = -1  # look again next tick
                 continue
-            body = json.dumps({**row, "at": time.time()})
-            if self.publisher.publish_nowait(f"clusters/{name}/capacity", body, retain=True):
-                self._sent[name], self._sent_at[name] = row, now
-                queued += 1
-            else:
+            if self.publisher.full:  # look again next tick: a row waits, it is not dropped
                 self._version = -1
+                break
+            body = json.dumps({**row, "at": time.time()})
+            self.publisher.publish_nowait(f"clusters/{name}/capacity", body, retain=True)
+            self._sent[name], self._sent_at[name] = row, now
+            queued += 1
         return queued
 
     def capacity_sent(self, cluster: str) -> dict[str, Any] | None:

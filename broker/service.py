@@ -78,6 +78,8 @@ from broker.store import (
     JobState,
     StateConflict,
     Store,
+    StoreError,
+    StoreUnavailable,
     open_store,
 )
 from policies.framework import Policy, largest_fit
@@ -104,6 +106,9 @@ class RunWatcher(Protocol):
 # How long a woken scheduler lets more submissions arrive before it decides (a latency of a
 # few milliseconds traded for far fewer cycles under load).
 BATCH_SECONDS = 0.005
+# A job change the store could not take (StoreUnavailable) is retried after the first delay,
+# doubling up to the second.
+STORE_RETRY_SECONDS = (0.2, 2.0)
 
 
 class Forbidden(Exception):
@@ -643,7 +648,15 @@ class Service:
         record, created = await self.store.create_job(
             job.tenant, job.name, job.queue, job.priority, manifest.wire(), self._clock()
         )
-        if created and self.leader:
+        key = job.key
+        # A Queued job not created now may be one whose creation committed while its answer
+        # was lost (the store failed: 503, and the client retried): nobody queued it then.
+        unqueued = record.state == "Queued" and (
+            self.queue.get(key) is None
+            and self.lifecycle.get(key) is None
+            and key not in self.ledger.reservations()
+        )
+        if unqueued and self.leader:
             # Not leading any more: the job is stored, the next leader queues it.
             # No lock: push is synchronous, so no cycle can be half-way through the queue
             # (its own walk is over a copy), and taking the lock would make every submission
@@ -752,6 +765,12 @@ class Service:
             )
             for (pending, placement), outcome in zip(result.admitted, written, strict=True):
                 job = pending.job
+                if isinstance(outcome, StoreUnavailable):
+                    # In doubt: the write may have committed before the connection went. The
+                    # reservation is held until the store answers again and says which.
+                    log.warning("placement of %s in doubt: %s", job.key, outcome)
+                    self._spawn(self._settle_placement(pending, placement))
+                    continue
                 if isinstance(outcome, BaseException):
                     # Cancelled meanwhile, or the store failed: give the capacity back.
                     self.ledger.forget(job.key)
@@ -764,6 +783,41 @@ class Service:
             if self.pools:
                 waiting = [p.job for key in result.waiting if (p := self.queue.get(key))]
                 self.pools.tick(now, self.ledger, waiting)
+
+    async def _settle_placement(self, pending: Pending, placement: Placement) -> None:
+        """A placement whose write failed with StoreUnavailable, its reservation held:
+        once the store answers, launch it if the write committed after all (the job is
+        Placed there, so); give the capacity back and queue the job again if it is still
+        Queued; only give the capacity back otherwise (cancelled meanwhile). A replica that
+        stops leading drops it with the rest: the next leader rebuilds from the store."""
+        key, job = pending.job.key, pending.job
+        delay = STORE_RETRY_SECONDS[0]
+        while True:
+            await asyncio.sleep(delay)
+            if not self.leader:
+                return
+            try:
+                record = await self.store.get_job(job.tenant, job.name)
+                break
+            except StoreError as exc:
+                log.warning("placement of %s still in doubt (%s)", key, exc)
+                delay = min(2 * delay, STORE_RETRY_SECONDS[1])
+        stored = json.loads(json.dumps(placement_json(placement)))
+        async with self._lock:
+            if not self.leader or self.ledger.reservations().get(key) is not placement:
+                return  # dropped meanwhile (the lease was lost)
+            if record is not None and record.state == "Placed" and record.placement == stored:
+                log.info("placement of %s was recorded after all; launching it", key)
+                now = self._clock()
+                self.lifecycle.placed(pending, placement, now)
+                self.pools.placed(placement, now)
+                self._launching[key] = self._spawn_launch(placement)
+                return
+            self.ledger.forget(key)
+            self.queue.release(key)
+            if record is not None and record.state == "Queued":
+                self.queue.push(pending)
+                self._wake.set()
 
     async def _launch(self, placement: Placement) -> None:
         key = placement.job
@@ -841,14 +895,28 @@ class Service:
         tenant, _, name = outcome.job.partition("/")
         if outcome.state != "Running":
             self.pools.ended(outcome.job)
-        try:
-            await self.store.transition(
-                tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
-                attempts=outcome.attempts if outcome.state != "Running" else None,
-                not_before=outcome.not_before,
-            )  # fmt: skip
-        except StateConflict:
-            log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+        delay = STORE_RETRY_SECONDS[0]
+        while True:
+            try:
+                await self.store.transition(
+                    tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
+                    attempts=outcome.attempts if outcome.state != "Running" else None,
+                    not_before=outcome.not_before,
+                )  # fmt: skip
+            except StateConflict:  # also a retried write whose first try committed
+                log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+            except StoreUnavailable as exc:
+                # The database is down or restarting: hold the write and retry it while this
+                # replica leads; a leader elected later rebuilds the job from the store.
+                if self.leader:
+                    log.warning("%s of %s not recorded yet (%s); retrying in %g s",
+                                outcome.state, outcome.job, exc, delay)  # fmt: skip
+                    await asyncio.sleep(delay)
+                    delay = min(2 * delay, STORE_RETRY_SECONDS[1])
+                    continue
+                log.warning("%s of %s not recorded (%s); no longer leading", outcome.state,
+                            outcome.job, exc)  # fmt: skip
+            break
         self._wake.set()
 
     def _pending(self, record: JobRecord, job: Job | None = None) -> Pending:

@@ -480,3 +480,95 @@ def test_everything_lives_in_the_fedbroker_namespace(
             continue  # the grant on the pools' namespace
         else:
             assert namespace == NAMESPACE, (doc["kind"], doc["metadata"])
+
+
+@pytest.mark.parametrize("target", BROKER_TARGETS)
+def test_dockerfile_matches_the_deployment(rendered: dict[str, list[Doc]], target: str) -> None:
+    """The image (Dockerfile at the top; no Docker engine here, so it is read, not built)
+    runs what the Deployment expects: its user is the pod's runAsUser/runAsGroup, its
+    EXPOSE is the containerPort (and the shipped config's api.port), ENTRYPOINT is the
+    `fedbroker` console script and CMD exactly the Deployment's args (the Deployment sets no
+    `command`, so ENTRYPOINT stays and its args replace CMD); its working directory and
+    data directory are volumes, as the read-only root filesystem needs."""
+    import json
+    import re
+    import tomllib
+
+    def instructions(text: str) -> list[tuple[str, str]]:
+        """(KEYWORD, arguments) per instruction: comments dropped, continuations joined."""
+        out: list[tuple[str, str]] = []
+        pending = ""
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.endswith("\\"):
+                pending += line[:-1] + " "
+                continue
+            keyword, _, rest = (pending + line).partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+            pending = ""
+        assert not pending, "the Dockerfile ends in a line continuation"
+        return out
+
+    steps = instructions((ROOT / "Dockerfile").read_text())
+    froms = [i for i, (keyword, _) in enumerate(steps) if keyword == "FROM"]
+    assert len(froms) >= 2, "a multi-stage build: dependencies built apart from the runtime"
+    final = steps[froms[-1] :]  # what the image that runs is made of
+
+    def last(keyword: str) -> str:
+        found = [rest for k, rest in final if k == keyword]
+        assert found, f"the runtime stage has no {keyword}"
+        return found[-1]
+
+    def exec_form(keyword: str) -> list[str]:
+        value = json.loads(last(keyword))
+        assert isinstance(value, list) and all(isinstance(v, str) for v in value), keyword
+        return value
+
+    docs = rendered[target]
+    pod = _pod_spec(docs)["securityContext"]
+    container = _container(docs)
+    # The user: numeric (runAsNonRoot can check it), the Deployment's uid and gid.
+    user, _, group = last("USER").partition(":")
+    assert user == str(pod["runAsUser"]) == str(container["securityContext"]["runAsUser"])
+    assert group == str(pod["runAsGroup"]) == str(container["securityContext"]["runAsGroup"])
+    # The port.
+    exposed = {int(p.split("/")[0]) for k, rest in final if k == "EXPOSE" for p in rest.split()}
+    container_ports = {p["containerPort"] for p in container["ports"]}
+    assert exposed == container_ports == {_parsed_config(docs).api.port}
+    health = re.search(r"https?://127\.0\.0\.1:(\d+)(/\S*?)['\"]", last("HEALTHCHECK"))
+    assert health is not None, "HEALTHCHECK probes no local URL"
+    assert int(health.group(1)) in container_ports
+    assert health.group(2) == container["livenessProbe"]["httpGet"]["path"]
+    # The command: ENTRYPOINT is the console script; the Deployment's args replace CMD.
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "command" not in container, "a command would replace the image's ENTRYPOINT"
+    entrypoint = exec_form("ENTRYPOINT")
+    assert len(entrypoint) == 1 and PurePosixPath(entrypoint[0]).name == "fedbroker"
+    assert scripts["fedbroker"] == "broker.cli:main"
+    venv = str(PurePosixPath(entrypoint[0]).parent.parent)
+    copies = [rest for k, rest in final if k == "COPY" and rest.startswith("--from=")]
+    assert any(rest.split()[1:] == [venv, venv] for rest in copies), f"{venv} not copied"
+    assert exec_form("CMD") == container["args"]
+    assert container["args"][0] == "serve"
+    # Runtime dependencies only: the project without its test extras.
+    installs = [rest for k, rest in steps if k == "RUN" and "pip install" in rest]
+    assert installs and not any("[" in rest or " -e " in rest for rest in installs), installs
+    # Read-only root filesystem: no bytecode writes, temp files in /tmp, cwd on a volume.
+    env = " ".join(rest for k, rest in final if k == "ENV")
+    assert re.search(r"\bPYTHONDONTWRITEBYTECODE=1\b", env)
+    assert re.search(r"\bTMPDIR=/tmp\b", env)
+    mounts = _mounts(docs)
+    assert "/tmp" in mounts and "emptyDir" in mounts["/tmp"]
+    assert last("WORKDIR") in mounts, "the working directory is not a volume"
+    # Only the sources go into the build context.
+    ignored = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert ignored[0] == "*", ".dockerignore starts by excluding everything"
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for name in packages["packages"]["find"]["include"]:
+        assert f"!{name.rstrip('*')}/" in ignored, name

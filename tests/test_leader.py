@@ -9,6 +9,7 @@ one that counts); ``Leadership``'s own timing runs on an injected clock: no slee
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from broker.leader import (
     Leadership,
     PostgresLease,
     Timings,
+    default_identity,
 )
 from broker.service import Service
 from broker.store import StoreUnavailable
@@ -340,11 +342,13 @@ async def check_follower(follower: Replica, leader: str) -> None:
 async def test_follower_rejects_writes_serves_reads_and_takes_over(
     backend: str, tmp_path: Path
 ) -> None:
+    # The identities are names, not reachable replicas: no forwarding (tests/test_forwarding).
+    no_forward = "leaderElection: {forwardWrites: false}\n"
     if backend == "sqlite":
-        await _takeover(config_for(f"sqlite://{tmp_path / 'jobs.db'}"), pg_url=None)
+        await _takeover(config_for(f"sqlite://{tmp_path / 'jobs.db'}", no_forward), pg_url=None)
     else:
         async with postgres_database("fedbroker_leader") as url:
-            await _takeover(config_for(url), pg_url=url)
+            await _takeover(config_for(url, no_forward), pg_url=url)
 
 
 async def _takeover(config: Config, pg_url: str | None) -> None:
@@ -393,3 +397,11 @@ async def test_single_replica_is_always_leader() -> None:
         assert service.leading and service.leader
     finally:
         await service.close()
+
+
+def test_the_advertised_host_names_the_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a pod the hostname does not resolve from the other replicas; its IP does.
+    monkeypatch.setenv("FEDBROKER_ADVERTISE_HOST", "10.1.2.3")
+    assert default_identity(8080) == "10.1.2.3:8080"
+    monkeypatch.delenv("FEDBROKER_ADVERTISE_HOST")
+    assert default_identity(8080) == f"{socket.gethostname()}:8080"

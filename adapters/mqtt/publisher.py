@@ -3,9 +3,11 @@
 ``Publisher`` connects with a last will ``<prefix>/<status>`` = ``offline`` (retained, QoS 1)
 and publishes ``online`` (retained) after every connect; a clean ``close()`` publishes
 ``offline`` itself (a will is only sent when the connection dies). It reconnects forever with
-exponential backoff and jitter (about 0.5 s doubling to 30 s; reset after a connect). The
-session is persistent (``clean_session=False``, a fixed client id): the MQTT broker keeps
-our subscriptions and the QoS 1 messages it owes us while we are away.
+exponential backoff and jitter (about 0.5 s doubling to 10 s; reset after a connect): the
+cap bounds how long an MQTT broker that is back goes unnoticed, however long it was down
+(a refused connect costs nothing, so a short cap is cheap). The session is persistent
+(``clean_session=False``, a fixed client id): the MQTT broker keeps our subscriptions and
+the QoS 1 messages it owes us while we are away.
 
 Outgoing messages go through a bounded outbox (an ``asyncio.Queue``). ``publish_nowait``
 never blocks the caller (the API never waits on MQTT): when the outbox is full the message
@@ -13,6 +15,11 @@ is dropped and counted (``dropped``). ``publish`` (for the agent, whose state mu
 lost) waits for room instead. A message leaves the outbox only once ``client.publish`` has
 returned, i.e. a QoS 1 message was acknowledged (PUBACK): one in flight when the connection
 drops is sent again after the reconnect (at least once; consumers dedupe).
+
+While the MQTT broker is unreachable, messages wait in the outbox, oldest first, and are
+sent after the reconnect; once it holds ``outbox_size`` messages the newer ones are dropped
+(and counted) until it drains. An outage of any length therefore holds at most
+``outbox_size`` messages (plus the one in flight) in memory.
 
 Subscriptions (``subscribe``) are made on every connect; their messages go to a synchronous
 handler. Iterating the client's messages is also how a dropped connection is noticed while
@@ -66,14 +73,14 @@ class Outgoing:
 
 @dataclass(slots=True)
 class Backoff:
-    """About 0.5 s, 1 s, 2 s, ... capped at 30 s, each +-20 % of jitter.
+    """About 0.5 s, 1 s, 2 s, ... capped at 10 s, each +-20 % of jitter.
 
     (tenacity's ``wait_exponential_jitter`` would compute the same, but its retry state
     would not reset after a connection that lived for hours: the attempt counter is ours.)
     """
 
     base: float = 0.5
-    cap: float = 30.0
+    cap: float = 10.0
     jitter: float = 0.2
     rng: random.Random = field(default_factory=random.Random)
 
@@ -136,6 +143,11 @@ class Publisher:
         """Queue a message, waiting for room in the outbox (never dropped)."""
         self._idle.clear()
         await self._outbox.put(Outgoing(self.topic(suffix), _bytes(payload), qos, retain))
+
+    @property
+    def full(self) -> bool:
+        """True while ``publish_nowait`` would drop."""
+        return self._outbox.full()
 
     @property
     def backlog(self) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final
@@ -77,6 +78,25 @@ _UNAVAILABLE: Final = (
 )
 
 
+class _PoolReconnectsWithoutTraceback(logging.Filter):
+    """asyncpg's pool logs a warning with a full traceback each time it fails to reconnect
+    its minimum of connections, every second while the server is down or restarting. That
+    is expected (the store reports it as StoreUnavailable, the service as not-ready), not a
+    bug: such a record keeps its message and the error's one-line summary, not the trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, _UNAVAILABLE):
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_POOL_LOG_FILTER: Final = _PoolReconnectsWithoutTraceback()
+
+
 class PostgresStore:
     """The Store protocol on PostgreSQL (see the module docstring for the design)."""
 
@@ -108,6 +128,7 @@ class PostgresStore:
         if self._pool is not None:
             return
         check_order(self._migrations)
+        logging.getLogger("asyncpg.pool").addFilter(_POOL_LOG_FILTER)  # once: same object
         with self._errors("connect"):
             try:
                 pool = await asyncpg.create_pool(self._url, **self._pool_options)
