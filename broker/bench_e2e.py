@@ -27,7 +27,7 @@ from aiohttp import web
 from broker.api import make_app
 from broker.bench import max_rss_mib
 from broker.config import Config, parse_config
-from broker.runtime import run_loop
+from broker.runtime import run_loop, settle_heap
 from broker.service import Service
 
 
@@ -98,6 +98,7 @@ async def run_e2e(jobs: int, rate: float, clusters: int, nodes_per_cluster: int)
         config = bench_config(Path(tmp), token, clusters, nodes_per_cluster)
         service = Service(config)
         await service.start()
+        settle_heap()  # as `fedbroker serve` does once started
         service.spawn_loop()
         runner = web.AppRunner(make_app(service, config), access_log=None)
         await runner.setup()
@@ -112,7 +113,9 @@ async def run_e2e(jobs: int, rate: float, clusters: int, nodes_per_cluster: int)
 
 
 def _generate(base: str, token: str, jobs: int, rate: float, out: Any) -> None:
-    """The load generator's process: its own interpreter and core, like a real client."""
+    """The load generator's process: its own interpreter and core, like a real client
+    (its collector tuned as the broker's, so its own pauses do not count as latency)."""
+    settle_heap()
     out.put(run_loop(_submit_all(base, token, jobs, rate)))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import re
@@ -127,6 +128,7 @@ async def serve(
         url = _base_url(runner, host, port)
         service.advertise(int(url.rpartition(":")[2]))
         await service.campaign()  # leader: state rebuilt before readiness
+        settle_heap()
         log.info("listening on %s", url, extra={"url": url, "store": config.store.redacted_url})
         if on_listening is not None:
             on_listening(url)
@@ -236,6 +238,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 T = TypeVar("T")
+
+# The young generation is collected every this many net allocations (CPython's default is
+# 700): fewer collections of a few milliseconds each under a burst of submissions.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def settle_heap() -> None:
+    """Keep the cyclic garbage collector's pauses out of the request path, once the state a
+    broker starts with (nodes, jobs rebuilt from the store) is loaded.
+
+    A full collection walks every tracked object: with 20 x 500 nodes (about 200,000
+    objects) it stopped the event loop for 100-190 ms several times a minute under load, and
+    every request arriving then waited (``bench --e2e``: 201 latency p99 in the hundreds of
+    ms). ``gc.freeze`` moves what exists now to the permanent generation, which collections
+    skip; it stays freed by reference counting when dropped (only a reference cycle among
+    frozen objects would outlive ``unfreeze``, and start-up state builds none to drop).
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
