@@ -261,7 +261,6 @@ def settle_heap() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
-
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run the service's top coroutine on uvloop where it is installed (Linux, macOS):
     the same asyncio, with about 1.5x the HTTP throughput in ``bench --e2e``."""
