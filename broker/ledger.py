@@ -261,6 +261,9 @@ class Ledger:
         self._pods_on_node: dict[tuple[str, str], set[str]] = {}
         self._assumed: dict[str, Placement] = {}
         self._version = 0
+        # Bumped by every change except an assumption: while it stays put, the federation
+        # has only lost room (the scheduler's memo of unplaceable job shapes relies on it).
+        self._growth = 0
         self.overcommitted_pods = 0
         self._overcommitted: set[tuple[str, str]] = set()  # nodes reality overfills
 
@@ -274,6 +277,7 @@ class Ledger:
         for node in nodes:
             view._put(NodeState.empty(node))
         self._version += 1
+        self._growth += 1
 
     def set_stale(self, cluster: str, stale: bool) -> None:
         self._writable(cluster).stale = stale
@@ -417,7 +421,7 @@ class Ledger:
             if not _fits_on(state, pod.resources, pod.gpus):
                 raise ConflictError(f"pod {pod.pod} no longer fits node {pod.node}")
             trial[pod.node] = state.take(pod.resources, pod.gpus)
-        view = self._writable(placement.cluster)
+        view = self._writable(placement.cluster, grows=False)
         for state in trial.values():
             view._put(state)
         for pod in placement.pods:
@@ -454,6 +458,12 @@ class Ledger:
 
     def reservations(self) -> Mapping[str, Placement]:
         return MappingProxyType(self._assumed)
+
+    @property
+    def growth(self) -> int:
+        """Changes so far that may have made room (every change but ``assume``, which only
+        takes room; conservatively also those that take it, such as a foreign pod bound)."""
+        return self._growth
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -498,7 +508,7 @@ class Ledger:
                     copy._drop(name)
         return Snapshot(MappingProxyType(views), base.version)
 
-    def _writable(self, cluster: str) -> ClusterView:
+    def _writable(self, cluster: str, grows: bool = True) -> ClusterView:
         view = self._views.get(cluster)
         if view is None:
             raise KeyError(f"cluster {cluster!r} is not a member")
@@ -506,6 +516,7 @@ class Ledger:
             view = view._copy()
             self._views[cluster] = view
         self._version += 1
+        self._growth += grows
         return view
 
 

@@ -20,12 +20,22 @@ waited longer than ``starvation_seconds``, the cluster where it comes closest to
 *held* for it: jobs behind it in the order may no longer be placed there, so capacity freed
 in that cluster accumulates for the gang instead of being nibbled away. Holding is per
 cycle and recomputed each cycle, so it ends by itself once the gang is placed.
+
+A backlog of jobs that do not fit (a full federation, 100,000 queued) would cost a whole
+policy decision each, every cycle. ``UnplaceableShapes`` remembers the *shapes* (everything
+a decision depends on but the name) found unplaceable, as Armada skips jobs whose
+scheduling key already failed in a round: a job of a remembered shape waits without a
+decision, for as long as the federation has only lost room since (``Ledger.growth``
+unchanged: only assumptions happened) and no cluster held then is free now. A starving
+gang is always decided (its hold needs the largest fits), as is a job that might preempt
+(running jobs below its priority in a reclaimable queue). ``max_jobs_per_cycle`` bounds
+the decisions of a cycle; skipped jobs do not count.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
 from broker.ledger import ConflictError, Ledger
@@ -66,6 +76,51 @@ class CycleResult:
     # (seconds the policy took, None when the precheck answered; policy name; placed?) per
     # decision, for metrics.
     decisions: list[tuple[float | None, str, bool]] = field(default_factory=list)
+    skipped: int = 0  # jobs of a shape known not to fit: waiting, no decision made
+
+
+def shape_of(job: Job, policy: str, hidden: Mapping[str, Collection[str]] | None) -> Hashable:
+    """Everything a placement decision depends on but the job's name: two jobs of one shape
+    fit in exactly the same places."""
+    return (
+        policy, job.queue, job.priority, job.min_member, job.allow_burst, job.gpu_types,
+        tuple(sorted(job.cluster_selector.items())),
+        tuple((ps.count, ps.resources, ps.tolerations) for ps in job.pod_sets),
+        tuple(sorted((c, tuple(sorted(n))) for c, n in hidden.items())) if hidden else (),
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class UnplaceableShapes:
+    """Job shapes a decision found unplaceable, with the reasons and the clusters held at
+    the time; kept across cycles while ``Ledger.growth`` stays put (see the module doc)."""
+
+    ledger: Ledger | None = None  # whose growth it is (a rebuilt service has a new one)
+    growth: int = -1
+    shapes: dict[Hashable, tuple[frozenset[str], Unplaceable]] = field(default_factory=dict)
+
+    def _current(self, ledger: Ledger) -> bool:
+        if ledger is self.ledger and ledger.growth == self.growth:
+            return True
+        self.shapes.clear()
+        self.ledger, self.growth = ledger, ledger.growth
+        return False
+
+    def lookup(
+        self, shape: Hashable, ledger: Ledger, held: Mapping[str, str]
+    ) -> Unplaceable | None:
+        if not self._current(ledger):
+            return None
+        known = self.shapes.get(shape)
+        if known is None or not all(cluster in held for cluster in known[0]):
+            return None  # a cluster hidden then is visible now: decide again
+        return known[1]
+
+    def remember(
+        self, shape: Hashable, ledger: Ledger, held: Mapping[str, str], why: Unplaceable
+    ) -> None:
+        self._current(ledger)
+        self.shapes[shape] = (frozenset(held), why)
 
 
 class _Without:
@@ -132,25 +187,57 @@ def run_cycle(
     on_decision: Callable[[Pending, Placement | Unplaceable], None] | None = None,
     lifecycle: Lifecycle | None = None,
     hiding: Callable[[Job], Mapping[str, Collection[str]]] | None = None,
+    memo: UnplaceableShapes | None = None,
 ) -> CycleResult:
     """One cycle. ``hiding(job)`` (cluster -> nodes): nodes the job must decide without,
-    such as burst nodes held for another gang (``BurstController.hiding``)."""
+    such as burst nodes held for another gang (``BurstController.hiding``). ``memo``: the
+    caller's unplaceable shapes, kept from cycle to cycle (None: every job is decided)."""
     result = CycleResult()
 
-    def fresh(job: Job) -> CapacitySnapshot:
-        hidden = hiding(job) if hiding is not None else None
+    def fresh(job: Job, hidden: Mapping[str, Collection[str]] | None) -> CapacitySnapshot:
         snapshot = ledger.snapshot_hiding(hidden) if hidden else ledger.snapshot()
         return _Without(snapshot, result.held) if result.held else snapshot
 
+    floor: list[int | None] = []  # lowest priority a job could preempt from, once computed
+
+    def may_preempt(job: Job) -> bool:
+        if lifecycle is None:
+            return False
+        if not floor:
+            floor.append(min((
+                launch.pending.job.priority for launch in lifecycle.launches()
+                if queue.spec(launch.pending.job.queue).reclaimable
+            ), default=None))  # fmt: skip
+        return floor[0] is not None and job.priority > floor[0]
+
     # 1. The eligible jobs, in order: priority, queue priority, fair share, FIFO.
     total, _ = federation_capacity(ledger.snapshot())
-    for pending in queue.ordered(now, total)[: settings.max_jobs_per_cycle]:
+    ordered = queue.ordered(now, total)
+    if memo is None:
+        ordered = ordered[: settings.max_jobs_per_cycle]
+    decided = 0
+    for pending in ordered:
+        if decided >= settings.max_jobs_per_cycle:
+            break
         job = pending.job
         # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it).
         snapshot = ledger.snapshot()
         policy = policies.for_job(pending)
-        view = fresh(job)
+        hidden = hiding(job) if hiding is not None else None
         starving = job.total_pods > 1 and now - pending.enqueued_at >= settings.starvation_seconds
+        shape: Hashable = None
+        if memo is not None and not starving and not may_preempt(job):
+            shape = shape_of(job, policy.name, hidden)
+            known = memo.lookup(shape, ledger, result.held)
+            if known is not None:
+                result.skipped += 1
+                why = Unplaceable(job.key, known.reasons, known.largest_fit)
+                result.waiting[job.key] = why
+                if on_decision is not None:
+                    on_decision(pending, why)
+                continue
+        decided += 1
+        view = fresh(job, hidden)
         if not starving and not may_fit(job, view):
             # Visibly fits nowhere: no policy asked, no per-cluster reasons (explain has
             # them). A starving gang is always decided: its hold needs the largest fits.
@@ -170,11 +257,15 @@ def run_cycle(
                     if outcome is not None:
                         result.preempted.append((victim, outcome))
                 snapshot = ledger.snapshot()
-                decision = policies.for_job(pending).decide(job, fresh(job))
+                decision = policies.for_job(pending).decide(job, fresh(job, hidden))
         if isinstance(decision, Placement):
             # 3. Quota: what the placement would take, by GPU type, against the queue's.
             demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
-            _, idle = federation_capacity(snapshot)
+            spec = queue.spec(job.queue)
+            # What is idle to borrow matters to a borrowing queue only (and costs a walk
+            # over every cluster: not paid per placement otherwise).
+            borrowing = spec.quota is not None and spec.borrow
+            idle = federation_capacity(snapshot)[1] if borrowing else {}
             refused = queue.quota_allows(job.queue, demand, idle)
             if refused is not None:
                 decision = Unplaceable(job.key, (Reason(ReasonCode.QUOTA, refused),))
@@ -191,6 +282,9 @@ def run_cycle(
                 if on_decision is not None:
                     on_decision(pending, decision)
                 continue
+        elif memo is not None and shape is not None:
+            # Unplaceable by the policy (not by quota, which changes with the queue's use).
+            memo.remember(shape, ledger, result.held, decision)
         # 5. It waits; a gang that has waited too long gets its closest cluster held.
         result.waiting[job.key] = decision
         if on_decision is not None:

@@ -70,7 +70,7 @@ from broker.model import (
 from broker.mqtt import MqttEvents
 from broker.pools import BurstPools
 from broker.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
-from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 from broker.store import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -232,6 +232,7 @@ class Service:
             ),
         )
         self.policies: PolicyBook = _TenantPolicyBook(self.queue)
+        self.unplaceable = UnplaceableShapes()  # waits without a decision while no room
         self.store = store or open_store(config.store.url)
         election = config.leader_election
         self.leadership = Leadership(
@@ -726,7 +727,7 @@ class Service:
             hiding = self.pools.hiding(self.ledger.snapshot()) if self.pools else None
             result = run_cycle(
                 self.queue, self.ledger, self.policies, now, self.settings,
-                lifecycle=self.lifecycle, hiding=hiding,
+                lifecycle=self.lifecycle, hiding=hiding, memo=self.unplaceable,
             )  # fmt: skip
             for seconds, policy, placed in result.decisions:
                 if seconds is not None:

@@ -4,8 +4,10 @@ looks at how fast anything is: a slow machine must not fail the suite."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
+from collections.abc import Iterator
 
 import pytest
 
@@ -147,6 +149,17 @@ def test_the_measured_jobs_have_the_issue_shapes() -> None:
         assert [(ps.count, ps.resources.gpus) for ps in job.pod_sets] == [(8, 8)]
 
 
+@pytest.fixture
+def gc_restored() -> Iterator[None]:
+    """The benches settle the heap (``gc.freeze``, a higher threshold) as ``serve`` does;
+    in the test process that is undone afterwards."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("gc_restored")
 def test_cycle_bench_places_until_full_and_accounts_for_every_job(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -158,6 +171,8 @@ def test_cycle_bench_places_until_full_and_accounts_for_every_job(
     assert placed > 0 and cycles[0]["placed"] > 0
     assert placed + doc["still_queued"] == doc["queued"] == 3000
     assert cycles[-1]["placed"] == 0  # it ran until the federation took nothing more
-    assert all(c["placed"] + c["waiting"] <= 1000 for c in cycles)  # maxJobsPerCycle
+    # maxJobsPerCycle bounds the decisions; jobs of a shape known not to fit wait undecided.
+    assert all(c["placed"] <= c["decided"] <= 1000 for c in cycles)
+    assert cycles[-1]["decided"] == 0 and cycles[-1]["waiting"] == doc["still_queued"]
     assert doc["max_cycle_s"] >= doc["steady_cycle_s"] > 0
     assert doc["max_rss_mib"] > 0

@@ -17,12 +17,12 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
+from test_leader import CONFIG, manifest
 
 from broker.api import make_app
 from broker.cli import build_parser
@@ -32,27 +32,6 @@ from broker.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-a"
-CONFIG = """
-store: {{url: "sqlite://{db}"}}
-clusters:
-- name: c1
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: batch, policy: binpack}}
-tenants:
-- {{name: team-a, defaultQueue: batch, token: {{value: tok-a}}}}
-"""
-
-
-def manifest(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "fedbroker.io/v1alpha1",
-        "kind": "FederatedJob",
-        "metadata": {"name": name},
-        "spec": {"podSets": [{"name": "w", "count": 1,
-                              "resources": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}}]},
-    }  # fmt: skip
 
 
 class Waits:
@@ -89,7 +68,7 @@ class Replica:
 @pytest.fixture
 async def replicas(tmp_path: Path) -> AsyncIterator[tuple[Replica, Replica]]:
     """(leader, follower) on one SQLite file: the first to start holds the file lock."""
-    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
+    config = parse_config(CONFIG.format(url=f"sqlite://{tmp_path / 'jobs.db'}"), "test config")
     leader, follower = Replica(config, "host-a:8080"), Replica(config, "host-b:8080")
     await leader.start()
     await follower.start()

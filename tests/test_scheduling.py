@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from builders import ClusterSpec, federation, gang, nodes, single
+from builders import ClusterSpec, federation, gang, node, nodes, single
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.ledger import Ledger
 from broker.lifecycle import Lifecycle, LifecycleSettings
-from broker.model import Job, ReasonCode
+from broker.model import Job, NodeUpdated, ReasonCode
 from broker.queue import JobQueue, Pending, QueueSpec, backoff_seconds
-from broker.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 
 
 def queued(
@@ -264,3 +266,113 @@ def test_snapshot_without_leaves_the_live_ledger_alone() -> None:
     what_if = h.ledger.snapshot_without([big.placement])
     assert what_if.clusters["c"].free_milli() == live["c"] + 8000
     assert free_milli(h.ledger) == live
+
+
+# --- unplaceable shapes: a backlog that does not fit costs no decisions ----------------------
+
+
+def test_a_remembered_shape_waits_without_a_decision_until_room_is_freed() -> None:
+    ledger = federation({"c": nodes("n", 1, gpus=8)})
+    h = Harness(ledger)
+    memo = UnplaceableShapes()
+    h.queue.push(queued(single("filler", gpus=8), 0))
+    assert h.cycle(0.0) == ["default/filler"]
+    for i in range(5):
+        h.queue.push(queued(single(f"big{i}", gpus=8), 1 + i))
+    result = run_cycle(h.queue, ledger, h.policies, 1.0, h.settings, memo=memo)
+    assert (len(result.decisions), result.skipped, len(result.waiting)) == (1, 4, 5)
+    assert result.waiting["default/big3"].reasons == result.waiting["default/big0"].reasons
+    # Nothing changed: nobody is decided again.
+    result = run_cycle(h.queue, ledger, h.policies, 2.0, h.settings, memo=memo)
+    assert (len(result.decisions), result.skipped) == (0, 5)
+    # The filler ends: room was made, the first of them is placed at once.
+    h.lifecycle.cancel("default/filler")
+    result = run_cycle(h.queue, ledger, h.policies, 3.0, h.settings, memo=memo)
+    assert [p.job.name for p, _ in result.admitted] == ["big0"]
+    assert result.skipped == 3  # big1 was decided (no room after big0); the rest skipped
+
+
+def test_an_assumption_keeps_the_memo_and_a_new_node_clears_it() -> None:
+    ledger = federation({"c": nodes("n", 2, gpus=8)})
+    memo = UnplaceableShapes()
+    h = Harness(ledger)
+    h.queue.push(queued(gang("wide", pods=3, gpus=8), 0))
+    h.queue.push(queued(single("s", gpus=8), 1))
+    result = run_cycle(h.queue, ledger, h.policies, 0.0, h.settings, memo=memo)
+    assert [p.job.name for p, _ in result.admitted] == ["s"]  # assumed: growth unchanged
+    result = run_cycle(h.queue, ledger, h.policies, 1.0, h.settings, memo=memo)
+    assert (len(result.decisions), result.skipped) == (0, 1)
+    ledger.apply(NodeUpdated("c", node("n-new", gpus=8)))
+    ledger.apply(NodeUpdated("c", node("n-new2", gpus=8)))
+    result = run_cycle(h.queue, ledger, h.policies, 2.0, h.settings, memo=memo)
+    assert [p.job.name for p, _ in result.admitted] == ["wide"]
+
+
+def test_skipped_jobs_do_not_use_up_the_decisions_of_a_cycle() -> None:
+    ledger = federation({"c": nodes("n", 1, gpus=4)})
+    h = Harness(ledger)
+    few = SchedulerSettings(max_jobs_per_cycle=2)
+    for i in range(5):
+        h.queue.push(queued(single(f"big{i}", gpus=8), i))
+    h.queue.push(queued(single("small", gpus=1), 9))
+    # Without the memo the bound is spent on the first two, which cannot fit.
+    result = run_cycle(h.queue, ledger, h.policies, 0.0, few)
+    assert result.admitted == [] and len(result.waiting) == 2
+    result = run_cycle(h.queue, ledger, h.policies, 0.0, few, memo=UnplaceableShapes())
+    assert [p.job.name for p, _ in result.admitted] == ["small"]
+    assert (len(result.decisions), result.skipped) == (2, 4)
+
+
+def test_a_job_that_may_preempt_is_always_decided() -> None:
+    h = preemption_harness()
+    memo = UnplaceableShapes()
+    urgent = [queued(single(f"urgent{i}", gpus=8), 100 + i, queue="urgent", priority=10)
+              for i in range(2)]  # fmt: skip
+    for p in urgent:
+        h.queue.push(p)
+    result = run_cycle(h.queue, h.ledger, h.policies, 5.0, h.settings, lifecycle=h.lifecycle,
+                       memo=memo)  # fmt: skip
+    assert result.skipped == 0 and result.preempted
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    node_gpus=st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=4),
+    shapes=st.lists(
+        st.tuples(st.integers(1, 3), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 4])),
+        min_size=1, max_size=25,
+    ),
+    ends=st.lists(st.integers(0, 1000), max_size=6),
+)  # fmt: skip
+def test_the_memo_never_changes_what_is_placed(
+    node_gpus: list[int], shapes: list[tuple[int, int, int]], ends: list[int]
+) -> None:
+    """Two schedulers, one remembering unplaceable shapes and one deciding every job, see
+    the same jobs and the same ends of running jobs: they place exactly the same."""
+
+    def build() -> Harness:
+        ledger = federation({"c": [node(f"n{i}", gpus=g) for i, g in enumerate(node_gpus)]})
+        h = Harness(ledger)
+        h.settings = SchedulerSettings(max_jobs_per_cycle=10_000)
+        for seq, (pods, gpus, cpu) in enumerate(shapes):
+            job = gang(f"j{seq}", pods=pods, gpus=gpus, cpu=cpu * 1000)
+            h.queue.push(queued(job, seq))
+        return h
+
+    plain, remembering = build(), build()
+    memo = UnplaceableShapes()
+    for step, end in enumerate([*ends, 0]):
+        now = float(step)
+        a = run_cycle(plain.queue, plain.ledger, plain.policies, now, plain.settings)
+        b = run_cycle(remembering.queue, remembering.ledger, remembering.policies, now,
+                      remembering.settings, memo=memo)  # fmt: skip
+        assert a.admitted == b.admitted
+        assert a.waiting.keys() == b.waiting.keys()
+        for h, result in ((plain, a), (remembering, b)):
+            for pending, placement in result.admitted:
+                h.lifecycle.placed(pending, placement, now)
+        running = sorted(plain.ledger.reservations())
+        if running:  # the same job ends in both
+            gone = running[end % len(running)]
+            plain.lifecycle.cancel(gone)
+            remembering.lifecycle.cancel(gone)
