@@ -116,6 +116,9 @@ class ApiConfig(Section):
 class SchedulerConfig(Section):
     cycle_seconds: float = Field(default=1.0, gt=0, le=60)
     max_jobs_per_cycle: int = Field(default=1000, ge=1, le=100_000)
+    # A cycle runs on the event loop: past this it stops deciding (the rest wait for the
+    # next cycle), so the API never waits longer behind it.
+    max_cycle_seconds: float = Field(default=0.5, gt=0, le=60)
     # Kueue's requeue defaults: 60 s, doubling, capped at one hour, no limit unless set.
     backoff_base_seconds: float = Field(default=60.0, gt=0, le=86_400)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)

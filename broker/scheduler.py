@@ -64,6 +64,10 @@ _NO_ROOM = Reason(
 class SchedulerSettings:
     max_jobs_per_cycle: int = 1000
     starvation_seconds: float = 600.0
+    # A cycle stops deciding once it has run this long (after one decision at least): it
+    # runs on the event loop, so this bounds how long the API waits behind it. The jobs
+    # not reached wait for the next cycle. None: no bound (replays, tests).
+    max_cycle_seconds: float | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +81,7 @@ class CycleResult:
     # decision, for metrics.
     decisions: list[tuple[float | None, str, bool]] = field(default_factory=list)
     skipped: int = 0  # jobs of a shape known not to fit: waiting, no decision made
+    cut_short: bool = False  # max_cycle_seconds ran out before the queue did
 
 
 def shape_of(job: Job, policy: str, hidden: Mapping[str, Collection[str]] | None) -> Hashable:
@@ -216,8 +221,13 @@ def run_cycle(
     if memo is None:
         ordered = ordered[: settings.max_jobs_per_cycle]
     decided = 0
+    began = time.perf_counter()
+    budget = settings.max_cycle_seconds
     for pending in ordered:
         if decided >= settings.max_jobs_per_cycle:
+            break
+        if budget is not None and decided and time.perf_counter() - began >= budget:
+            result.cut_short = True
             break
         job = pending.job
         # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it).

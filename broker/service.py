@@ -223,7 +223,9 @@ class Service:
                       q.borrow, q.reclaimable)
             for q in config.queues
         )  # fmt: skip
-        self.settings = SchedulerSettings(sched.max_jobs_per_cycle, sched.starvation_seconds)
+        self.settings = SchedulerSettings(
+            sched.max_jobs_per_cycle, sched.starvation_seconds, sched.max_cycle_seconds
+        )
         self.lifecycle = Lifecycle(
             self.ledger,
             self.queue,

@@ -376,3 +376,23 @@ def test_the_memo_never_changes_what_is_placed(
             gone = running[end % len(running)]
             plain.lifecycle.cancel(gone)
             remembering.lifecycle.cancel(gone)
+
+
+def test_a_cycle_out_of_time_stops_after_its_decision_and_the_next_goes_on() -> None:
+    # A budget of 0 s: every cycle makes exactly one decision (progress), then stops.
+    ledger = federation({"c": nodes("n", 4, gpus=8)})
+    h = Harness(ledger)
+    no_time = SchedulerSettings(max_cycle_seconds=0.0)
+    for i in range(3):
+        h.queue.push(queued(single(f"j{i}", gpus=8), i))
+    placed = []
+    for now in range(3):
+        result = run_cycle(h.queue, ledger, h.policies, float(now), no_time)
+        assert len(result.decisions) == 1 and result.cut_short == (now < 2)
+        placed += [p.job.name for p, _ in result.admitted]
+    assert placed == ["j0", "j1", "j2"]
+    # Unbounded (the default for replays and tests), one cycle takes them all.
+    for i in range(3, 6):
+        h.queue.push(queued(single(f"j{i}", gpus=8), i))
+    result = run_cycle(h.queue, ledger, h.policies, 9.0, h.settings)
+    assert len(result.admitted) == 1 and len(result.waiting) == 2 and not result.cut_short
