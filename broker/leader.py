@@ -37,6 +37,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from broker.store import StoreUnavailable
+
 log = logging.getLogger(__name__)
 
 LEASE_NAME: Final = "scheduler"
@@ -238,6 +240,9 @@ class Leadership:
             log.info("leader election: %s is the leader", self.identity)
             try:
                 await self._on_elected()
+            except StoreUnavailable as exc:  # the database went away again: expected
+                log.warning("leader election: taking over failed (%s); stepping down", exc)
+                await self._step_down("taking over failed", release=True)
             except Exception:
                 log.exception("leader election: taking over failed; stepping down")
                 await self._step_down("taking over failed", release=True)
