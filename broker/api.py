@@ -29,7 +29,14 @@ from broker.manifest import FederatedJob, ManifestError, parse_manifest
 from broker.metrics import Forward, ServiceCollector
 from broker.openapi import openapi_document
 from broker.service import Forbidden, NotFound, NotLeader, Service
-from broker.store import JOB_STATES, JobRecord, JobState, StoreUnavailable, Transition
+from broker.store import (
+    JOB_STATES,
+    JobRecord,
+    JobState,
+    LeaseLost,
+    StoreUnavailable,
+    Transition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +197,15 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.holder:
             headers["X-Fedbroker-Leader"] = exc.holder
         return _error(503, str(exc), **headers)
+    except LeaseLost as exc:
+        # Fenced: this replica's lease ran out under it (a pause longer than the lease);
+        # nothing was written. The replica that leads now takes it.
+        log.warning("write refused on %s %s: %s", request.method, _route(request), exc)
+        return _error(
+            503,
+            f"leader: this replica lost the lease; retry after {STORE_RETRY_SECONDS} s",
+            **{"Retry-After": str(STORE_RETRY_SECONDS)},
+        )
     except StoreUnavailable as exc:
         # The database is down or restarting: nothing was acknowledged, the client retries
         # (the broker reports not-ready meanwhile). No traceback: this is not a bug.

@@ -72,6 +72,7 @@ class LeaseStore(Protocol):
     """What PostgresLease needs from the store (broker.store.postgres.PostgresStore)."""
 
     async def acquire_lease(self, name: str, holder: str, seconds: float) -> str | None: ...
+    def fence(self, lease: str, holder: str) -> None: ...
     async def renew_lease(self, name: str, holder: str, seconds: float) -> str | None: ...
     async def release_lease(self, name: str, holder: str) -> None: ...
 
@@ -121,7 +122,10 @@ class PostgresLease:
 
     async def acquire(self) -> bool:
         self.holder = await self._store.acquire_lease(self.name, self.identity, self.lease_seconds)
-        return self.holder == self.identity
+        won = self.holder == self.identity
+        if won:  # the store refuses job writes from now on unless the lease is still ours
+            self._store.fence(self.name, self.identity)
+        return won
 
     async def renew(self) -> bool:
         self.holder = await self._store.renew_lease(self.name, self.identity, self.lease_seconds)

@@ -76,6 +76,7 @@ from broker.store import (
     FINAL_STATES,
     JobRecord,
     JobState,
+    LeaseLost,
     StateConflict,
     Store,
     StoreError,
@@ -908,6 +909,8 @@ class Service:
                 )  # fmt: skip
             except StateConflict:  # also a retried write whose first try committed
                 log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+            except LeaseLost as exc:  # fenced: another replica leads; it rebuilds the job
+                log.warning("%s of %s not recorded: %s", outcome.state, outcome.job, exc)
             except StoreUnavailable as exc:
                 # The database is down or restarting: hold the write and retry it while this
                 # replica leads; a leader elected later rebuilds the job from the store.

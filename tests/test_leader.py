@@ -9,6 +9,7 @@ one that counts); ``Leadership``'s own timing runs on an injected clock: no slee
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from broker.leader import (
     default_identity,
 )
 from broker.service import Service
-from broker.store import StoreUnavailable
+from broker.store import LeaseLost, StoreUnavailable
 from broker.store.postgres import PostgresStore
 
 TOKEN = {"Authorization": "Bearer tok-a"}
@@ -405,3 +406,51 @@ def test_the_advertised_host_names_the_replica(monkeypatch: pytest.MonkeyPatch) 
     assert default_identity(8080) == "10.1.2.3:8080"
     monkeypatch.delenv("FEDBROKER_ADVERTISE_HOST")
     assert default_identity(8080) == f"{socket.gethostname()}:8080"
+
+
+# -- fencing: a replica's job writes land only while its lease holds -----------------------------
+
+
+async def test_job_writes_are_fenced_by_the_lease(pg_url: str, stores: list[PostgresStore]) -> None:
+    a = PostgresLease(stores[0], "host-a:8080", 15)
+    b = PostgresLease(stores[1], "host-b:8080", 15)
+    assert await a.acquire()  # fences stores[0] with host-a's lease
+    _, created = await stores[0].create_job("t", "j1", "q", 0, {"k": 1}, 1.0)
+    assert created
+    await expire(pg_url)  # a paused longer than its lease: its writes must not land
+    with pytest.raises(LeaseLost, match="host-a:8080 no longer holds"):
+        await stores[0].create_job("t", "j2", "q", 0, {"k": 2}, 2.0)
+    with pytest.raises(LeaseLost):
+        await stores[0].transition("t", "j1", "Failed", "late", 3.0)
+    assert await stores[1].get_job("t", "j2") is None
+    j1 = await stores[1].get_job("t", "j1")
+    assert j1 is not None and j1.state == "Queued"
+    assert await b.acquire()
+    with pytest.raises(LeaseLost):  # taken over: still refused
+        await stores[0].transition("t", "j1", "Failed", "late", 4.0)
+    placed = await stores[1].transition("t", "j1", "Failed", "by the new leader", 5.0)
+    assert placed.state == "Failed"
+
+
+async def test_a_takeover_waits_for_the_old_leaders_write_in_flight(
+    pg_url: str, stores: list[PostgresStore]
+) -> None:
+    a = PostgresLease(stores[0], "host-a:8080", 15)
+    assert await a.acquire()
+    async with stores[0]._txn("test write") as conn:  # fence checked, lease row locked
+        await conn.execute(
+            "INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
+            "reason, created_at, updated_at) VALUES ('t', 'late', 'q', 0, '{}', 'Queued', 0, "
+            "'Submitted', 1, 1)"
+        )
+        expiring = asyncio.create_task(expire(pg_url))  # what a takeover's UPDATE meets
+        deadline = asyncio.get_running_loop().time() + 10
+        while not await sql(
+            pg_url, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE 'UPDATE leases%'",
+        ):  # fmt: skip
+            assert asyncio.get_running_loop().time() < deadline, "the UPDATE never waited"
+            await asyncio.sleep(0.01)
+        assert not expiring.done()  # blocked behind the write's share lock
+    await expiring  # the write committed; only now could the lease change hands
+    assert await stores[1].get_job("t", "late") is not None

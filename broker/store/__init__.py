@@ -81,6 +81,11 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached right now (the service reports not-ready, retries)."""
 
 
+class LeaseLost(StoreError):
+    """A fenced write refused: this replica no longer holds the leader lease it was fenced
+    with (expired, or taken by another replica), so it must not write jobs any more."""
+
+
 class Store(Protocol):
     """What the broker needs from a durable job store. Both backends keep it exactly."""
 

@@ -38,6 +38,7 @@ from broker.store import (
     JobNotFound,
     JobRecord,
     JobState,
+    LeaseLost,
     StateConflict,
     StoreError,
     StoreUnavailable,
@@ -121,6 +122,7 @@ class PostgresStore:
             "command_timeout": command_timeout,
         }
         self._pool: asyncpg.Pool | None = None
+        self._fence: tuple[str, str] | None = None  # (lease, holder): see fence()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -258,7 +260,29 @@ class PostgresStore:
         pool = self._require()
         with self._errors(action):
             async with pool.acquire() as conn, conn.transaction():
+                if self._fence is not None:
+                    await self._check_fence(conn, action)
                 yield conn
+
+    def fence(self, lease: str, holder: str) -> None:
+        """From now on every job write checks, in its own transaction, that ``holder``
+        still holds ``lease`` unexpired, and keeps the lease row share-locked until it
+        commits: a replica taking the lease over waits for that write, then sees it when it
+        rebuilds; a write of a replica whose lease expired or was taken is refused
+        (``LeaseLost``) instead of landing late (the fencing token of the lease)."""
+        self._fence = (lease, holder)
+
+    async def _check_fence(self, conn: asyncpg.pool.PoolConnectionProxy, action: str) -> None:
+        assert self._fence is not None
+        held = await conn.fetchval(
+            "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at > now() FOR SHARE",
+            *self._fence,
+        )
+        if held is None:
+            raise LeaseLost(
+                f"postgres store {self.url_for_logs}: {action} refused: "
+                f"{self._fence[1]} no longer holds the {self._fence[0]} lease"
+            )
 
     # -- reads -----------------------------------------------------------------------------
 
