@@ -53,6 +53,10 @@ def our_pods(k8s: kmocklib.KubernetesEmulator, job: str) -> list[str]:
     )  # fmt: skip
 
 
+def watch_requests(k8s: kmock.KubernetesEmulator) -> int:
+    return sum(1 for request in k8s if request.params.get("watch") == "true")
+
+
 @pytest.mark.parametrize("fault", ["refused", "black hole", "reset mid-watch", "slow"])
 async def test_member_fault_stale_no_placements_relist_no_duplicates(
     k8s: kmocklib.KubernetesEmulator, tmp_path: Path, fault: str
@@ -83,6 +87,9 @@ async def test_member_fault_stale_no_placements_relist_no_duplicates(
                 proxy.mode = "blackhole"
                 proxy.reset()
             case "reset mid-watch":
+                # Mid-watch: once both watches (nodes, pods) are open, not while the first
+                # list's connection is all there is (a reset then breaks nothing).
+                await until(lambda: watch_requests(k8s) >= 2)
                 proxy.reset()
             case "slow":
                 proxy.mode = "slow"
