@@ -30,6 +30,7 @@ WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200,
 DECISION_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 )  # fmt: skip
+CYCLE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class SchedulerMetrics:
@@ -61,6 +62,19 @@ class SchedulerMetrics:
             "fedbroker_placement_decision_seconds",
             "Seconds one placement decision (policy.decide) took", buckets=DECISION_BUCKETS,
             registry=r,
+        )  # fmt: skip
+        self.cycle = Histogram(
+            "fedbroker_scheduling_cycle_seconds", "Seconds one scheduling cycle took (it "
+            "runs on the event loop: the API waits that long behind it)",
+            buckets=CYCLE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.cut_short = Counter(
+            "fedbroker_scheduling_cycles_cut_short", "Cycles that stopped deciding at "
+            "scheduler.maxCycleSeconds with jobs left to decide", registry=r,
+        )  # fmt: skip
+        self.skipped = Counter(
+            "fedbroker_placements_skipped", "Waiting jobs a cycle did not decide: a job of "
+            "the same shape was found unplaceable and no room was freed since", registry=r,
         )  # fmt: skip
 
 

@@ -728,10 +728,15 @@ class Service:
                     launch.placement, now, f"gang did not start within {timeout}s", "timeout"
                 )
             hiding = self.pools.hiding(self.ledger.snapshot()) if self.pools else None
+            began = time.perf_counter()
             result = run_cycle(
                 self.queue, self.ledger, self.policies, now, self.settings,
                 lifecycle=self.lifecycle, hiding=hiding, memo=self.unplaceable,
             )  # fmt: skip
+            self.metrics.cycle.observe(time.perf_counter() - began)
+            self.metrics.skipped.inc(result.skipped)
+            if result.cut_short:
+                self.metrics.cut_short.inc()
             for seconds, policy, placed in result.decisions:
                 if seconds is not None:
                     self.metrics.decision.observe(seconds)

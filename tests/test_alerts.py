@@ -64,8 +64,13 @@ COUNTERS = frozenset({
     "fedbroker_requeues_total",
     "fedbroker_preemptions_total",
     "fedbroker_mqtt_dropped_events_total",
+    "fedbroker_placements_skipped_total",
+    "fedbroker_scheduling_cycles_cut_short_total",
 })  # fmt: skip
-HISTOGRAMS = frozenset({"fedbroker_job_wait_seconds", "fedbroker_placement_decision_seconds"})
+HISTOGRAMS = frozenset({
+    "fedbroker_job_wait_seconds", "fedbroker_placement_decision_seconds",
+    "fedbroker_scheduling_cycle_seconds",
+})  # fmt: skip
 EXPORTED = (
     GAUGES
     | COUNTERS

@@ -158,6 +158,11 @@ async def test_metrics_match_the_ledger_after_placements(tmp_path: Path) -> None
         # Every decision a policy made was timed; the precheck's quick "no room" is not.
         timed = value(found, "fedbroker_placement_decision_seconds_count")
         assert 4 <= timed <= sum(by_result.values())
+        # Every cycle was timed; a cycle that skipped or was cut short says so (how often
+        # depends on what changed between cycles and on the machine's speed: present only).
+        assert value(found, "fedbroker_scheduling_cycle_seconds_count") >= 2  # schedule_once x2
+        assert value(found, "fedbroker_placements_skipped_total") >= 0
+        assert value(found, "fedbroker_scheduling_cycles_cut_short_total") >= 0
         assert value(found, "fedbroker_leader") == 1
         assert value(found, "fedbroker_cluster_connected", cluster="a") == 1
         # No job name ever becomes a label value.
