@@ -7,7 +7,8 @@ failure is one line on stderr: the server's own error message, or why it could n
 reached. The token is sent as a bearer header and never printed.
 
 A 503 that carries Retry-After (a follower that does not take writes, a store that is
-down, a new leader rebuilding its state) is retried after the hinted wait, for at most
+down, a new leader rebuilding its state), or a 429 with one (the tenant's rate limit), is
+retried after the hinted wait, for at most
 ``--retry-for`` seconds in all (default ``$FEDBROKER_RETRY_SECONDS`` or 30; 0 turns it off);
 each retry is announced on stderr, and when the time is up the last answer is the error.
 """
@@ -88,7 +89,8 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
         type=_retry_seconds,
         metavar="SECONDS",
         default=os.environ.get("FEDBROKER_RETRY_SECONDS", str(DEFAULT_RETRY_SECONDS)),
-        help="retry a 503 with Retry-After (no leader, store down, state being rebuilt) for "
+        help="retry a 503 or 429 with Retry-After (no leader, store down, state being "
+        "rebuilt, rate limited) for "
         "at most this long in all; 0: never (default $FEDBROKER_RETRY_SECONDS or 30)",
     )
 
@@ -235,7 +237,7 @@ async def _request(
             message = doc.get("error") if isinstance(doc, dict) else None
             line = " ".join(f"{resp.status} {message or resp.reason}".split())
             wait = retry_after_seconds(resp.headers.get("Retry-After"))
-            if resp.status == 503 and wait is not None:
+            if resp.status in (429, 503) and wait is not None:  # asked to come back
                 raise Unavailable(line, wait)
             raise ClientError(line)
         return doc

@@ -232,7 +232,7 @@ async def test_the_cli_prints_one_line_and_no_traceback(
 # --- against a scripted server -----------------------------------------------------------
 
 
-async def test_only_a_503_with_retry_after_is_retried() -> None:
+async def test_only_a_503_or_429_with_retry_after_is_retried() -> None:
     answers: list[tuple[int, dict[str, str]]] = [
         (503, {"Retry-After": "3"}),
         (503, {}),  # no hint: the server did not ask to come back
@@ -252,10 +252,14 @@ async def test_only_a_503_with_retry_after_is_retried() -> None:
         with pytest.raises(ClientError, match=r"^503 scripted 503$"):
             await call(cmd, sleep=waits)
         assert waits.asked == [3.0] and answers == []
-        answers.append((429, {"Retry-After": "1"}))  # rate limited: not this retry's business
+        # Rate limited: asked to come back after 1 s, then answered.
+        answers += [(429, {"Retry-After": "1"}), (200, {})]
+        assert await call(cmd, sleep=waits) == {"error": "scripted 200"}
+        assert waits.asked == [3.0, 1.0] and answers == []
+        answers.append((429, {}))  # no hint: not retried
         with pytest.raises(ClientError, match=r"^429 scripted 429$"):
             await call(cmd, sleep=waits)
-        assert waits.asked == [3.0]
+        assert waits.asked == [3.0, 1.0]
     finally:
         await server.close()
 
