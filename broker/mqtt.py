@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 CAPACITY_MIN_SECONDS = 1.0  # per cluster, between two capacity messages
 CAPACITY_TICK_SECONDS = 0.25
+GAP_TOPIC = "gaps/jobs"  # job events dropped (outbox full): how many, when
 Emit = Callable[[list[CapacityEvent]], None]
 
 
@@ -283,10 +284,24 @@ class MqttEvents:
         self._version = -1
         self._computed_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        # Job events dropped since the last gap notice: how many, first and last at (Unix s).
+        self._gap: tuple[int, float, float] | None = None
 
     def on_job(self, data: Mapping[str, Any]) -> None:
+        """Queue a job event. Events dropped on a full outbox are announced in-band: the
+        next event that finds room is preceded by ``<prefix>/gaps/jobs`` = ``{dropped,
+        firstDroppedAt, lastDroppedAt, at}``, so a consumer knows to re-read
+        ``/v1/jobs`` rather than trust the stream it has."""
+        now = time.time()
+        if self._gap is not None and not self.publisher.full:  # a notice is never dropped
+            dropped, first, last = self._gap
+            notice = {"dropped": dropped, "firstDroppedAt": first, "lastDroppedAt": last, "at": now}
+            if self.publisher.publish_nowait(GAP_TOPIC, json.dumps(notice), qos=1):
+                self._gap = None
         topic = f"jobs/{data.get('tenant')}/{data.get('name')}"
-        self.publisher.publish_nowait(topic, json.dumps(job_message(data)), qos=1)
+        if not self.publisher.publish_nowait(topic, json.dumps(job_message(data)), qos=1):
+            dropped, first, _ = self._gap or (0, now, now)
+            self._gap = (dropped + 1, first, now)
 
     def _capacity_wake_set(self) -> None:
         self._capacity_wake.set()

@@ -160,7 +160,7 @@ async def test_mqtt_down_for_a_minute_api_answers_and_events_resume(tmp_path: Pa
     prefix = unique_prefix()
     async with contextlib.AsyncExitStack() as stack:  # unwound last in, first out
         mosquitto = await stack.enter_async_context(private_mosquitto(tmp_path / "mosquitto"))
-        inbox = await stack.enter_async_context(subscriber(f"{prefix}/jobs/#", port=mosquitto.port))
+        inbox = await stack.enter_async_context(subscriber(f"{prefix}/#", port=mosquitto.port))
         session = await stack.enter_async_context(aiohttp.ClientSession(timeout=REQUEST_TIMEOUT))
         config = tmp_path / "fedbroker.yaml"
         proxy = TcpProxy(mosquitto.port)
@@ -239,6 +239,13 @@ async def test_mqtt_down_for_a_minute_api_answers_and_events_resume(tmp_path: Pa
         assert OUTBOX - 2 <= delivered <= OUTBOX  # a capacity row may hold a slot or two
         assert job_events(inbox, prefix, outage[0]) == STATES
         assert job_events(inbox, prefix, outage[-1]) == []
+        # The gap was announced in-band, before the first event that found room again.
+        gaps = inbox.json(f"{prefix}/gaps/jobs")
+        assert sum(g["dropped"] for g in gaps) == up["fedbroker_mqtt_dropped_events_total"]
+        topics = [t for t, _, _ in inbox.messages]
+        first_after = topics.index(f"{prefix}/jobs/{TENANT}/{after[0]}")
+        assert f"{prefix}/gaps/jobs" in topics[:first_after]
+        assert all(g["firstDroppedAt"] <= g["lastDroppedAt"] <= g["at"] for g in gaps)
 
         log = (tmp_path / f"broker-{broker.starts}.log").read_text(encoding="utf-8")
         assert "Traceback" not in log, log[-4000:]
