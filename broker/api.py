@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 MAX_LIST_LIMIT = 1000
 KEEPALIVE_SECONDS = 15.0  # an SSE comment this often, so idle streams and dead peers show
-STORE_RETRY_SECONDS = 1  # Retry-After while the store cannot be reached (it is retried anyway)
+# Retry-After while the store cannot be reached or the lease was lost under a write.
+STORE_RETRY_AFTER_SECONDS = 1
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() accepts "²", int() does not
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -203,8 +204,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.warning("write refused on %s %s: %s", request.method, _route(request), exc)
         return _error(
             503,
-            f"leader: this replica lost the lease; retry after {STORE_RETRY_SECONDS} s",
-            **{"Retry-After": str(STORE_RETRY_SECONDS)},
+            f"leader: this replica lost the lease; retry after {STORE_RETRY_AFTER_SECONDS} s",
+            **{"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
         )
     except StoreUnavailable as exc:
         # The database is down or restarting: nothing was acknowledged, the client retries
@@ -212,8 +213,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         log.warning("store unavailable on %s %s: %s", request.method, _route(request), exc)
         return _error(
             503,
-            f"store: unavailable right now; retry after {STORE_RETRY_SECONDS} s",
-            **{"Retry-After": str(STORE_RETRY_SECONDS)},
+            f"store: unavailable right now; retry after {STORE_RETRY_AFTER_SECONDS} s",
+            **{"Retry-After": str(STORE_RETRY_AFTER_SECONDS)},
         )
     except Exception:
         # A bug, not the caller's fault; the path only (no headers: they hold the token).

@@ -37,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from adapters.kube.launch import LaunchSpec
 from adapters.kube.watch import WatchError
@@ -800,17 +801,15 @@ class Service:
         Queued; only give the capacity back otherwise (cancelled meanwhile). A replica that
         stops leading drops it with the rest: the next leader rebuilds from the store."""
         key, job = pending.job.key, pending.job
-        delay = STORE_RETRY_SECONDS[0]
-        while True:
-            await asyncio.sleep(delay)
-            if not self.leader:
-                return
-            try:
-                record = await self.store.get_job(job.tenant, job.name)
-                break
-            except StoreError as exc:
-                log.warning("placement of %s still in doubt (%s)", key, exc)
-                delay = min(2 * delay, STORE_RETRY_SECONDS[1])
+        await asyncio.sleep(STORE_RETRY_SECONDS[0])
+        if not self.leader:
+            return
+        try:
+            async for attempt in self._while_leading(StoreError, f"placement of {key} in doubt"):
+                with attempt:
+                    record = await self.store.get_job(job.tenant, job.name)
+        except StoreError:
+            return  # no longer leading: the next leader rebuilds from the store
         stored = json.loads(json.dumps(placement_json(placement)))
         async with self._lock:
             if not self.leader or self.ledger.reservations().get(key) is not placement:
@@ -904,31 +903,47 @@ class Service:
         tenant, _, name = outcome.job.partition("/")
         if outcome.state != "Running":
             self.pools.ended(outcome.job)
-        delay = STORE_RETRY_SECONDS[0]
-        while True:
-            try:
-                await self.store.transition(
-                    tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
-                    attempts=outcome.attempts if outcome.state != "Running" else None,
-                    not_before=outcome.not_before,
-                )  # fmt: skip
-            except StateConflict:  # also a retried write whose first try committed
-                log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
-            except LeaseLost as exc:  # fenced: another replica leads; it rebuilds the job
-                log.warning("%s of %s not recorded: %s", outcome.state, outcome.job, exc)
-            except StoreUnavailable as exc:
-                # The database is down or restarting: hold the write and retry it while this
-                # replica leads; a leader elected later rebuilds the job from the store.
-                if self.leader:
-                    log.warning("%s of %s not recorded yet (%s); retrying in %g s",
-                                outcome.state, outcome.job, exc, delay)  # fmt: skip
-                    await asyncio.sleep(delay)
-                    delay = min(2 * delay, STORE_RETRY_SECONDS[1])
-                    continue
-                log.warning("%s of %s not recorded (%s); no longer leading", outcome.state,
-                            outcome.job, exc)  # fmt: skip
-            break
+        # The database down or restarting: the write is held and retried while this
+        # replica leads; a leader elected later rebuilds the job from the store.
+        what = f"{outcome.state} of {outcome.job} not recorded yet"
+        try:
+            async for attempt in self._while_leading(StoreUnavailable, what):
+                with attempt:
+                    await self.store.transition(
+                        tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
+                        attempts=outcome.attempts if outcome.state != "Running" else None,
+                        not_before=outcome.not_before,
+                    )  # fmt: skip
+        except StateConflict:  # also a retried write whose first try committed
+            log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+        except LeaseLost as exc:  # fenced: another replica leads; it rebuilds the job
+            log.warning("%s of %s not recorded: %s", outcome.state, outcome.job, exc)
+        except StoreUnavailable as exc:
+            log.warning("%s of %s not recorded (%s); no longer leading", outcome.state,
+                        outcome.job, exc)  # fmt: skip
         self._wake.set()
+
+    def _while_leading(self, retry_on: type[StoreError], what: str) -> AsyncRetrying:
+        """Retries of a store call that failed with ``retry_on``, STORE_RETRY_SECONDS
+        apart (doubling), for as long as this replica leads; then the error is raised."""
+
+        def retry(state: RetryCallState) -> bool:
+            outcome = state.outcome
+            return (
+                outcome is not None and outcome.failed and self.leader
+                and isinstance(outcome.exception(), retry_on)
+            )  # fmt: skip
+
+        def announce(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            pause = state.next_action.sleep if state.next_action else 0.0
+            log.warning("%s (%s); retrying in %.1f s", what, exc, pause)
+
+        first, cap = STORE_RETRY_SECONDS
+        return AsyncRetrying(
+            retry=retry, wait=wait_exponential(multiplier=first, max=cap),
+            before_sleep=announce, reraise=True,
+        )  # fmt: skip
 
     def _pending(self, record: JobRecord, job: Job | None = None) -> Pending:
         """The queue entry of a stored job; its Job is rebuilt from the stored manifest

@@ -220,3 +220,13 @@ def as_placement(decision: Decision) -> Placement:
 def as_unplaceable(decision: Decision) -> Unplaceable:
     assert isinstance(decision, Unplaceable), f"expected unplaceable, got {decision}"
     return decision
+
+
+class Clock:
+    """An injected clock: seconds, moved by hand (``clock.now += s``)."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

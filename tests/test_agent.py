@@ -17,13 +17,13 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
+from builders import Clock
 from test_kube_service import foreign_pod as pod_obj
 from test_kube_service import node_obj
 from test_mqtt import (
     MQTT_HOST,
     MQTT_PORT,
     ROOT,
-    Clock,
     require_mqtt,
     subscriber,
     unique_prefix,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 
 from adapters.simulated import SimulatedLauncher
 from broker.api import make_app
@@ -60,14 +61,6 @@ def manifest(name: str, pods: int = 1, gpus: int = 8, **spec: Any) -> dict[str, 
             ],
         },
     }  # fmt: skip
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 Harness = tuple[TestClient[Any, Any], Service, Clock]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 from prometheus_client import REGISTRY, CollectorRegistry
 from test_api import (
     ADMIN,
@@ -22,7 +23,6 @@ from test_api import (
     TOKENS,
     A,
     B,
-    Clock,
     make_config,
     manifest,
     settle,

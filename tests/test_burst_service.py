@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 
 from broker.api import make_app
 from broker.config import Config, parse_config
@@ -72,14 +73,6 @@ def gang(name: str, pods: int = 3, allow_burst: bool = True) -> Any:
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def cycle(service: Service, clock: Clock) -> None:
     """One scheduling cycle at the next tick, with its pool calls and launches done."""
     clock.now += CYCLE
@@ -93,7 +86,7 @@ def cloud_nodes(service: Service) -> set[str]:
 
 
 async def test_gang_bursts_runs_and_the_nodes_go_away(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(1_000.0)
     service = Service(make_config(tmp_path), clock=clock)
     await service.start()
     try:
@@ -130,7 +123,7 @@ async def test_gang_bursts_runs_and_the_nodes_go_away(tmp_path: Path) -> None:
 
 
 async def test_gang_not_allowed_to_burst_waits(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(1_000.0)
     service = Service(make_config(tmp_path), clock=clock)
     await service.start()
     try:
@@ -145,7 +138,7 @@ async def test_gang_not_allowed_to_burst_waits(tmp_path: Path) -> None:
 
 
 async def test_provisioning_timeout_requeues_scales_back_marks_failing(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = Clock(1_000.0)
     service = Service(make_config(tmp_path, failure_rate=1.0), clock=clock)  # never come up
     await service.start()
     try:
@@ -176,7 +169,7 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         "tenants:\n", "tenants:\n- {name: team-b, defaultQueue: training, token: {value: tok-b}}\n"
     )  # fmt: skip
     config = parse_config(text, "test config")
-    clock = Clock()
+    clock = Clock(1_000.0)
     service = Service(config, clock=clock)
     await service.start()
     client = TestClient(TestServer(make_app(service, config)))

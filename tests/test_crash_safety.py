@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import subprocess
@@ -37,7 +38,7 @@ from typing import Any, TextIO
 import aiohttp
 import pytest
 import yaml
-from services import postgres_database
+from services import open_loop, postgres_database
 
 from broker.store import JobRecord, Store, open_store, sqlite_url
 
@@ -209,33 +210,21 @@ async def submit(session: aiohttp.ClientSession, url: str, name: str, load: Load
         raise AssertionError(f"submitting {name}: unexpected {status}")
 
 
-async def open_loop(
+async def submit_round(
     session: aiohttp.ClientSession, url: str, names: list[str], load: Load, first: bool
 ) -> None:
-    """Send one request per name at RATE per second, at most CONCURRENCY in flight."""
-    slots = asyncio.Semaphore(CONCURRENCY)
-    tasks: set[asyncio.Task[None]] = set()
+    """``services.open_loop`` at RATE, at most CONCURRENCY in flight; on the ``first``
+    round, counts what was sent and how long sending took."""
 
-    async def one(name: str) -> None:
-        try:
-            await submit(session, url, name, load)
-        finally:
-            slots.release()
-
-    started = time.monotonic()
-    for i, name in enumerate(names):
-        delay = started + i / RATE - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)  # pacing: this is the offered load
-        await slots.acquire()
-        task = asyncio.create_task(one(name))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+    def sent() -> None:
         if first:
             load.sent += 1
-    if first:
-        load.first_sent_seconds = time.monotonic() - started
-    await asyncio.gather(*tasks)
+            load.first_sent_seconds = time.monotonic() - started
+
+    started = time.monotonic()
+    await open_loop(
+        names, RATE, CONCURRENCY, functools.partial(submit, session, url, load=load), sent
+    )
 
 
 async def killer(session: aiohttp.ClientSession, broker: Broker, load: Load) -> list[float]:
@@ -375,6 +364,35 @@ async def check_histories(store: Store, records: list[JobRecord]) -> int:
     return placed_again
 
 
+async def check_outcome(
+    url: str, listed: list[dict[str, Any]], names: list[str], in_use: dict[str, float]
+) -> int:
+    """Exactly once, placed once at a time: the listing (``admin_list``) has every name
+    once and nothing else, each placed; the store (``url``) holds the same jobs, no node is
+    oversubscribed, the GPUs the broker holds (``gpus_in_use``) are the stored placements'
+    and every history is consistent. Returns how many jobs were placed more than once
+    (requeued in between)."""
+    keys = Counter((j["metadata"]["namespace"], j["metadata"]["name"]) for j in listed)
+    duplicates = [key for key, n in keys.items() if n > 1]
+    assert not duplicates, f"listed more than once: {duplicates[:5]}"
+    assert set(keys) == {(TENANT, name) for name in names}
+    unplaced = [j["metadata"]["name"] for j in listed
+                if j["status"]["state"] not in PLACED_STATES]  # fmt: skip
+    assert not unplaced, f"not placed: {unplaced[:5]}"
+    # Placements and histories, from the store itself (the API does not show nodes).
+    store = open_store(url)
+    await store.open()
+    try:
+        records = await store.list_jobs(limit=10 * len(names))
+        assert sorted(r.name for r in records) == sorted(names)
+        check_no_oversubscription(records)
+        # The ledger the broker rebuilt agrees with the stored placements.
+        assert in_use == held_gpus(records), (in_use, held_gpus(records))
+        return await check_histories(store, records)
+    finally:
+        await store.close()
+
+
 # -- the test ----------------------------------------------------------------------------------
 
 
@@ -395,7 +413,7 @@ async def test_acknowledged_jobs_survive_sigkill_once_and_placed_once(
             names = [job_name(i) for i in range(JOBS)]
             killing = asyncio.create_task(killer(s, broker, load))
             try:
-                await open_loop(s, broker.url, names, load, first=True)
+                await submit_round(s, broker.url, names, load, first=True)
             finally:
                 if not killing.done():
                     # The stream ended (or failed) first: wait for the kills it is owed.
@@ -412,34 +430,15 @@ async def test_acknowledged_jobs_survive_sigkill_once_and_placed_once(
                 rounds += 1
                 assert rounds <= 5, f"still failing after 5 rounds: {load.failed[:5]}"
                 again, load.failed = load.failed, []
-                await open_loop(s, broker.url, again, load, first=False)
+                await submit_round(s, broker.url, again, load, first=False)
             assert set(load.acknowledged) == set(names)
             settled = await settle(s, broker.url)
             listed = await admin_list(s, broker.url)
             in_use = await gpus_in_use(s, broker.url)
 
         # Exactly once: the listing has every acknowledged name, once, and nothing else.
-        keys = Counter((j["metadata"]["namespace"], j["metadata"]["name"]) for j in listed)
-        duplicates = [key for key, n in keys.items() if n > 1]
-        assert not duplicates, f"listed more than once: {duplicates[:5]}"
-        assert set(keys) == {(TENANT, name) for name in names}
-        unplaced = [j["metadata"]["name"] for j in listed
-                    if j["status"]["state"] not in PLACED_STATES]  # fmt: skip
-        assert not unplaced, f"not placed: {unplaced[:5]}"
         assert all(j["status"]["cluster"] in {f"c{i}" for i in range(CLUSTERS)} for j in listed)
-
-        # Placements and histories, from the store itself (the API does not show nodes).
-        store = open_store(url)
-        await store.open()
-        try:
-            records = await store.list_jobs(limit=10 * JOBS)
-            assert len(records) == JOBS
-            check_no_oversubscription(records)
-            # The ledger the restarted broker rebuilt agrees with the stored placements.
-            assert in_use == held_gpus(records), (in_use, held_gpus(records))
-            placed_again = await check_histories(store, records)
-        finally:
-            await store.close()
+        placed_again = await check_outcome(url, listed, names, in_use)
 
         broker.stop()
         report = {

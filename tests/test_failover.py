@@ -25,24 +25,18 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
-from services import postgres_database
+from services import open_loop, postgres_database
 from test_crash_safety import (
-    PLACED_STATES,
-    TENANT,
     TENANT_TOKEN,
     Broker,
     admin_list,
-    check_histories,
-    check_no_oversubscription,
+    check_outcome,
     gpus_in_use,
-    held_gpus,
     job_name,
     manifest,
     settle,
     write_config,
 )
-
-from broker.store import open_store
 
 JOBS = 900
 RATE = 40.0  # submissions per second (first attempts)
@@ -113,24 +107,10 @@ class Stream:
         raise AssertionError(f"{name} not acknowledged within {SUBMIT_DEADLINE}s")
 
     async def run(self, names: list[str]) -> None:
-        slots = asyncio.Semaphore(CONCURRENCY)
-        tasks: list[asyncio.Task[None]] = []
-
-        async def one(name: str) -> None:
-            try:
-                await self.submit(name)
-            finally:
-                slots.release()
-
-        started = time.monotonic()
-        for i, name in enumerate(names):
-            delay = started + i / RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await slots.acquire()
-            tasks.append(asyncio.create_task(one(name)))
+        def sent() -> None:
             self.sent += 1
-        await asyncio.gather(*tasks)
+
+        await open_loop(names, RATE, CONCURRENCY, self.submit, sent)
 
 
 async def first_placement_after(url: str, since: float, deadline: float) -> float:
@@ -194,23 +174,7 @@ async def test_follower_takes_over_within_20s_of_the_leader_being_killed(
             assert [await role(s, b) for b in brokers] == ["follower", "leader"]
 
         assert takeover < TAKEOVER_BOUND, f"took {takeover:.1f}s to place again"
-        keys = Counter((j["metadata"]["namespace"], j["metadata"]["name"]) for j in listed)
-        assert not [key for key, n in keys.items() if n > 1]
-        assert set(keys) == {(TENANT, name) for name in names}
-        unplaced = [j["metadata"]["name"] for j in listed
-                    if j["status"]["state"] not in PLACED_STATES]  # fmt: skip
-        assert not unplaced, f"not placed: {unplaced[:5]}"
-
-        store = open_store(url)
-        await store.open()
-        try:
-            records = await store.list_jobs(limit=10 * JOBS)
-            assert len(records) == JOBS
-            check_no_oversubscription(records)
-            assert in_use == held_gpus(records), (in_use, held_gpus(records))
-            placed_again = await check_histories(store, records)
-        finally:
-            await store.close()
+        placed_again = await check_outcome(url, listed, names, in_use)
 
         report: dict[str, Any] = {
             "takeover_s": round(takeover, 2), "settle_s": round(settled, 2),

@@ -13,12 +13,13 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from services import postgres_database
+from test_leader import CONFIG as LEADER_CONFIG
+from test_leader import manifest
 
 from broker.api import FORWARDED_BY, make_app
 from broker.config import Config, parse_config
@@ -27,28 +28,13 @@ from broker.service import Service
 A = {"Authorization": "Bearer tok-a"}
 ADMIN = {"Authorization": "Bearer tok-admin"}
 SECRETS = ("tok-a", "tok-admin")
-CONFIG = """
-store: {{url: "{url}"}}
-clusters:
-- name: c1
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: batch, policy: binpack}}
-tenants:
-- {{name: team-a, defaultQueue: batch, token: {{value: tok-a}}}}
+# test_leader's federation, and an admin to see every tenant's jobs.
+CONFIG = (
+    LEADER_CONFIG
+    + """\
 - {{name: admin, defaultQueue: batch, admin: true, token: {{value: tok-admin}}}}
 """
-
-
-def manifest(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "fedbroker.io/v1alpha1",
-        "kind": "FederatedJob",
-        "metadata": {"name": name},
-        "spec": {"podSets": [{"name": "w", "count": 1,
-                              "resources": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}}]},
-    }  # fmt: skip
+)
 
 
 def free_port() -> int:

@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 from services import postgres_database
 
 from broker.api import make_app
@@ -57,16 +58,6 @@ def manifest(name: str) -> dict[str, Any]:
         "spec": {"podSets": [{"name": "w", "count": 1,
                               "resources": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}}]},
     }  # fmt: skip
-
-
-class Clock:
-    """Monotonic seconds, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -174,7 +165,7 @@ def leadership(elector: Any, clock: Clock, events: Events) -> Leadership:
 async def test_a_leader_whose_store_breaks_stops_within_stop_after(
     pg_url: str, stores: list[PostgresStore]
 ) -> None:
-    clock, events = Clock(), Events()
+    clock, events = Clock(100.0), Events()
     lead = leadership(PostgresLease(stores[0], "host-a:8080", 15), clock, events)
     await lead.step()
     assert lead.leading and lead.valid() and events.log == ["elected"]
@@ -204,7 +195,7 @@ async def test_a_leader_whose_store_breaks_stops_within_stop_after(
 async def test_a_leader_whose_lease_was_taken_stops_at_once(
     pg_url: str, stores: list[PostgresStore]
 ) -> None:
-    clock, events = Clock(), Events()
+    clock, events = Clock(100.0), Events()
     lead = leadership(PostgresLease(stores[0], "host-a:8080", 15), clock, events)
     await lead.step()
     assert lead.leading
@@ -242,7 +233,7 @@ class FlakyElector:
 
 
 async def test_a_leader_that_renews_again_in_time_keeps_leading() -> None:
-    clock, events, elector = Clock(), Events(), FlakyElector()
+    clock, events, elector = Clock(100.0), Events(), FlakyElector()
     lead = leadership(elector, clock, events)
     await lead.step()
     elector.broken = True
@@ -256,7 +247,7 @@ async def test_a_leader_that_renews_again_in_time_keeps_leading() -> None:
     assert lead.valid()
     assert events.log == ["elected"]
     # A candidate that cannot reach the store stays a follower, without raising.
-    follower = leadership(FlakyElector(), Clock(), Events())
+    follower = leadership(FlakyElector(), Clock(100.0), Events())
     follower.elector.broken = True  # type: ignore[attr-defined]
     await follower.step()
     assert not follower.leading

@@ -13,6 +13,7 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
+from builders import Clock
 from tcp_proxy import TcpProxy
 from test_kube_service import CONFIG, NS, PODS, kubeconfig_doc, manifest, node_obj, until
 
@@ -21,14 +22,6 @@ from broker.service import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 STALE_AFTER = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ async def test_member_fault_stale_no_placements_relist_no_duplicates(
         db=tmp_path / "jobs.db", kubeconfig=kubeconfig, kube=kube,
         scheduler=f"staleAfterSeconds: {STALE_AFTER}",
     )  # fmt: skip
-    clock = Clock()
+    clock = Clock(1_000.0)
     service = Service(parse_config(text, "test config"), clock=clock)
     await service.start()
     try:

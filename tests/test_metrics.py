@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.simulated import SimulatedLauncher
@@ -54,14 +55,6 @@ def job(name: str, pods: int, gpus: int, queue: str = "training", **placement: A
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 10_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     out = {}
     for family in text_string_to_metric_families(text):
@@ -76,7 +69,7 @@ def value(found: dict[Any, float], name: str, **labels: str) -> float:
 
 async def test_metrics_match_the_ledger_after_placements(tmp_path: Path) -> None:
     config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
-    clock = Clock()
+    clock = Clock(10_000.0)
     launcher = SimulatedLauncher(never_start=["stuck"])
     service = Service(config, clock=clock, launcher=launcher)
     await service.start()

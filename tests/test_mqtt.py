@@ -27,7 +27,9 @@ from typing import Any, NoReturn
 import aiomqtt
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
 from prometheus_client.parser import text_string_to_metric_families
+from test_api import manifest
 
 from adapters.mqtt.publisher import Backoff, MqttSettings, Publisher
 from adapters.mqtt.reports import ReportError, Usage, node_report, parse_node_report
@@ -207,28 +209,6 @@ queues:
 tenants:
 - {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
 """
-
-
-def manifest(name: str, pods: int = 1, gpus: int = 8) -> dict[str, Any]:
-    return {
-        "apiVersion": "fedbroker.io/v1alpha1",
-        "kind": "FederatedJob",
-        "metadata": {"name": name},
-        "spec": {
-            "podSets": [
-                {"name": "worker", "count": pods,
-                 "resources": {"nvidia.com/gpu": gpus, "cpu": "8", "memory": "32Gi"}}
-            ],
-        },
-    }  # fmt: skip
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @asynccontextmanager

@@ -42,21 +42,18 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 import yaml
+from builders import Clock
 from services import open_loop, private_postgres
-from test_api import Clock, free_gpus, make_config
+from test_api import free_gpus, make_config
 from test_api import manifest as gang_manifest
 from test_crash_safety import (
     ADMIN_TOKEN,
-    PLACED_STATES,
-    TENANT,
     TENANT_TOKEN,
     Broker,
     admin_list,
     brokers,  # noqa: F401 (a fixture)
-    check_histories,
-    check_no_oversubscription,
+    check_outcome,
     gpus_in_use,
-    held_gpus,
     job_name,
     manifest,
     settle,
@@ -65,7 +62,7 @@ from test_crash_safety import (
 
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service import Service
-from broker.store import JobRecord, StoreUnavailable, open_store
+from broker.store import JobRecord, StoreUnavailable
 from broker.store.sqlite import SqliteStore
 
 JOBS = 700
@@ -251,22 +248,7 @@ async def test_postgres_restart_under_load_loses_nothing_and_recovers(
         assert unready and min(unready) >= stopping - POLL, (min(unready), stopping)
 
         # Nothing lost, nothing twice, placed once, no node oversubscribed.
-        keys = Counter((j["metadata"]["namespace"], j["metadata"]["name"]) for j in listed)
-        assert not [key for key, n in keys.items() if n > 1]
-        assert set(keys) == {(TENANT, name) for name in names}
-        unplaced = [j["metadata"]["name"] for j in listed
-                    if j["status"]["state"] not in PLACED_STATES]  # fmt: skip
-        assert not unplaced, f"not placed: {unplaced[:5]}"
-        store = open_store(pg.url)
-        await store.open()
-        try:
-            records = await store.list_jobs(limit=10 * JOBS)
-            assert sorted(r.name for r in records) == sorted(names)
-            check_no_oversubscription(records)
-            assert in_use == held_gpus(records), (in_use, held_gpus(records))
-            placed_again = await check_histories(store, records)
-        finally:
-            await store.close()
+        placed_again = await check_outcome(pg.url, listed, names, in_use)
         if down <= 10.0:
             assert placed_again == 0, f"{placed_again} jobs placed more than once"
         # else: a leader that stopped placing dropped its launches; leading again, it rebuilt

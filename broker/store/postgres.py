@@ -261,7 +261,7 @@ class PostgresStore:
         with self._errors(action):
             async with pool.acquire() as conn, conn.transaction():
                 if self._fence is not None:
-                    await self._check_fence(conn, action)
+                    await self._check_fence(conn, action, *self._fence)
                 yield conn
 
     def fence(self, lease: str, holder: str) -> None:
@@ -272,16 +272,18 @@ class PostgresStore:
         (``LeaseLost``) instead of landing late (the fencing token of the lease)."""
         self._fence = (lease, holder)
 
-    async def _check_fence(self, conn: asyncpg.pool.PoolConnectionProxy, action: str) -> None:
-        assert self._fence is not None
+    async def _check_fence(
+        self, conn: asyncpg.pool.PoolConnectionProxy, action: str, lease: str, holder: str
+    ) -> None:
         held = await conn.fetchval(
             "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at > now() FOR SHARE",
-            *self._fence,
+            lease,
+            holder,
         )
         if held is None:
             raise LeaseLost(
                 f"postgres store {self.url_for_logs}: {action} refused: "
-                f"{self._fence[1]} no longer holds the {self._fence[0]} lease"
+                f"{holder} no longer holds the {lease} lease"
             )
 
     # -- reads -----------------------------------------------------------------------------
