@@ -402,7 +402,7 @@ class TokenRef(Section):
         return token
 
 
-# --- MQTT events (broker.mqtt) ----------------------------------------------------------
+# --- MQTT events (broker.service.mqtt) ----------------------------------------------------------
 
 
 def _default_client_id() -> str:

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
 from broker.model import (
     Cluster,
     ClusterKind,

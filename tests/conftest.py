@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.traces import traces_dir
+from broker.sim.traces import traces_dir
 
 
 @pytest.fixture

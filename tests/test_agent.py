@@ -33,9 +33,9 @@ from test_mqtt import (
 from adapters.kube.kubeconfig import load_clients
 from adapters.mqtt.agent import Agent
 from adapters.mqtt.publisher import MqttSettings
-from broker.cli import main
+from broker.cli.main import main
 from broker.config import parse_config
-from broker.service import Service
+from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from builders import Clock
 
 from adapters.simulated import SimulatedLauncher
-from broker.api import make_app
 from broker.config import Config, parse_config
-from broker.service import Service
+from broker.http.api import make_app
+from broker.service.facade import Service
 
 TOKENS = {"team-a": "tok-a", "team-b": "tok-b", "admin": "tok-admin"}
 A = {"Authorization": "Bearer tok-a"}

@@ -29,10 +29,10 @@ from test_api import (
     submit,
 )
 
-from broker.api import RateLimiter, make_app
 from broker.config import Config, RateLimit, parse_config
-from broker.events import EventBus
-from broker.service import Service
+from broker.http.api import RateLimiter, make_app
+from broker.service.events import EventBus
+from broker.service.facade import Service
 
 Client = TestClient[Any, Any]
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker import bench
-from broker.bench import (
+from broker.bench import decisions as bench
+from broker.bench.decisions import (
     build_federation,
     gang_jobs,
     ledger_state,
@@ -20,7 +20,7 @@ from broker.bench import (
     single_pod_jobs,
     snapshot_state,
 )
-from broker.cli import main
+from broker.cli.main import main
 from broker.model import MILLI_PER_GPU
 from policies import make_policy
 

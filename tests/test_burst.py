@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters.simulated import SimulatedPool
-from broker.burst import BurstController, BurstSettings, RemoveNode, ScaleTo
-from broker.ledger import Ledger
+from broker.core.burst import BurstController, BurstSettings, RemoveNode, ScaleTo
+from broker.core.ledger import Ledger
 from broker.model import (
     BurstPlan,
     BurstPool,

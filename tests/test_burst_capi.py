@@ -16,7 +16,7 @@ from test_capi import MD, NAME, NS, SCALE, add_pool, replicas, serve_scale
 from test_kube_service import CANARY, kubeconfig_doc, manifest, our_pod, until
 
 from broker.config import parse_config
-from broker.service import Service
+from broker.service.facade import Service
 
 Emulator = kmocklib.KubernetesEmulator
 NODES = kmocklib.resource("", "v1", "nodes")

@@ -13,10 +13,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from builders import Clock
 
-from broker.api import make_app
 from broker.config import Config, parse_config
+from broker.http.api import make_app
 from broker.manifest import parse_manifest
-from broker.service import Service
+from broker.service.facade import Service
 
 CYCLE = 10.0
 PROVISION = 120.0

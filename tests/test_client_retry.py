@@ -24,11 +24,11 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 from test_leader import CONFIG, manifest
 
-from broker.api import make_app
-from broker.cli import build_parser
-from broker.client import ClientError, call, retry_after_seconds
+from broker.cli.client import ClientError, call, retry_after_seconds
+from broker.cli.main import build_parser
 from broker.config import Config, parse_config
-from broker.service import Service
+from broker.http.api import make_app
+from broker.service.facade import Service
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-a"
@@ -215,7 +215,7 @@ async def test_the_cli_prints_one_line_and_no_traceback(
     """The real ``fedbroker`` entry point in a subprocess, against the follower."""
     _, follower = replicas
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from broker.cli import main; sys.exit(main())",
+        sys.executable, "-c", "import sys; from broker.cli.main import main; sys.exit(main())",
         "submit", "-f", str(job_file(tmp_path, "j1")), "--server", follower.url,
         "--token", TOKEN, "--retry-for", "0",
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -26,7 +26,7 @@ from test_api import ADMIN, A, B, manifest, running, settle, submit
 from test_runtime import ROOT, TOKENS, Demo, http_get
 
 from adapters.simulated import SimulatedLauncher
-from broker.burst import POOL_LABEL
+from broker.core.burst import POOL_LABEL
 from broker.model import MILLI_PER_GPU, GpuType, Node, NodeUpdated, Resources
 
 WAIT_MS = 15_000  # for the page: well below the page's 30 s fallback refresh

@@ -546,7 +546,7 @@ def test_dockerfile_matches_the_deployment(rendered: dict[str, list[Doc]], targe
     assert "command" not in container, "a command would replace the image's ENTRYPOINT"
     entrypoint = exec_form("ENTRYPOINT")
     assert len(entrypoint) == 1 and PurePosixPath(entrypoint[0]).name == "fedbroker"
-    assert scripts["fedbroker"] == "broker.cli:main"
+    assert scripts["fedbroker"] == "broker.cli.main:main"
     venv = str(PurePosixPath(entrypoint[0]).parent.parent)
     copies = [rest for k, rest in final if k == "COPY" and rest.startswith("--from=")]
     assert any(rest.split()[1:] == [venv, venv] for rest in copies), f"{venv} not copied"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from broker.model import GpuType, Node, Resources
-from broker.simulator import FillResult, fill, mean_by_policy_and_load, tune
-from broker.traces import TracePod, read_openb_nodes, read_openb_pods
+from broker.sim.fill import FillResult, fill, mean_by_policy_and_load, tune
+from broker.sim.traces import TracePod, read_openb_nodes, read_openb_pods
 
 OPENB = "alibaba-gpu-v2023"
 OpenB = tuple[list[Node], list[TracePod]]

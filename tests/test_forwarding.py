@@ -21,9 +21,9 @@ from services import postgres_database
 from test_leader import CONFIG as LEADER_CONFIG
 from test_leader import manifest
 
-from broker.api import FORWARDED_BY, make_app
 from broker.config import Config, parse_config
-from broker.service import Service
+from broker.http.api import FORWARDED_BY, make_app
+from broker.service.facade import Service
 
 A = {"Authorization": "Bearer tok-a"}
 ADMIN = {"Authorization": "Bearer tok-admin"}

@@ -19,7 +19,7 @@ import pytest
 from adapters.kube.kubeconfig import KubeconfigError
 from broker.config import Config, ConfigError, parse_config
 from broker.manifest import parse_manifest
-from broker.service import Service
+from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")

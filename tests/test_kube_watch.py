@@ -25,9 +25,9 @@ from adapters.kube.translate import (
     translate_pod,
 )
 from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, WatchError, is_stale
-from broker.cli import main
-from broker.inspect import bench_ledger_updates
-from broker.ledger import Ledger
+from broker.cli.main import main
+from broker.cli.plan import bench_ledger_updates
+from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Cluster, GpuType, PodBound, PodDeleted, Resources
 
 NODES = resource("", "v1", "nodes")

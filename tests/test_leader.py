@@ -21,9 +21,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from builders import Clock
 from services import postgres_database
 
-from broker.api import make_app
 from broker.config import Config, ConfigError, parse_config
-from broker.leader import (
+from broker.http.api import make_app
+from broker.service.facade import Service
+from broker.service.leader import (
     LEASE_NAME,
     AlwaysLeader,
     FileLock,
@@ -32,7 +33,6 @@ from broker.leader import (
     Timings,
     default_identity,
 )
-from broker.service import Service
 from broker.store import LeaseLost, StoreUnavailable
 from broker.store.postgres import PostgresStore
 

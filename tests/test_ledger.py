@@ -21,7 +21,7 @@ from builders import (
     placement as make_placement,
 )
 
-from broker.ledger import ConflictError, Ledger, Snapshot
+from broker.core.ledger import ConflictError, Ledger, Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Cluster,

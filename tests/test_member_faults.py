@@ -18,7 +18,7 @@ from tcp_proxy import TcpProxy
 from test_kube_service import CONFIG, NS, PODS, kubeconfig_doc, manifest, node_obj, until
 
 from broker.config import parse_config
-from broker.service import Service
+from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 STALE_AFTER = 30.0

@@ -15,11 +15,11 @@ from builders import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.simulated import SimulatedLauncher
-from broker.api import make_app
 from broker.config import parse_config
+from broker.http.api import make_app
 from broker.manifest import parse_manifest
 from broker.model import MILLI_PER_GPU
-from broker.service import Service
+from broker.service.facade import Service
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}

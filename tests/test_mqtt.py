@@ -33,11 +33,11 @@ from test_api import manifest
 
 from adapters.mqtt.publisher import Backoff, MqttSettings, Publisher
 from adapters.mqtt.reports import ReportError, Usage, node_report, parse_node_report
-from broker.api import make_app
 from broker.config import ConfigError, parse_config
+from broker.http.api import make_app
 from broker.model import GpuType, Node, PodBound, PodDeleted, Resources
-from broker.mqtt import MqttMembers
-from broker.service import Service
+from broker.service.facade import Service
+from broker.service.mqtt import MqttMembers
 
 MQTT_HOST = os.environ.get("FEDBROKER_TEST_MQTT_HOST", "127.0.0.1")
 MQTT_PORT = int(os.environ.get("FEDBROKER_TEST_MQTT_PORT", "1883"))

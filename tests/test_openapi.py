@@ -31,10 +31,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from test_api import CONFIG, manifest
 
-from broker.api import make_app
 from broker.config import parse_config
-from broker.openapi import openapi_document
-from broker.service import Service
+from broker.http.api import make_app
+from broker.http.openapi import openapi_document
+from broker.service.facade import Service
 
 TOKEN = {"Authorization": "Bearer tok-a"}
 _FIELD = re.compile(r"^(?P<root>[A-Za-z][\w/-]*)(?:[.\[][^:]*)?: \S")

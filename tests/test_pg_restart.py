@@ -61,7 +61,7 @@ from test_crash_safety import (
 )
 
 from broker.manifest import FederatedJob, parse_manifest
-from broker.service import Service
+from broker.service.facade import Service
 from broker.store import JobRecord, StoreUnavailable
 from broker.store.sqlite import SqliteStore
 

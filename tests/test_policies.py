@@ -21,7 +21,7 @@ from builders import (
     single,
 )
 
-from broker.ledger import Ledger, Snapshot
+from broker.core.ledger import Ledger, Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Decision,

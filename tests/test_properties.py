@@ -28,7 +28,7 @@ from hypothesis import (
 )
 from hypothesis import strategies as st
 
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
 from broker.model import (
     Cluster,
     Job,

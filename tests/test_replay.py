@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from adapters.simulated import GANG_MIX, OPENB_MIX, generate_nodes, generated_pod_mix
-from broker.arrivals import Arrival, Workload, build_workload
-from broker.cli import main
+from broker.cli.main import main
 from broker.model import GpuType, Job, Node, PodSet, Resources
-from broker.replay import ReplayConfig, ReplayResult, percentile, replay, replay_policy
-from broker.traces import TracePod, read_openb_nodes, read_openb_pods
+from broker.sim.arrivals import Arrival, Workload, build_workload
+from broker.sim.replay import ReplayConfig, ReplayResult, percentile, replay, replay_policy
+from broker.sim.traces import TracePod, read_openb_nodes, read_openb_pods
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
-from broker import cli
-from broker.arrivals import Arrival, Workload, build_workload
-from broker.burst import BurstController
-from broker.ledger import Ledger
+from broker.cli import main as cli
+from broker.core.burst import BurstController
+from broker.core.ledger import Ledger
 from broker.model import MILLI_PER_GPU, GpuType, Job, Node, PodSet, Resources
-from broker.replay import (
+from broker.sim.arrivals import Arrival, Workload, build_workload
+from broker.sim.replay import (
     BURST_CLUSTER,
     DEFAULT_BURST_POOL,
     DEFAULT_BURST_SETTINGS,
@@ -32,7 +32,7 @@ from broker.replay import (
     replay,
     replay_policy,
 )
-from broker.traces import TracePod
+from broker.sim.traces import TracePod
 
 BURST_KEYS = (
     "burst_scale_ups",

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from adapters.simulated import SimulatedLauncher
+from broker.cli.demo import parse_tokens
+from broker.cli.runtime import supervise
 from broker.config import demo_config
-from broker.demo import parse_tokens
 from broker.manifest import parse_manifest
-from broker.runtime import supervise
-from broker.service import Service
+from broker.service.facade import Service
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {"team-a": "tok-a", "team-b": "tok-b", "admin": "tok-admin"}

@@ -9,11 +9,11 @@ from builders import ClusterSpec, federation, gang, node, nodes, single
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.ledger import Ledger
-from broker.lifecycle import Lifecycle, LifecycleSettings
+from broker.core.ledger import Ledger
+from broker.core.lifecycle import Lifecycle, LifecycleSettings
+from broker.core.queue import JobQueue, Pending, QueueSpec, backoff_seconds
+from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 from broker.model import Job, NodeUpdated, ReasonCode
-from broker.queue import JobQueue, Pending, QueueSpec, backoff_seconds
-from broker.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 
 
 def queued(

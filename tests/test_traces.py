@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.traces import TraceError, read_nodes, read_openb_pods
+from broker.sim.traces import TraceError, read_nodes, read_openb_pods
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from adapters.kube.kubeconfig import KubeconfigError, load_clients, read_kubecon
 from adapters.kube.translate import GpuConfig
 from adapters.mqtt.agent import Agent
 from adapters.mqtt.publisher import MqttSettings
-from broker.runtime import configure_logging, run_loop, supervise
+from broker.cli.runtime import configure_logging, supervise
+from broker.process import run_loop
 
 log = logging.getLogger("broker.agent")
 

@@ -2,7 +2,7 @@
 
 This module owns turning inputs into a time-ordered list of job arrivals, each with its run
 time, on the simulated clock, and the queue the arrived jobs wait in. Nothing here places
-anything; ``broker.replay`` does that.
+anything; ``broker.sim.replay`` does that.
 
 Trace pods. Each pod of an openb pod list becomes a one-pod job that arrives at
 ``creation_time / time_scale`` and runs for ``(deletion_time - creation_time) / time_scale``
@@ -29,7 +29,7 @@ Generated gangs (no public trace has multi-pod gangs; see ../shared/traces/READM
   requested at once over its 149 days, so the gangs set the load.)
 - bursting: every generated job of more than one pod (a gang, as the replay's report counts
   gangs) has ``allow_burst=True``, so a burst pool may be grown for it when it has waited
-  long enough (``broker.burst``). One-pod jobs, generated or from the trace, never burst: a
+  long enough (``broker.core.burst``). One-pod jobs, generated or from the trace, never burst: a
   whole cloud node of 8 GPUs bought for one pod of 1-4 GPUs would mostly be paid for idle,
   and such pods find room in the federation's fragments soon enough.
 """
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from adapters.simulated import GangShape, draw_gang
 from broker.model import Job, PodSet
-from broker.traces import TracePod
+from broker.sim.traces import TracePod
 from policies.fgd import PodShape, popular_shapes
 
 DEFAULT_TRACE_SPAN_S = 86_400.0  # trace seconds, for pod lists without any times

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from broker.ledger import Ledger, Snapshot
+from broker.core.ledger import Ledger, Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Cluster,

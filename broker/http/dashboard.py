@@ -22,13 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.burst import POOL_LABEL
 from broker.config import TenantConfig
+from broker.core.burst import POOL_LABEL
 from broker.model import MILLI_PER_GPU
-from broker.service import Service
+from broker.service.facade import Service
 
-# The API's authentication (``broker.api._tenant``: bearer token -> tenant, 401 or 429),
-# passed in by ``make_app`` so this module never imports broker.api (which imports it).
+# The API's authentication (``broker.http.api._tenant``: bearer token -> tenant, 401 or 429),
+# passed in by ``make_app`` so this module never imports broker.http.api (which imports it).
 Authenticate = Callable[[web.Request], TenantConfig]
 
 STATIC = Path(__file__).with_name("static")

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
+from broker.core.queue import JobQueue, Pending, backoff_seconds
 from broker.model import Placement
-from broker.queue import JobQueue, Pending, backoff_seconds
 
 
 @dataclass(frozen=True, slots=True)

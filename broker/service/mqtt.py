@@ -1,6 +1,6 @@
 """MQTT events of the live broker, and member clusters fed by agents over MQTT.
 
-``MqttEvents`` is composed by ``broker.service.Service`` when the config has
+``MqttEvents`` is composed by ``broker.service.facade.Service`` when the config has
 ``events.mqtt``. It owns one ``adapters.mqtt.publisher.Publisher`` (one connection, client
 id ``events.mqtt.clientId``, persistent session) and publishes, below the topic prefix
 (default ``fedbroker``):
@@ -64,12 +64,12 @@ from adapters.mqtt.reports import (
     report_events,
 )
 from broker.config import ClusterConfig, Config
-from broker.events import EventBus, EventKind, PublishingStore
 from broker.model import CapacityEvent, Node, NodeDeleted, PodDeleted
+from broker.service.events import EventBus, EventKind, PublishingStore
 
 if TYPE_CHECKING:
-    from broker.events import Event
-    from broker.service import Service
+    from broker.service.events import Event
+    from broker.service.facade import Service
 
 log = logging.getLogger(__name__)
 

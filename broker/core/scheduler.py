@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from broker.ledger import ConflictError, Ledger
-from broker.lifecycle import Launch, Lifecycle, Outcome
+from broker.core.ledger import ConflictError, Ledger
+from broker.core.lifecycle import Launch, Lifecycle, Outcome
+from broker.core.queue import JobQueue, Pending, gpu_milli_by_type
 from broker.model import (
     CapacitySnapshot,
     ClusterCapacity,
@@ -50,7 +51,6 @@ from broker.model import (
     ReasonCode,
     Unplaceable,
 )
-from broker.queue import JobQueue, Pending, gpu_milli_by_type
 from policies import Policy, make_policy
 from policies.precheck import may_fit
 

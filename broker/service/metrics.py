@@ -21,8 +21,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from broker.events import EventBus
-    from broker.service import Service
+    from broker.service.events import EventBus
+    from broker.service.facade import Service
 
 MetricSource = Callable[[], Iterable[Metric]]
 

@@ -6,7 +6,7 @@ the workload generator — which submits a seeded mix of gangs (queue ``training
 team-a) and small whole or shared-GPU jobs (queue ``inference``, tenant team-b) through the
 real HTTP API, pausing while the queues are long — and the live table of clusters and
 queues. Simulated jobs run a seeded 30-300 s, so they finish and capacity churns. The
-service itself is ``broker.runtime.serve`` with ``broker.config.demo_config``.
+service itself is ``broker.cli.runtime.serve`` with ``broker.config.demo_config``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from typing import Any, TextIO
 import aiohttp
 
 from adapters.simulated import seeded_run_seconds
-from broker.client import table as render_table
+from broker.cli.client import table as render_table
+from broker.cli.runtime import EXIT_USAGE, TaskFactory, configure_logging, serve
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
-from broker.runtime import EXIT_USAGE, TaskFactory, configure_logging, run_loop, serve
-from broker.service import Service
+from broker.process import run_loop
+from broker.service.facade import Service
 
 log = logging.getLogger("broker.demo")
 

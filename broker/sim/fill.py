@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import IO
 
 from adapters.simulated import split_round_robin
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
 from broker.model import MILLI_PER_GPU, Cluster, Job, Node, Placement, PodSet
-from broker.traces import TracePod
+from broker.sim.traces import TracePod
 from policies import make_policy
 from policies.fgd import PodShape, popular_shapes
 

@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from broker.api import make_app
-from broker.bench import max_rss_mib
+from broker.bench.decisions import max_rss_mib
 from broker.config import Config, parse_config
-from broker.runtime import run_loop, settle_heap
-from broker.service import Service
+from broker.http.api import make_app
+from broker.process import run_loop, settle_heap
+from broker.service.facade import Service
 
 
 def job_body(name: str) -> bytes:

@@ -1,6 +1,6 @@
 """The live broker's burst pools: the ``BurstController`` and the port behind each pool.
 
-``BurstPools`` is composed by ``broker.service.Service`` from the config's ``burstPools``:
+``BurstPools`` is composed by ``broker.service.facade.Service`` from the config's ``burstPools``:
 a simulated pool (the embedded default; nodes come up on the wall clock after
 ``provisionSeconds``) or a Cluster API MachineDeployment/MachinePool on a management
 cluster (``adapters.capi``; its nodes reach the ledger through the member cluster's own
@@ -24,7 +24,8 @@ from kubernetes.aio.client import ApiClient
 from adapters.capi import CapiPool, CapiPoolError
 from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.simulated import ScaleError, SimulatedPool
-from broker.burst import (
+from broker.config import BurstPoolConfig, Config
+from broker.core.burst import (
     POOL_LABEL,
     Action,
     BurstController,
@@ -33,8 +34,7 @@ from broker.burst import (
     RemoveNode,
     ScaleTo,
 )
-from broker.config import BurstPoolConfig, Config
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
 from broker.manifest import cpu_millicores, memory_mebibytes
 from broker.model import (
     BurstPool,

@@ -43,20 +43,11 @@ from adapters.kube.launch import LaunchSpec
 from adapters.kube.watch import WatchError
 from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
-from broker.leader import (
-    AlwaysLeader,
-    Elector,
-    FileLock,
-    Leadership,
-    PostgresLease,
-    Timings,
-    default_identity,
-)
-from broker.ledger import ConflictError, Ledger
-from broker.lifecycle import Lifecycle, LifecycleSettings, Outcome
+from broker.core.ledger import ConflictError, Ledger
+from broker.core.lifecycle import Lifecycle, LifecycleSettings, Outcome
+from broker.core.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
+from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 from broker.manifest import FederatedJob, parse_manifest, pod_templates, to_job
-from broker.members import ClusterLauncher, KubeMembers
-from broker.metrics import MetricSource, SchedulerMetrics
 from broker.model import (
     CapacityEvent,
     CapacitySnapshot,
@@ -68,10 +59,19 @@ from broker.model import (
     PodPlacement,
     Unplaceable,
 )
-from broker.mqtt import MqttEvents
-from broker.pools import BurstPools
-from broker.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
-from broker.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
+from broker.service.leader import (
+    AlwaysLeader,
+    Elector,
+    FileLock,
+    Leadership,
+    PostgresLease,
+    Timings,
+    default_identity,
+)
+from broker.service.members import ClusterLauncher, KubeMembers
+from broker.service.metrics import MetricSource, SchedulerMetrics
+from broker.service.mqtt import MqttEvents
+from broker.service.pools import BurstPools
 from broker.store import (
     ACTIVE_STATES,
     FINAL_STATES,

@@ -5,7 +5,7 @@ The federation is ``--clusters`` x ``--nodes-per-cluster`` nodes of 8 GPUs (defa
 GPUs taken); ``--queued`` jobs (default 100,000) wait in one queue: single pods and 8x8
 gangs in the proportions of ``fedbroker bench`` (512 : 64), each with a distinct name.
 Then scheduling cycles run back to back, exactly as the service runs them
-(``broker.scheduler.run_cycle``: order the queue, decide up to ``maxJobsPerCycle`` = 1,000
+(``broker.core.scheduler.run_cycle``: order the queue, decide up to ``maxJobsPerCycle`` = 1,000
 jobs on fresh snapshots, assume what fits), until the federation is full and the cycles only
 find jobs that do not fit. Reported: each cycle's wall time (the first ones place, the last
 ones are the steady state of a full federation with a backlog), and the process's peak RSS.
@@ -21,12 +21,12 @@ import random
 import time
 from typing import Any
 
-from broker.bench import build_federation, gang_jobs, max_rss_mib, single_pod_jobs
+from broker.bench.decisions import build_federation, gang_jobs, max_rss_mib, single_pod_jobs
 from broker.config import SchedulerConfig
+from broker.core.queue import JobQueue, Pending, QueueSpec
+from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
 from broker.model import Job
-from broker.queue import JobQueue, Pending, QueueSpec
-from broker.runtime import settle_heap
-from broker.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
+from broker.process import settle_heap
 
 MAX_CYCLES = 400
 

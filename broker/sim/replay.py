@@ -2,7 +2,7 @@
 
 This module owns the replay's event loop, its scheduling cycle and its report. The workload
 (trace pods on a compressed clock plus generated gangs, and how they are drawn) and the
-queue the jobs wait in are documented and built in ``broker.arrivals``. The nodes are split
+queue the jobs wait in are documented and built in ``broker.sim.arrivals``. The nodes are split
 round-robin into ``clusters`` member clusters (``cluster-0``..) of a ``SimulatedFederation``,
 whose node events build the ledger; every placement goes through the service's core path,
 ``ledger.snapshot() -> policy.decide() -> ledger.assume()``, then launch (the federation
@@ -24,7 +24,7 @@ every job that fits; a job that does not fit waits and does not block the jobs b
 
 Bursting (``ReplayConfig.burst``; the CLI's default, off with ``--no-burst``). One simulated
 Cluster API pool (``adapters.simulated.SimulatedPool``) grows a cloud member cluster
-(``burst-0``, kind "cloud", starting with no nodes) under ``broker.burst.BurstController``,
+(``burst-0``, kind "cloud", starting with no nodes) under ``broker.core.burst.BurstController``,
 exactly as the service drives it, on the virtual clock. Each cycle: the pool's due node
 events are applied to the ledger (a node coming up unparks the parked jobs, as a departure
 does); every job is decided on ``ledger.snapshot_hiding`` what the controller's
@@ -32,7 +32,7 @@ does); every job is decided on ``ledger.snapshot_hiding`` what the controller's
 burst every node the pool added (a job holding nodes is examined even past
 ``scan_misses``, its nodes being hidden from everyone else); then the
 controller's ``tick`` sees the jobs still waiting that may burst (``Job.allow_burst``: the
-generated gangs, see ``broker.arrivals``) and its ``ScaleTo``/``RemoveNode`` actions are
+generated gangs, see ``broker.sim.arrivals``) and its ``ScaleTo``/``RemoveNode`` actions are
 carried out on the pool. ``placed``/``ended`` tell it which jobs run on its nodes. While it
 has requests, burst nodes exist or jobs that may burst wait, a cycle runs at least every
 ``cycle_seconds`` (so gangs reach ``burstAfterSeconds`` and idle nodes are given back on
@@ -73,8 +73,7 @@ from pathlib import Path
 from typing import assert_never
 
 from adapters.simulated import ScaleError, SimulatedFederation, SimulatedPool, split_round_robin
-from broker.arrivals import Arrival, ArrivalQueue, Workload, build_workload
-from broker.burst import (
+from broker.core.burst import (
     POOL_LABEL,
     BurstController,
     BurstSettings,
@@ -83,7 +82,7 @@ from broker.burst import (
     RemoveNode,
     ScaleTo,
 )
-from broker.ledger import ConflictError, Ledger
+from broker.core.ledger import ConflictError, Ledger
 from broker.model import (
     MILLI_PER_GPU,
     BurstPool,
@@ -96,7 +95,8 @@ from broker.model import (
     Resources,
     Unplaceable,
 )
-from broker.traces import TracePod
+from broker.sim.arrivals import Arrival, ArrivalQueue, Workload, build_workload
+from broker.sim.traces import TracePod
 from policies import Policy, make_policy
 from policies.precheck import may_fit
 
@@ -580,7 +580,7 @@ def run_replay(
     else:
         _print_table(rows, workload, len(nodes), gpus, config)
     if args.plot:
-        from broker.plot import plot_replay
+        from broker.sim.plot import plot_replay
 
         title = f"Replay: {len(nodes)} nodes, {config.clusters} cluster(s), seed {config.seed}"
         try:

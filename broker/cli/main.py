@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
-from broker.agent import add_agent_command
-from broker.client import CLIENT_COMMANDS, add_client_commands, run_client
-from broker.demo import add_demo_command
-from broker.inspect import InspectError, add_inspect_command, add_plan_command
+from broker.cli.agent import add_agent_command
+from broker.cli.client import CLIENT_COMMANDS, add_client_commands, run_client
+from broker.cli.demo import add_demo_command
+from broker.cli.plan import InspectError, add_inspect_command, add_plan_command
+from broker.cli.runtime import add_serve_command
 from broker.model import Node
-from broker.runtime import add_serve_command
-from broker.traces import TraceError, TracePod, read_nodes, read_openb_pods
+from broker.sim.traces import TraceError, TracePod, read_nodes, read_openb_pods
 from policies import POLICY_NAMES
 
 EXIT_USAGE = 2
@@ -226,37 +226,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in CLIENT_COMMANDS:
             return run_client(args)
         if args.command == "serve":
-            from broker.runtime import run_serve
+            from broker.cli.runtime import run_serve
 
             return run_serve(args)
         if args.command == "demo":
-            from broker.demo import run_demo
+            from broker.cli.demo import run_demo
 
             return run_demo(args)
         if args.command == "inspect":
-            from broker.inspect import run_inspect
+            from broker.cli.plan import run_inspect
 
             return run_inspect(args)
         if args.command == "plan":
-            from broker.inspect import run_plan
+            from broker.cli.plan import run_plan
 
             return run_plan(args)
         if args.command == "agent":
-            from broker.agent import run_agent_command
+            from broker.cli.agent import run_agent_command
 
             return run_agent_command(args)
         if args.command == "bench" and args.clusters is None:
             args.clusters = 100 if args.cycle else 20
         if args.command == "bench" and args.cycle:
-            from broker.bench_cycle import main_cycle
+            from broker.bench.cycle import main_cycle
 
             return main_cycle(args)
         if args.command == "bench" and args.e2e:
-            from broker.bench_e2e import main_e2e
+            from broker.bench.e2e import main_e2e
 
             return main_e2e(args)
         if args.command == "bench":
-            from broker.bench import run_bench
+            from broker.bench.decisions import run_bench
 
             return run_bench(args)
     except (UsageError, TraceError, InspectError) as exc:
@@ -298,10 +298,10 @@ def _simulate(args: argparse.Namespace) -> int:
         args.gang_load = 130.0 if generated else 90.0
     nodes, pods = load_inputs(args.nodes, args.pods, args.seed)
     if args.protocol == "replay":
-        from broker.replay import run_replay
+        from broker.sim.replay import run_replay
 
         return run_replay(args, nodes, pods, policies)
-    from broker.simulator import as_dict, fill, mean_by_policy_and_load
+    from broker.sim.fill import as_dict, fill, mean_by_policy_and_load
 
     seeds = list(range(args.seed, args.seed + args.seeds))
     dump = None
@@ -333,7 +333,7 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         _print_fill_table(rows, len(nodes), gpus, args.clusters, seeds)
     if args.plot:
-        from broker.plot import plot_fill
+        from broker.sim.plot import plot_fill
 
         try:
             plot_fill(rows, args.plot)

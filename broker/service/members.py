@@ -1,6 +1,6 @@
 """Kubernetes member clusters of the live broker: their clients, watchers and launchers.
 
-``KubeMembers`` is composed by ``broker.service.Service`` for the clusters whose config
+``KubeMembers`` is composed by ``broker.service.facade.Service`` for the clusters whose config
 source is ``kube``: one API client per cluster (from its kubeconfig context), a
 ``ClusterWatcher`` feeding the ledger, a ``StaleTracker`` fed by the watcher's status, and a
 ``KubeLauncher``. ``ClusterLauncher`` dispatches each placement to its cluster's launcher;

@@ -20,7 +20,7 @@ from typing import Any
 from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.kube.translate import GpuConfig, translate_node, translate_pod
 from adapters.kube.watch import ClusterWatcher
-from broker.ledger import Ledger
+from broker.core.ledger import Ledger
 from broker.manifest import ManifestError, parse_manifest, to_job
 from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated, Placement
 from policies import make_policy

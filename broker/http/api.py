@@ -1,4 +1,4 @@
-"""The HTTP API (``/v1``): a thin aiohttp skin over ``broker.service.Service``.
+"""The HTTP API (``/v1``): a thin aiohttp skin over ``broker.service.facade.Service``.
 
 Every answer is JSON, errors included (``{"error": message}``, the message naming the
 field for bad input); bad input never gets a 5xx. A bearer token maps to a tenant; a
@@ -23,12 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from yarl import URL
 
 from broker.config import Config, RateLimit, TenantConfig
-from broker.dashboard import add_dashboard
-from broker.events import Event, EventBus, PublishingStore
+from broker.http.dashboard import add_dashboard
+from broker.http.openapi import openapi_document
 from broker.manifest import FederatedJob, ManifestError, parse_manifest
-from broker.metrics import Forward, ServiceCollector
-from broker.openapi import openapi_document
-from broker.service import Forbidden, NotFound, NotLeader, Service
+from broker.service.events import Event, EventBus, PublishingStore
+from broker.service.facade import Forbidden, NotFound, NotLeader, Service
+from broker.service.metrics import Forward, ServiceCollector
 from broker.store import (
     JOB_STATES,
     JobRecord,

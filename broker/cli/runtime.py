@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import logging
 import re
@@ -27,15 +26,16 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
 from adapters.kube.kubeconfig import KubeconfigError
-from broker.api import make_app
 from broker.config import Config, ConfigError, load_config
+from broker.http.api import make_app
 from broker.model import Placement
-from broker.service import Service
+from broker.process import run_loop, settle_heap
+from broker.service.facade import Service
 
 log = logging.getLogger("broker.runtime")
 
@@ -235,40 +235,6 @@ def run_serve(args: argparse.Namespace) -> int:
     code = run_loop(serve(config, host=host, port=port))
     log.info("ran for %.0fs", time.monotonic() - started)
     return code
-
-
-T = TypeVar("T")
-
-# The young generation is collected every this many net allocations (CPython's default is
-# 700): fewer collections of a few milliseconds each under a burst of submissions.
-GC_YOUNG_THRESHOLD = 10_000
-
-
-def settle_heap() -> None:
-    """Keep the cyclic garbage collector's pauses out of the request path, once the state a
-    broker starts with (nodes, jobs rebuilt from the store) is loaded.
-
-    A full collection walks every tracked object: with 20 x 500 nodes (about 200,000
-    objects) it stopped the event loop for 100-190 ms several times a minute under load, and
-    every request arriving then waited (``bench --e2e``: 201 latency p99 in the hundreds of
-    ms). ``gc.freeze`` moves what exists now to the permanent generation, which collections
-    skip; it stays freed by reference counting when dropped (only a reference cycle among
-    frozen objects would outlive ``unfreeze``, and start-up state builds none to drop).
-    """
-    gc.collect()
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run the service's top coroutine on uvloop where it is installed (Linux, macOS):
-    the same asyncio, with about 1.5x the HTTP throughput in ``bench --e2e``."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 __all__ = ["JsonFormatter", "configure_logging", "run_loop", "run_serve", "serve", "supervise"]

@@ -1,0 +1,1 @@
+"""Benchmarks: placement decisions, scheduling cycles, end-to-end service, watch ingestion."""
