@@ -3,6 +3,11 @@
 Clusters are built from node lists (the trace inventories) or generated from node shapes and
 counts, and driven by a virtual clock: a launched pod is bound at once and deleted when its
 run time is over. They speak to the ledger in the same capacity events a real adapter emits.
+
+Ports (``broker.ports``): ``SimulatedFederation`` is the simulator's ``NodeInventory`` and
+``VirtualLauncher``; ``SimulatedLauncher`` the live broker's ``Launcher`` and ``RunWatcher``;
+``SimulatedPool`` is driven synchronously on the caller's clock (the service wraps it as a
+``ScalePool``). Failures raise the ports' ``LaunchError`` and ``ScaleError``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ from broker.model import (
     PodBound,
     PodDeleted,
     Resources,
+)
+from broker.ports import (
+    Launcher,
+    LaunchError,
+    NodeInventory,
+    RunWatcher,
+    ScaleError,
+    VirtualLauncher,
 )
 
 
@@ -86,7 +99,7 @@ class _Ending:
     pod: str = field(compare=False)
 
 
-class SimulatedFederation:
+class SimulatedFederation(NodeInventory, VirtualLauncher):
     """In-process clusters on a virtual clock: launch binds pods at once; ``advance`` ends
     the pods whose run time is over and returns the events to feed the ledger."""
 
@@ -200,11 +213,7 @@ def gpu_milli_of(nodes: Iterable[Node]) -> int:
     return gpus_of(nodes) * MILLI_PER_GPU
 
 
-class LaunchError(Exception):
-    """A gang's pods could not be started (the lifecycle rolls it back and requeues it)."""
-
-
-class SimulatedLauncher:
+class SimulatedLauncher(Launcher, RunWatcher):
     """Launches placed gangs in simulated clusters: every pod "runs" after a delay.
 
     ``sleep`` is injected (default ``asyncio.sleep``) so tests pass a zero delay or a fake.
@@ -280,10 +289,6 @@ def seeded_run_seconds(
         return random.Random(f"{seed}:{placement.job}").uniform(low, high)
 
     return run_seconds
-
-
-class ScaleError(Exception):
-    """A pool could not be scaled (its API failed, or the request was out of range)."""
 
 
 class SimulatedPool:

@@ -1,33 +1,144 @@
-"""Ports: the protocols adapters implement, so the shell never names a concrete adapter.
+"""Ports: every protocol the shell calls on an adapter, the data it passes, and their errors.
 
-Only the composition roots (cli, simulator, bench; later the service runtime) pick the
-adapter behind each port. Adapters import broker.model and this module, nothing else of
-the broker.
+The shell (broker.service, broker.http, broker.cli, broker.sim, broker.bench) names these,
+never an adapter's own types; only the composition roots construct a concrete adapter.
+Each adapter (adapters.simulated, adapters.kube, adapters.capi, adapters.mqtt) declares the
+port it implements and raises (subclasses of) the errors below. Adapters import
+broker.model and this module, nothing else of the broker.
+
+Live ports (asyncio, wall clock): ``CapacitySource`` feeding a ``CapacitySink``,
+``Launcher`` (+ ``RunWatcher``, ``GangRecovery``), ``ScalePool``, ``EventSink``.
+Simulator ports (synchronous, virtual clock): ``NodeInventory``, ``VirtualLauncher``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
-from broker.model import CapacityEvent, Placement
+from broker.model import CapacityEvent, Placement, PodBound
+
+# -- errors ----------------------------------------------------------------------------------
 
 
-class ClusterSource(Protocol):
-    """Where capacity comes from: the nodes of member clusters, as capacity events."""
+class LaunchError(Exception):
+    """A gang's pods could not be started (the lifecycle rolls it back and requeues it)."""
 
-    def node_events(self) -> list[CapacityEvent]: ...
+
+class WatchError(Exception):
+    """A capacity source failed to list or watch a member cluster (message: cluster,
+    resource and status only)."""
+
+
+class ScaleError(Exception):
+    """A pool could not be read or scaled (its API failed, or the request was out of range)."""
+
+
+class KubeconfigError(Exception):
+    """A kubeconfig cannot be read or a context cannot be loaded (the message is scrubbed of
+    the kubeconfig's credentials, so it can be logged or shown)."""
+
+
+class ReportError(ValueError):
+    """A member cluster agent's report breaks the schema (the message says where)."""
+
+
+# -- capacity: what feeds the ledger ---------------------------------------------------------
+
+CapacitySink = Callable[[list[CapacityEvent]], None]
+"""Takes a batch of capacity events (the ledger's input), in order."""
+
+StatusSink = Callable[[str, bool], None]
+"""Told ``(cluster, connected)`` whenever a source's connection to its cluster changes."""
+
+
+class CapacitySource(Protocol):
+    """One member cluster's nodes and pods as capacity events (Kubernetes list+watch).
+
+    ``list_once`` brings a consumer up to date (raises ``WatchError``); ``run`` feeds its
+    sink for ever (relisting and reconnecting on its own) until cancelled. ``lists`` counts
+    the full lists so far; ``connected`` says whether the last list or watch succeeded."""
+
+    cluster: str
+    connected: bool
+    lists: int
+
+    async def list_once(self) -> list[CapacityEvent]: ...
+
+    async def run(self) -> None: ...
+
+
+# -- launching: the live broker's gangs ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What a launch needs besides the placement (the shell knows it, the launcher asks).
+
+    ``job`` is the bare job name (the ``<job>`` of ``<job>-<podset>-<index>``); ``min_member``
+    0 means all pods of the placement. ``pod_templates`` maps a pod set name to a Kubernetes
+    pod template (``{"metadata": {...}, "spec": {...}}``, API JSON field names); the broker's
+    resources replace the first container's requests and limits."""
+
+    tenant: str
+    job: str
+    min_member: int = 0
+    schedule_timeout_seconds: int = 600
+    queue: str = "default"
+    pod_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant}/{self.job}"
+
+    @staticmethod
+    def of(placement: Placement) -> LaunchSpec:
+        """A spec from the placement alone: ``placement.job`` is ``tenant/name`` (a job key)."""
+        tenant, _, name = placement.job.rpartition("/")
+        return LaunchSpec(tenant=tenant or "default", job=name)
 
 
 class Launcher(Protocol):
-    """Starts a placed job's pods in its cluster; returns the events that follow."""
+    """Starts and removes placed gangs in their cluster (asyncio; the live broker's port)."""
 
-    def launch(self, placement: Placement, run_seconds: float) -> list[CapacityEvent]: ...
+    async def launch(self, placement: Placement) -> None:
+        """Return once every pod of the placement runs; raise ``LaunchError`` if it fails.
+        The caller applies the gang timeout by cancelling this."""
+        ...
+
+    async def delete(self, placement: Placement) -> None:
+        """Delete every pod of the placement (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class RunWatcher(Protocol):
+    """A launcher that also reports when a running job's pods have exited."""
+
+    async def finished(self, placement: Placement) -> bool:
+        """Wait until the running job's pods exit; True when they all succeeded."""
+        ...
+
+
+class GangRecovery(Protocol):
+    """What a launcher left in its cluster, read back after a restart or a takeover."""
+
+    async def read_back(self) -> dict[str, list[PodBound]]:
+        """The launcher's live pods as ``PodBound`` events, by job key (``tenant/name``)."""
+        ...
+
+    async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
+        """Delete the launcher's objects of jobs not in ``live_jobs``; ``kind/name`` each."""
+        ...
+
+
+# -- burst pools -----------------------------------------------------------------------------
 
 
 class ScalePool(Protocol):
     """A node pool the broker may grow and shrink (Cluster API MachineDeployment, or a
-    simulated one). Failures raise the adapter's error after its own bounded retries."""
+    simulated one). Failures raise ``ScaleError`` after the adapter's own bounded retries."""
 
     async def scale_to(self, replicas: int) -> int: ...
 
@@ -36,3 +147,46 @@ class ScalePool(Protocol):
     async def remove_node(self, node: str) -> None: ...
 
     async def label_node(self, node: str, labels: Mapping[str, str]) -> None: ...
+
+
+# -- events out ------------------------------------------------------------------------------
+
+MessageHandler = Callable[[str, bytes, bool], None]
+"""Called with ``(topic, payload, retained)`` for each message of a subscription."""
+
+
+class EventSink(Protocol):
+    """A message bus the broker publishes job and capacity events to (MQTT), and whose
+    agent reports it subscribes to. ``publish_nowait`` never waits: False (and counted in
+    ``dropped``) when the outbox is ``full``."""
+
+    connected: bool
+    dropped: int
+
+    @property
+    def full(self) -> bool: ...
+
+    @property
+    def backlog(self) -> int: ...
+
+    def publish_nowait(
+        self, suffix: str, payload: bytes | str, *, qos: int = 1, retain: bool = False
+    ) -> bool: ...
+
+    def subscribe(self, topic_filter: str, handler: MessageHandler) -> None: ...
+
+
+# -- the simulator's ports (synchronous, on a virtual clock) ---------------------------------
+
+
+class NodeInventory(Protocol):
+    """Where a simulation's capacity comes from: its member clusters' nodes, as events."""
+
+    def node_events(self) -> list[CapacityEvent]: ...
+
+
+class VirtualLauncher(Protocol):
+    """Starts a placed job's pods on a virtual clock; returns the events that follow (the
+    simulator's launcher; the live one is ``Launcher``)."""
+
+    def launch(self, placement: Placement, run_seconds: float) -> list[CapacityEvent]: ...

@@ -30,9 +30,9 @@ from test_mqtt import (
     until,
 )
 
-from adapters.kube.kubeconfig import load_clients
-from adapters.mqtt.agent import Agent
+from adapters.kubeapi.kubeconfig import load_clients
 from adapters.mqtt.publisher import MqttSettings
+from broker.cli.agent import Agent
 from broker.cli.main import main
 from broker.config import parse_config
 from broker.service.facade import Service

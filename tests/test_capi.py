@@ -23,7 +23,7 @@ from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
 
 from adapters.capi import CapiPool, CapiPoolError, PoolShape, PoolStatus
-from adapters.capi.pool import ANNOTATION_DELETE_MACHINE, ANNOTATION_MACHINE
+from adapters.capi.objects import ANNOTATION_DELETE_MACHINE, ANNOTATION_MACHINE
 
 CANARY = "canary-token-5a1d2e9c44"
 NS = "fleet"

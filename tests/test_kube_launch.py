@@ -13,18 +13,17 @@ import pytest
 from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
 
-from adapters.kube.launch import (
+from adapters.kube.launch import KubeLauncher
+from adapters.kube.objects import (
     COSCHEDULING_LABEL,
     LABEL_ORIGIN,
     VOLCANO_ANNOTATION,
     Flavor,
-    KubeLauncher,
     KubeLaunchError,
-    LaunchSpec,
     Mode,
 )
-from adapters.simulated import LaunchError
 from broker.model import Placement, PodBound, PodPlacement, Resources
+from broker.ports import LaunchError, LaunchSpec
 
 CANARY = "canary-token-3f9e1c0d7b"
 NS = "team"

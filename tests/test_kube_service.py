@@ -16,9 +16,9 @@ import kmock
 import kmock as kmocklib
 import pytest
 
-from adapters.kube.kubeconfig import KubeconfigError
 from broker.config import Config, ConfigError, parse_config
 from broker.manifest import parse_manifest
+from broker.ports import KubeconfigError
 from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")

@@ -15,20 +15,21 @@ import kmock as kmocklib
 import pytest
 from kmock import resource
 
-from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.kube.translate import (
     GpuConfig,
     effective_requests,
-    parse_quantity,
     pod_resources,
     translate_node,
     translate_pod,
 )
-from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, WatchError, is_stale
+from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, is_stale
+from adapters.kubeapi.kubeconfig import load_clients
+from adapters.kubeapi.quantity import parse_quantity
 from broker.cli.main import main
 from broker.cli.plan import bench_ledger_updates
 from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Cluster, GpuType, PodBound, PodDeleted, Resources
+from broker.ports import KubeconfigError, WatchError
 
 NODES = resource("", "v1", "nodes")
 PODS = resource("", "v1", "pods")

@@ -32,10 +32,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_api import manifest
 
 from adapters.mqtt.publisher import Backoff, MqttSettings, Publisher
-from adapters.mqtt.reports import ReportError, Usage, node_report, parse_node_report
+from adapters.mqtt.reports import Usage, node_report, parse_node_report
 from broker.config import ConfigError, parse_config
 from broker.http.api import make_app
 from broker.model import GpuType, Node, PodBound, PodDeleted, Resources
+from broker.ports import ReportError
 from broker.service.facade import Service
 from broker.service.mqtt import MqttMembers
 

@@ -1,5 +1,6 @@
 """Cluster API: node pools (MachineDeployment / MachinePool) of a management cluster."""
 
-from adapters.capi.pool import CapiPool, CapiPoolError, PoolKind, PoolShape, PoolStatus
+from adapters.capi.objects import CapiPoolError, PoolKind, PoolShape, PoolStatus
+from adapters.capi.pool import CapiPool
 
 __all__ = ["CapiPool", "CapiPoolError", "PoolKind", "PoolShape", "PoolStatus"]

@@ -2,18 +2,18 @@
 
 Objects are plain dicts exactly as the API server sends them (JSON decoded; the watcher
 reads responses with the client's ``*_without_preload_content`` methods, so no client models
-are built). Quantities are parsed here (adapters may not import broker.manifest).
+are built). Quantities are parsed by ``adapters.kubeapi.quantity``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
+from adapters.kubeapi.quantity import parse_quantity
 from broker.model import (
     MILLI_PER_GPU,
     GpuType,
@@ -26,53 +26,7 @@ from broker.model import (
 
 Obj = Mapping[str, Any]
 
-_SUFFIX: dict[str, Fraction] = {
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "": Fraction(1),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
-)
 _MIB = 2**20
-
-
-class QuantityError(ValueError):
-    """A Kubernetes quantity string that does not parse."""
-
-
-def parse_quantity(value: object) -> Fraction:
-    """A Kubernetes resource quantity (``"500m"``, ``"16Gi"``, ``"1e3"``, ``4``) as an exact
-    fraction of its base unit."""
-    if isinstance(value, bool):
-        raise QuantityError(f"not a quantity: {value!r}")
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        return Fraction(str(value))
-    if not isinstance(value, str):
-        raise QuantityError(f"not a quantity: {value!r}")
-    match = _QUANTITY.match(value.strip())
-    if match is None:
-        raise QuantityError(f"not a quantity: {value!r}")
-    number, exponent, suffix = match.groups()
-    base = Fraction(number)
-    if exponent:
-        return base * Fraction(10) ** int(exponent[1:])
-    return base * _SUFFIX[suffix or ""]
 
 
 def _ceil(q: Fraction) -> int:

@@ -1,10 +1,11 @@
 """List+watch of one member cluster's nodes and pods, as capacity events.
 
-``ClusterWatcher.run`` lists nodes and pods, emits the translated events (with deletions for
-objects that vanished since the last list), then watches both from the lists'
-resourceVersions with bookmarks. A 410 Gone (HTTP status or an ERROR event) relists at once;
-any other failure reports the cluster disconnected and reconnects (relisting) after an
-exponential, jittered backoff. The owner marks a cluster stale with ``StaleTracker``.
+``ClusterWatcher`` implements ``broker.ports.CapacitySource``: ``run`` lists nodes and pods,
+emits the translated events (with deletions for objects that vanished since the last list),
+then watches both from the lists' resourceVersions with bookmarks. A 410 Gone (HTTP status
+or an ERROR event) relists at once; any other failure reports the cluster disconnected and
+reconnects (relisting) after an exponential, jittered backoff. The owner marks a cluster
+stale with ``StaleTracker``.
 
 Secrets: log lines and errors name the cluster, the HTTP status or the exception type only;
 never a request, a header or the client's configuration.
@@ -33,18 +34,13 @@ from adapters.kube.translate import (
     translate_pod,
 )
 from broker.model import CapacityEvent, Node, NodeDeleted, NodeUpdated, PodBound, PodDeleted
+from broker.ports import CapacitySink, CapacitySource, StatusSink, WatchError
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[list[CapacityEvent]], None]
-StatusCallback = Callable[[str, bool], None]
 Sleep = Callable[[float], Awaitable[None]]
 Kind = Literal["nodes", "pods"]
 HTTP_GONE = 410
-
-
-class WatchError(Exception):
-    """The API server failed a list or watch (message: cluster, resource, status only)."""
 
 
 class Gone(WatchError):
@@ -94,21 +90,17 @@ class StaleTracker:
         return is_stale(self._down_since.get(cluster), self._clock(), self.stale_after)
 
 
-async def _no_sleep(_: float) -> None:
-    await asyncio.sleep(0)
-
-
-class ClusterWatcher:
+class ClusterWatcher(CapacitySource):
     """Keeps one cluster's nodes and pods flowing into ``emit``."""
 
     def __init__(
         self,
         cluster: str,
         api: ApiClient,
-        emit: Emit,
+        emit: CapacitySink,
         gpu: GpuConfig = DEFAULT_GPU,
         *,
-        on_status: StatusCallback | None = None,
+        on_status: StatusSink | None = None,
         sleep: Sleep = asyncio.sleep,
         backoff: Backoff | None = None,
         inactivity_timeout: float = 90.0,

@@ -1,1 +1,1 @@
-"""MQTT adapters (aiomqtt): the event publisher and the member-cluster agent."""
+"""MQTT adapter (aiomqtt): the event publisher and the schema of the cluster agents' reports."""

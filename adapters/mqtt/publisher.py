@@ -1,5 +1,8 @@
 """One MQTT connection (aiomqtt) with a bounded outbox, a status topic and reconnects.
 
+``Publisher`` implements ``broker.ports.EventSink`` (the broker's events out, the agents'
+reports in) and is what the cluster agent publishes through.
+
 ``Publisher`` connects with a last will ``<prefix>/<status>`` = ``offline`` (retained, QoS 1)
 and publishes ``online`` (retained) after every connect; a clean ``close()`` publishes
 ``offline`` itself (a will is only sent when the connection dies). It reconnects forever with
@@ -40,10 +43,11 @@ from dataclasses import dataclass, field
 
 import aiomqtt
 
+from broker.ports import EventSink, MessageHandler
+
 log = logging.getLogger(__name__)
 
 Sleep = Callable[[float], Awaitable[None]]
-Handler = Callable[[str, bytes, bool], None]  # topic, payload, retained
 ONLINE = b"online"
 OFFLINE = b"offline"
 DEFAULT_OUTBOX = 10_000
@@ -89,7 +93,7 @@ class Backoff:
         return min(self.cap, raw * (1.0 + self.jitter * (2.0 * self.rng.random() - 1.0)))
 
 
-class Publisher:
+class Publisher(EventSink):
     def __init__(
         self,
         settings: MqttSettings,
@@ -104,7 +108,7 @@ class Publisher:
         self._on_connect = on_connect
         self._outbox: asyncio.Queue[Outgoing] = asyncio.Queue(maxsize=settings.outbox_size)
         self._inflight: Outgoing | None = None
-        self._handlers: list[tuple[str, Handler]] = []
+        self._handlers: list[tuple[str, MessageHandler]] = []
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -162,7 +166,7 @@ class Publisher:
     async def wait_connected(self) -> None:
         await self._up.wait()
 
-    def subscribe(self, topic_filter: str, handler: Handler) -> None:
+    def subscribe(self, topic_filter: str, handler: MessageHandler) -> None:
         """Subscribe (QoS 1) on every connect; call before ``start``."""
         self._handlers.append((topic_filter, handler))
 

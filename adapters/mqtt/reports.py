@@ -38,12 +38,14 @@ from broker.model import (
     CapacityEvent,
     GpuType,
     Node,
+    NodeDeleted,
     NodeUpdated,
     PodBound,
     PodDeleted,
     Resources,
     Taint,
 )
+from broker.ports import ReportError
 
 _EFFECTS: tuple[Literal["NoSchedule", "NoExecute", "PreferNoSchedule"], ...] = (
     "NoSchedule",
@@ -51,10 +53,6 @@ _EFFECTS: tuple[Literal["NoSchedule", "NoExecute", "PreferNoSchedule"], ...] = (
     "PreferNoSchedule",
 )
 MAX_INT = 1 << 53
-
-
-class ReportError(ValueError):
-    """A report that does not follow the schema (the message names the field only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +191,56 @@ def parse_inventory(payload: bytes) -> frozenset[str]:
     return frozenset(nodes)
 
 
+class CapacityState:
+    """What an agent reports: its cluster's nodes and running pods from capacity events,
+    and which nodes changed since the last reports were taken."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[str, PodBound] = {}
+        self.on_node: dict[str, set[str]] = {}
+        self.dirty: set[str] = set()
+        self.deleted: set[str] = set()
+        self.inventory_changed = False
+
+    def apply(self, events: list[CapacityEvent]) -> None:
+        for ev in events:
+            match ev:
+                case NodeUpdated(_, node):
+                    self.deleted.discard(node.name)
+                    if node.name not in self.nodes:
+                        self.inventory_changed = True
+                    self.nodes[node.name] = node
+                    self.dirty.add(node.name)
+                case NodeDeleted(_, name):
+                    if self.nodes.pop(name, None) is not None:
+                        self.inventory_changed = True
+                    self.dirty.add(name)
+                    self.deleted.add(name)
+                case PodBound(_, pod, node):
+                    self._unbind(pod)
+                    self.pods[pod] = ev
+                    self.on_node.setdefault(node, set()).add(pod)
+                    self.dirty.add(node)
+                case PodDeleted(_, pod):
+                    self._unbind(pod)
+
+    def _unbind(self, pod: str) -> None:
+        old = self.pods.pop(pod, None)
+        if old is not None:
+            self.on_node.get(old.node, set()).discard(pod)
+            self.dirty.add(old.node)
+
+    def report(self, name: str, at: float) -> dict[str, Any] | None:
+        node = self.nodes.get(name)
+        if node is None:
+            return None
+        usage = usage_of(self.pods[p].resources for p in self.on_node.get(name, ()))
+        return node_report(node, usage, at)
+
+
 __all__ = [
-    "ReportError",
+    "CapacityState",
     "Usage",
     "node_report",
     "parse_inventory",

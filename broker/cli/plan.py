@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.kube.kubeconfig import KubeconfigError, load_clients
 from adapters.kube.translate import GpuConfig, translate_node, translate_pod
 from adapters.kube.watch import ClusterWatcher
+from adapters.kubeapi.kubeconfig import load_clients
 from broker.core.ledger import Ledger
 from broker.manifest import ManifestError, parse_manifest, to_job
 from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated, Placement
+from broker.ports import KubeconfigError
 from policies import make_policy
 
 DEFAULT_TIMEOUT = 5.0

@@ -30,10 +30,10 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.kube.kubeconfig import KubeconfigError
 from broker.config import Config, ConfigError, load_config
 from broker.http.api import make_app
 from broker.model import Placement
+from broker.ports import KubeconfigError
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
 

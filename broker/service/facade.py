@@ -33,15 +33,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
-from adapters.kube.launch import LaunchSpec
-from adapters.kube.watch import WatchError
-from adapters.simulated import LaunchError, SimulatedLauncher, generate_nodes
+from adapters.simulated import SimulatedLauncher, generate_nodes
 from broker.config import Config, TenantConfig
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Lifecycle, LifecycleSettings, Outcome
@@ -59,6 +57,7 @@ from broker.model import (
     PodPlacement,
     Unplaceable,
 )
+from broker.ports import Launcher, LaunchError, LaunchSpec, RunWatcher, WatchError
 from broker.service.leader import (
     AlwaysLeader,
     Elector,
@@ -91,18 +90,6 @@ log = logging.getLogger(__name__)
 
 _QUEUED: tuple[JobState, ...] = ("Queued",)
 GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole GPUs
-
-
-class Launcher(Protocol):
-    async def launch(self, placement: Placement) -> None: ...
-    async def delete(self, placement: Placement) -> None: ...
-
-
-@runtime_checkable
-class RunWatcher(Protocol):
-    """A launcher that also reports when a running job's pods have exited."""
-
-    async def finished(self, placement: Placement) -> bool: ...
 
 
 # How long a woken scheduler lets more submissions arrive before it decides (a latency of a
@@ -1114,10 +1101,8 @@ def _cancelling() -> bool:
 __all__ = [
     "FINAL_STATES",
     "Forbidden",
-    "Launcher",
     "NotFound",
     "NotLeader",
-    "RunWatcher",
     "Service",
     "placement_json",
 ]

@@ -13,39 +13,30 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 from kubernetes.aio.client import ApiClient
 
-from adapters.kube.kubeconfig import load_clients
-from adapters.kube.launch import KubeLauncher, LaunchSpec
+from adapters.kube.launch import KubeLauncher
 from adapters.kube.translate import GpuConfig
-from adapters.kube.watch import ClusterWatcher, Emit, StaleTracker
+from adapters.kube.watch import ClusterWatcher, StaleTracker
+from adapters.kubeapi.kubeconfig import load_clients
 from broker.config import ClusterConfig, KubeSource
 from broker.model import Placement
+from broker.ports import CapacitySink as Emit
+from broker.ports import Launcher, LaunchSpec, RunWatcher
 
 log = logging.getLogger(__name__)
-
-
-class _Launcher(Protocol):
-    async def launch(self, placement: Placement) -> None: ...
-    async def delete(self, placement: Placement) -> None: ...
-
-
-@runtime_checkable
-class _RunWatcher(Protocol):
-    async def finished(self, placement: Placement) -> bool: ...
 
 
 class ClusterLauncher:
     """The launcher of each placement's cluster: a KubeLauncher for Kubernetes members,
     ``default`` (the simulated launcher) for the others."""
 
-    def __init__(self, default: _Launcher) -> None:
+    def __init__(self, default: Launcher) -> None:
         self.default = default
         self.by_cluster: dict[str, KubeLauncher] = {}
 
-    def _for(self, placement: Placement) -> _Launcher:
+    def _for(self, placement: Placement) -> Launcher:
         return self.by_cluster.get(placement.cluster) or self.default
 
     async def launch(self, placement: Placement) -> None:
@@ -58,7 +49,7 @@ class ClusterLauncher:
         """The end of a running job's pods (True: all succeeded), from its cluster's
         launcher; a launcher that cannot tell leaves the job running until cancelled."""
         launcher = self._for(placement)
-        if isinstance(launcher, _RunWatcher):
+        if isinstance(launcher, RunWatcher):
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
         return False  # pragma: no cover

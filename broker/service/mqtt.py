@@ -57,7 +57,6 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 
 from adapters.mqtt.publisher import MqttSettings, Publisher
 from adapters.mqtt.reports import (
-    ReportError,
     Usage,
     parse_inventory,
     parse_node_report,
@@ -65,6 +64,7 @@ from adapters.mqtt.reports import (
 )
 from broker.config import ClusterConfig, Config
 from broker.model import CapacityEvent, Node, NodeDeleted, PodDeleted
+from broker.ports import ReportError
 from broker.service.events import EventBus, EventKind, PublishingStore
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
-from adapters.capi import CapiPool, CapiPoolError
-from adapters.kube.kubeconfig import KubeconfigError, load_clients
-from adapters.simulated import ScaleError, SimulatedPool
+from adapters.capi import CapiPool
+from adapters.kubeapi.kubeconfig import load_clients
+from adapters.simulated import SimulatedPool
 from broker.config import BurstPoolConfig, Config
 from broker.core.burst import (
     POOL_LABEL,
@@ -46,7 +46,7 @@ from broker.model import (
     Placement,
     Resources,
 )
-from broker.ports import ScalePool
+from broker.ports import KubeconfigError, ScaleError, ScalePool
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class BurstPools:
                         kind=source.kind, workload=workload(pc.cluster),
                     )  # fmt: skip
                     status = await port.status()
-                except (KubeconfigError, CapiPoolError) as exc:
+                except (KubeconfigError, ScaleError) as exc:
                     log.warning("burst pool %s left out: %s", pc.name, exc)
                     continue
                 shape = status.shape
@@ -223,7 +223,7 @@ class BurstPools:
                 else:
                     await port.remove_node(action.node)
                     log.info("pool %s: node %s removed", action.pool, action.node)
-            except (CapiPoolError, ScaleError, ValueError) as exc:
+            except (ScaleError, ValueError) as exc:
                 log.warning("pool %s: %s", action.pool, exc)
                 async with lock:
                     self.controller.failed(action, self._clock(), str(exc))

@@ -72,7 +72,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import assert_never
 
-from adapters.simulated import ScaleError, SimulatedFederation, SimulatedPool, split_round_robin
+from adapters.simulated import SimulatedFederation, SimulatedPool, split_round_robin
 from broker.core.burst import (
     POOL_LABEL,
     BurstController,
@@ -95,6 +95,7 @@ from broker.model import (
     Resources,
     Unplaceable,
 )
+from broker.ports import ScaleError
 from broker.sim.arrivals import Arrival, ArrivalQueue, Workload, build_workload
 from broker.sim.traces import TracePod
 from policies import Policy, make_policy

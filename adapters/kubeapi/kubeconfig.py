@@ -1,7 +1,8 @@
 """One Kubernetes API client per kubeconfig context, with secrets kept out of messages.
 
-Every error raised here is a KubeconfigError whose message has been scrubbed of the
-kubeconfig's credentials (tokens, passwords, client keys), so it can be logged or shown.
+Every error raised here is a ``broker.ports.KubeconfigError`` whose message has been
+scrubbed of the kubeconfig's credentials (tokens, passwords, client keys), so it can be
+logged or shown.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import yaml
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.config import kube_config
 
+from broker.ports import KubeconfigError
+
 _REDACTED = "<redacted>"
 _MIN_SECRET = 4
-
-
-class KubeconfigError(Exception):
-    """The kubeconfig cannot be read or a context cannot be loaded (message is scrubbed)."""
 
 
 def _leaves(value: Any) -> Iterable[str]:

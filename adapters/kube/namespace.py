@@ -1,0 +1,141 @@
+"""The launcher's requests to one namespace: pods and PodGroups, read, listed, created, deleted.
+
+Every request goes through ``adapters.kubeapi.calls.ApiCalls`` (bounded retries, a
+per-request timeout; other failures raise ``KubeLaunchError`` with the HTTP status only,
+never the client configuration). Listings are filtered by our origin label here as well as
+by the server, and one listing is shared by every caller waiting at the same time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi, V1Pod
+
+from adapters.kube.objects import GangObjects
+from adapters.kubeapi.calls import ApiCalls
+
+
+class NamespaceApi:
+    """Pods and PodGroups of one namespace, as plain dicts (API JSON field names)."""
+
+    def __init__(self, api_client: ApiClient, objects: GangObjects, calls: ApiCalls) -> None:
+        self.core = CoreV1Api(api_client)
+        self.custom = CustomObjectsApi(api_client)
+        self.objects = objects
+        self.namespace = objects.namespace
+        self.calls = calls
+        self._listing: asyncio.Future[list[dict[str, Any]]] | None = None
+
+    def _dict(self, obj: object) -> dict[str, Any]:
+        return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(obj))
+
+    # -- pods --------------------------------------------------------------------------------
+
+    async def read_pod(self, name: str) -> dict[str, Any] | None:
+        pod = await self.calls.maybe(
+            f"read pod {name}", lambda: self.core.read_namespaced_pod(name, self.namespace)
+        )
+        return None if pod is None else self._dict(pod)
+
+    async def create_pod(self, body: Mapping[str, Any]) -> None:
+        """Create a pod; ``ApiException`` (409 AlreadyExists among them) propagates."""
+        await self.calls.call(
+            f"create pod {body['metadata']['name']}",
+            lambda: self.core.create_namespaced_pod(self.namespace, V1Pod.from_dict(body)),  # type: ignore[arg-type]
+        )
+
+    async def delete_pod(self, name: str) -> None:
+        """Delete a pod; one already gone is fine."""
+        await self.calls.maybe(
+            f"delete pod {name}", lambda: self.core.delete_namespaced_pod(name, self.namespace)
+        )
+
+    async def our_pods(self) -> list[dict[str, Any]]:
+        """Pods with our origin label (filtered here too, not only by the server)."""
+        pods = await self.calls.checked(
+            "list pods",
+            lambda: self.core.list_namespaced_pod(
+                self.namespace, label_selector=self.objects.selector
+            ),
+        )
+        items = self._dict(pods).get("items") or []
+        return [p for p in items if self.objects.has_origin(p)]
+
+    async def shared_listing(self) -> list[dict[str, Any]]:
+        """Our pods, listed once for every caller waiting at the same time: a thousand gangs
+        polling their phases cost one LIST per poll, not a thousand. Always a fresh listing
+        (one started after the call, or the one in flight), never a cached one."""
+        listing = self._listing
+        if listing is None:
+            listing = asyncio.ensure_future(self.our_pods())
+            self._listing = listing
+
+            def done(future: asyncio.Future[list[dict[str, Any]]]) -> None:
+                if self._listing is future:
+                    self._listing = None
+                if not future.cancelled():
+                    future.exception()  # retrieved here, so an error nobody awaits is quiet
+
+            listing.add_done_callback(done)
+        return await asyncio.shield(listing)
+
+    # -- PodGroups ---------------------------------------------------------------------------
+
+    async def read_pod_group(self, name: str) -> dict[str, Any] | None:
+        kind = self.objects.kind
+        obj = await self.calls.maybe(
+            f"read PodGroup {name}",
+            lambda: self.custom.get_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, name
+            ),
+        )
+        return None if obj is None else cast(dict[str, Any], obj)
+
+    async def create_pod_group(self, body: dict[str, Any]) -> None:
+        """Create a PodGroup; ``ApiException`` (409 AlreadyExists among them) propagates."""
+        kind = self.objects.kind
+        await self.calls.call(
+            f"create PodGroup {body['metadata']['name']}",
+            lambda: self.custom.create_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, body
+            ),
+        )
+
+    async def patch_pod_group(self, name: str, patch: dict[str, Any]) -> None:
+        """Merge-patch a PodGroup; ``ApiException`` (409 Conflict among them) propagates."""
+        kind = self.objects.kind
+        await self.calls.call(
+            f"update PodGroup {name}",
+            lambda: self.custom.patch_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, name, patch,
+                _content_type="application/merge-patch+json",
+            ),
+        )  # fmt: skip
+
+    async def delete_pod_group(self, name: str) -> None:
+        """Delete a PodGroup; one already gone is fine."""
+        kind = self.objects.kind
+        await self.calls.maybe(
+            f"delete PodGroup {name}",
+            lambda: self.custom.delete_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural, name
+            ),
+        )
+
+    async def our_pod_groups(self) -> list[dict[str, Any]]:
+        """PodGroups with our origin label; none when the CRD is not installed (404)."""
+        kind = self.objects.kind
+        listed = await self.calls.maybe(
+            "list PodGroups",
+            lambda: self.custom.list_namespaced_custom_object(
+                kind.group, kind.version, self.namespace, kind.plural,
+                label_selector=self.objects.selector,
+            ),
+        )  # fmt: skip
+        if listed is None:
+            return []
+        items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+        return [g for g in items if self.objects.has_origin(g)]

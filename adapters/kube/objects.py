@@ -1,0 +1,243 @@
+"""The Kubernetes objects of a gang: names, labels, PodGroup and Pod bodies (pure).
+
+Every object carries the labels ``fedbroker.io/origin``, ``fedbroker.io/tenant`` and
+``fedbroker.io/job``; only objects carrying our origin are ever adopted or deleted. A pod is
+named ``<job>-<podset>-<index>`` (the placement's pod name without the service's
+``<tenant>.`` prefix) and annotated with the ledger's pod name and the GPU indexes the
+broker picked, so a restarted broker reads its reservations back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from adapters.kube.translate import ANNOTATION_POD, GpuConfig, pod_resources
+from broker.model import Placement, PodBound, PodPlacement, Resources
+from broker.ports import LaunchError, LaunchSpec
+
+Mode = Literal["delegate", "pin"]
+Flavor = Literal["coscheduling", "volcano"]
+
+LABEL_ORIGIN = "fedbroker.io/origin"
+LABEL_TENANT = "fedbroker.io/tenant"
+LABEL_JOB = "fedbroker.io/job"
+LABEL_POD_SET = "fedbroker.io/pod-set"
+ANNOTATION_GPUS = "fedbroker.io/gpus"  # GPU indexes the broker picked, comma-separated
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+class KubeLaunchError(LaunchError):
+    """A gang could not be created or did not start in a Kubernetes cluster (a
+    ``broker.ports.LaunchError``, so the service's rollback catches it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodGroupKind:
+    group: str
+    version: str
+    plural: str = "podgroups"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+POD_GROUP_KINDS: Mapping[Flavor, PodGroupKind] = {
+    "coscheduling": PodGroupKind("scheduling.x-k8s.io", "v1alpha1"),
+    "volcano": PodGroupKind("scheduling.volcano.sh", "v1beta1"),
+}
+
+
+def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    meta = obj.get("metadata") or {}
+    return cast(Mapping[str, str], meta.get("labels") or {})
+
+
+def job_key(obj: Mapping[str, Any]) -> str:
+    """The ``tenant/name`` of the job an object of ours belongs to."""
+    labels = labels_of(obj)
+    return f"{labels.get(LABEL_TENANT, '')}/{labels.get(LABEL_JOB, '')}"
+
+
+def pod_name(pod: PodPlacement, spec: LaunchSpec) -> str:
+    """``<job>-<podset>-<index>``: the placement's pod name without the ``<tenant>.`` prefix."""
+    prefix = f"{spec.tenant}."
+    return pod.pod[len(prefix) :] if pod.pod.startswith(prefix) else pod.pod
+
+
+def pod_set_of(name: str, spec: LaunchSpec) -> str:
+    head = f"{spec.job}-"
+    rest = name[len(head) :] if name.startswith(head) else name
+    return rest.rpartition("-")[0] or rest
+
+
+def pod_group_name(spec: LaunchSpec) -> str:
+    return spec.job
+
+
+def _pinned_to(node: str) -> dict[str, Any]:
+    """Required node affinity to one node by name (``pin`` mode)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+
+class GangObjects:
+    """Builds and recognises one launcher's objects (its namespace, mode, PodGroup flavour,
+    origin and GPU resource names)."""
+
+    def __init__(
+        self,
+        namespace: str,
+        mode: Mode,
+        flavor: Flavor,
+        origin: str,
+        *,
+        cluster: str,
+        gpu_resource: str,
+        shared_gpu_resource: str | None,
+        scheduler_name: str | None,
+        default_image: str,
+    ) -> None:
+        if mode not in ("delegate", "pin"):
+            raise ValueError(f"unknown launch mode {mode!r}")
+        if flavor not in POD_GROUP_KINDS:
+            raise ValueError(f"unknown PodGroup flavour {flavor!r}")
+        self.namespace = namespace
+        self.mode: Mode = mode
+        self.flavor: Flavor = flavor
+        self.kind = POD_GROUP_KINDS[flavor]
+        self.origin = origin
+        self.cluster = cluster
+        self.gpu_resource = gpu_resource
+        self.shared_gpu_resource = shared_gpu_resource
+        self.scheduler_name = scheduler_name or ("volcano" if flavor == "volcano" else None)
+        self.default_image = default_image
+        self._gpu = GpuConfig((gpu_resource,), shared_resource=shared_gpu_resource)
+
+    # -- recognising ours --------------------------------------------------------------------
+
+    @property
+    def selector(self) -> str:
+        return f"{LABEL_ORIGIN}={self.origin}"
+
+    def has_origin(self, obj: Mapping[str, Any]) -> bool:
+        return labels_of(obj).get(LABEL_ORIGIN) == self.origin
+
+    def ours(self, obj: Mapping[str, Any], spec: LaunchSpec) -> bool:
+        """Carries our origin and this job's labels."""
+        labels = labels_of(obj)
+        return (
+            self.has_origin(obj)
+            and labels.get(LABEL_TENANT) == spec.tenant
+            and labels.get(LABEL_JOB) == spec.job
+        )
+
+    def labels(self, spec: LaunchSpec) -> dict[str, str]:
+        return {LABEL_ORIGIN: self.origin, LABEL_TENANT: spec.tenant, LABEL_JOB: spec.job}
+
+    def phases(
+        self, pods: Iterable[Mapping[str, Any]], expected: set[str], spec: LaunchSpec
+    ) -> dict[str, str]:
+        """Pod name -> phase of the gang's pods among ``pods``."""
+        phases: dict[str, str] = {}
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if name in expected and self.ours(pod, spec):
+                phases[name] = str((pod.get("status") or {}).get("phase") or "Pending")
+        return phases
+
+    # -- bodies ------------------------------------------------------------------------------
+
+    def pod_group_body(self, placement: Placement, spec: LaunchSpec) -> dict[str, Any]:
+        pg_spec: dict[str, Any] = {"minMember": spec.min_member or len(placement.pods)}
+        if self.flavor == "coscheduling":
+            pg_spec["scheduleTimeoutSeconds"] = spec.schedule_timeout_seconds
+        else:
+            pg_spec["queue"] = spec.queue
+        return {
+            "apiVersion": self.kind.api_version,
+            "kind": "PodGroup",
+            "metadata": {
+                "name": pod_group_name(spec),
+                "namespace": self.namespace,
+                "labels": self.labels(spec),
+            },
+            "spec": pg_spec,
+        }
+
+    def resource_list(self, resources: Resources) -> dict[str, str]:
+        out: dict[str, str] = {}
+        if resources.cpu_milli:
+            out["cpu"] = f"{resources.cpu_milli}m"
+        if resources.memory_mib:
+            out["memory"] = f"{resources.memory_mib}Mi"
+        if resources.gpus:
+            out[self.gpu_resource] = str(resources.gpus)
+        if resources.gpu_milli:
+            if self.shared_gpu_resource is None:
+                raise KubeLaunchError(
+                    f"a shared-GPU pod needs a shared GPU resource name in cluster {self.cluster}"
+                )
+            out[self.shared_gpu_resource] = str(resources.gpu_milli)
+        return out
+
+    def pod_body(self, pod: PodPlacement, spec: LaunchSpec) -> dict[str, Any]:
+        """The pod from its pod set's template, with the broker's resources in the first
+        container, our labels, and its gang's PodGroup (delegate) or node (pin)."""
+        name = pod_name(pod, spec)
+        template = spec.pod_templates.get(pod_set_of(name, spec), {})
+        template_meta = cast(Mapping[str, Any], template.get("metadata") or {})
+        pod_spec: dict[str, Any] = json.loads(json.dumps(template.get("spec") or {}))
+        labels = {**cast(Mapping[str, str], template_meta.get("labels") or {})}
+        labels.update(self.labels(spec))
+        labels[LABEL_POD_SET] = pod_set_of(name, spec)
+        annotations = {**cast(Mapping[str, str], template_meta.get("annotations") or {})}
+        annotations[ANNOTATION_POD] = pod.pod
+        annotations[ANNOTATION_GPUS] = ",".join(str(g) for g in pod.gpus)
+
+        containers: list[dict[str, Any]] = pod_spec.get("containers") or [
+            {"name": "main", "image": self.default_image}
+        ]
+        amounts = self.resource_list(pod.resources)
+        containers[0]["resources"] = {"requests": dict(amounts), "limits": dict(amounts)}
+        pod_spec["containers"] = containers
+        pod_spec.setdefault("restartPolicy", "Never")
+
+        if self.mode == "pin":
+            pod_spec["affinity"] = _pinned_to(pod.node)
+        else:
+            group = pod_group_name(spec)
+            if self.flavor == "coscheduling":
+                labels[COSCHEDULING_LABEL] = group
+            else:
+                annotations[VOLCANO_ANNOTATION] = group
+            if self.scheduler_name:
+                pod_spec["schedulerName"] = self.scheduler_name
+        metadata = {"name": name, "namespace": self.namespace, "labels": labels,
+                    "annotations": annotations}  # fmt: skip
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+    # -- reading back ------------------------------------------------------------------------
+
+    def bound_of(self, pod: Mapping[str, Any]) -> PodBound:
+        """A pod of ours as the ledger's ``PodBound`` (node ``""`` while it is unbound)."""
+        meta = pod["metadata"]
+        annotations = cast(Mapping[str, str], meta.get("annotations") or {})
+        gpus_text = annotations.get(ANNOTATION_GPUS)
+        gpus = tuple(int(g) for g in gpus_text.split(",") if g) if gpus_text is not None else None
+        spec = pod.get("spec") or {}
+        return PodBound(
+            self.cluster,
+            annotations.get(ANNOTATION_POD, meta["name"]),
+            str(spec.get("nodeName") or ""),
+            pod_resources(spec, self._gpu),
+            gpus,
+        )

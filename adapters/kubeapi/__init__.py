@@ -1,0 +1,2 @@
+"""Kubernetes API client helpers shared by the kube and capi adapters: retried calls,
+log-safe error text, kubeconfig loading and resource quantities."""

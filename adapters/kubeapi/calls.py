@@ -1,0 +1,153 @@
+"""Calls to a Kubernetes API server with bounded retries, and log-safe error text.
+
+``ApiCalls`` is what the launcher (``adapters.kube``) and the Cluster API pool
+(``adapters.capi``) send every request through: 429, 5xx and connection errors are retried
+with exponential backoff and jitter (tenacity), up to ``attempts``; other API errors
+propagate as ``ApiException``; running out of attempts raises the caller's error class
+with the last status. Messages give
+the HTTP status, reason and the server's Status message only, never headers, the request or
+the client configuration (tokens, keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import aiohttp
+from kubernetes.aio.client.exceptions import ApiException
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+from tenacity.wait import wait_base
+
+_T = TypeVar("_T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth retrying: throttled (429), a server error (5xx) or a connection problem."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return status == 429 or status >= 500
+    return isinstance(exc, aiohttp.ClientConnectionError | asyncio.TimeoutError)
+
+
+def describe(exc: BaseException) -> str:
+    """HTTP status, reason and the server's Status message; never headers or the request."""
+    if isinstance(exc, ApiException):
+        message = ""
+        reason = exc.reason or ""
+        try:
+            body = json.loads(exc.body or "")
+        except (TypeError, ValueError):
+            body = None
+        if isinstance(body, dict):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or "")[:200]
+        return f"HTTP {exc.status} {reason}" + (f": {message}" if message else "")
+    return type(exc).__name__
+
+
+async def call(
+    what: str,
+    op: Callable[[], Awaitable[_T]],
+    *,
+    attempts: int,
+    wait: wait_base,
+    error: Callable[[str], Exception],
+    log: logging.Logger,
+) -> _T:
+    """``op``, retried while it fails transiently; ``error(message)`` is raised once the
+    attempts are used up."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "%s: %s (attempt %d of %d); retrying",
+            what, describe(exc) if exc is not None else "?", state.attempt_number, attempts,
+        )  # fmt: skip
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(attempts),
+        wait=wait,
+        retry=retry_if_exception(transient),
+        reraise=False,
+        before_sleep=before_sleep,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                return await op()
+    except RetryError as exc:
+        last = exc.last_attempt.exception()
+        raise error(
+            f"{what}: {describe(last) if last else 'failed'} after {attempts} attempts"
+        ) from last
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+HTTP_NOT_FOUND = 404
+
+
+class ApiCalls:
+    """One adapter's requests to one API server: ``call`` retries transient failures
+    (bounded by ``attempts``, waiting by ``wait``: exponential with jitter unless a test
+    injects another tenacity strategy) within ``timeout`` seconds per attempt (None: the
+    client's own), and raises ``error(message)`` when they run out. ``checked`` and
+    ``maybe`` also turn the other API errors into ``error`` (``maybe``: 404 is None)."""
+
+    def __init__(
+        self,
+        *,
+        attempts: int,
+        error: Callable[[str], Exception],
+        log: logging.Logger,
+        wait: wait_base | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        self.attempts = attempts
+        self.error = error
+        self._log = log
+        self._wait: wait_base = wait or wait_exponential_jitter(multiplier=0.2, max=10, jitter=1)
+        self._timeout = timeout
+
+    async def call(self, what: str, op: Callable[[], Awaitable[_T]]) -> _T:
+        """``op`` retried while it fails transiently; other ``ApiException``s propagate."""
+        timeout = self._timeout
+
+        async def bounded() -> _T:
+            # A server that accepts and never answers (a black hole) must not hold a
+            # request for the client's default five minutes. (asyncio.timeout, not
+            # wait_for: on 3.11 wait_for can swallow a cancel.)
+            async with asyncio.timeout(timeout):
+                return await op()
+
+        return await call(
+            what, bounded, attempts=self.attempts, wait=self._wait, error=self.error, log=self._log
+        )
+
+    async def checked(self, what: str, op: Callable[[], Awaitable[_T]]) -> _T:
+        """``call``, with every API error raised as the adapter's error."""
+        try:
+            return await self.call(what, op)
+        except ApiException as exc:
+            raise self.error(f"{what}: {describe(exc)}") from exc
+
+    async def maybe(self, what: str, op: Callable[[], Awaitable[_T]]) -> _T | None:
+        """``checked``, but an object that is not there (404) is None."""
+        try:
+            return await self.call(what, op)
+        except ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return None
+            raise self.error(f"{what}: {describe(exc)}") from exc
