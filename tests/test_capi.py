@@ -307,6 +307,7 @@ async def test_status_parses_the_scale_from_zero_annotations(api: ApiClient, k8s
         ("1.5", "2G", 1500, 1907),  # 2e9 bytes = 1907.3 MiB, rounded down
         ("2k", "1Ti", 2_000_000, 1024 * 1024),
         ("4", "1048576Ki", 4000, 1024),
+        ("1e2", "1e9", 100_000, 953),  # exponents, as the API server accepts them
     ],
 )
 async def test_status_quantities(

@@ -56,44 +56,6 @@ def describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-async def call(
-    what: str,
-    op: Callable[[], Awaitable[_T]],
-    *,
-    attempts: int,
-    wait: wait_base,
-    error: Callable[[str], Exception],
-    log: logging.Logger,
-) -> _T:
-    """``op``, retried while it fails transiently; ``error(message)`` is raised once the
-    attempts are used up."""
-
-    def before_sleep(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.warning(
-            "%s: %s (attempt %d of %d); retrying",
-            what, describe(exc) if exc is not None else "?", state.attempt_number, attempts,
-        )  # fmt: skip
-
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(attempts),
-        wait=wait,
-        retry=retry_if_exception(transient),
-        reraise=False,
-        before_sleep=before_sleep,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                return await op()
-    except RetryError as exc:
-        last = exc.last_attempt.exception()
-        raise error(
-            f"{what}: {describe(last) if last else 'failed'} after {attempts} attempts"
-        ) from last
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 HTTP_NOT_FOUND = 404
 
 
@@ -123,7 +85,7 @@ class ApiCalls:
 
     async def call(self, what: str, op: Callable[[], Awaitable[_T]]) -> _T:
         """``op`` retried while it fails transiently; other ``ApiException``s propagate."""
-        timeout = self._timeout
+        timeout, attempts, log = self._timeout, self.attempts, self._log
 
         async def bounded() -> _T:
             # A server that accepts and never answers (a black hole) must not hold a
@@ -132,9 +94,30 @@ class ApiCalls:
             async with asyncio.timeout(timeout):
                 return await op()
 
-        return await call(
-            what, bounded, attempts=self.attempts, wait=self._wait, error=self.error, log=self._log
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            log.warning(
+                "%s: %s (attempt %d of %d); retrying",
+                what, describe(exc) if exc is not None else "?", state.attempt_number, attempts,
+            )  # fmt: skip
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=self._wait,
+            retry=retry_if_exception(transient),
+            reraise=False,
+            before_sleep=before_sleep,
         )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await bounded()
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            raise self.error(
+                f"{what}: {describe(last) if last else 'failed'} after {attempts} attempts"
+            ) from last
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def checked(self, what: str, op: Callable[[], Awaitable[_T]]) -> _T:
         """``call``, with every API error raised as the adapter's error."""
