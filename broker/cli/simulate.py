@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,59 +68,39 @@ def _add_fill_options(cmd: argparse.ArgumentParser) -> None:
     )
 
 
+# Replay flags checked by a positive type: (flag, its type, default, help), in help order.
+_REPLAY_FLAGS: tuple[tuple[str, Callable[[str], Callable[[str], Any]], object, str], ...] = (
+    ("--jobs", positive, 2000, "replay: gang jobs to generate"),
+    ("--time-scale", positive_float, None,
+     "replay: trace seconds per simulated second (default 60 with --pods; 10 for the "
+     "generated workload, whose day becomes 2.4 simulated hours)"),
+    ("--gang-load", positive_float, None,
+     "replay: GPU load the generated jobs offer over the trace span, %% of all GPUs "
+     "(default 90 with --pods; 130 for the generated workload: a federation short of "
+     "GPUs, where bursting matters)"),
+    ("--cycle-seconds", positive_float, 10.0,
+     "replay: simulated seconds between scheduling cycles (also run on every event)"),
+    ("--scan-misses", positive, 32,
+     "replay: a cycle stops after this many queued jobs in a row do not fit"),
+)  # fmt: skip
+_BURST_FLAGS: tuple[tuple[str, Callable[[str], Callable[[str], Any]], object, str], ...] = (
+    ("--burst-max-nodes", positive, 32, "replay: the burst pool's maximum size in nodes"),
+    ("--burst-provision-seconds", positive_float, 300.0,
+     "replay: simulated seconds from a scale-up until a new node is Ready"),
+    ("--burst-failure-rate", fraction, 0.0,
+     "replay: share of new burst nodes that never come up (seeded)"),
+)  # fmt: skip
+
+
 def _add_replay_options(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument(
-        "--jobs", type=positive("--jobs"), default=2000, help="replay: gang jobs to generate"
-    )
-    cmd.add_argument(
-        "--time-scale",
-        type=positive_float("--time-scale"),
-        default=None,
-        help="replay: trace seconds per simulated second (default 60 with --pods; 10 for the "
-        "generated workload, whose day becomes 2.4 simulated hours)",
-    )
-    cmd.add_argument(
-        "--gang-load",
-        type=positive_float("--gang-load"),
-        default=None,
-        help="replay: GPU load the generated jobs offer over the trace span, %% of all GPUs "
-        "(default 90 with --pods; 130 for the generated workload: a federation short of "
-        "GPUs, where bursting matters)",
-    )
-    cmd.add_argument(
-        "--cycle-seconds",
-        type=positive_float("--cycle-seconds"),
-        default=10.0,
-        help="replay: simulated seconds between scheduling cycles (also run on every event)",
-    )
-    cmd.add_argument(
-        "--scan-misses",
-        type=positive("--scan-misses"),
-        default=32,
-        help="replay: a cycle stops after this many queued jobs in a row do not fit",
-    )
+    for flag, kind, default, text in _REPLAY_FLAGS:
+        cmd.add_argument(flag, type=kind(flag), default=default, help=text)
 
 
 def _add_burst_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--no-burst", action="store_true", help=_BURST_HELP)
-    cmd.add_argument(
-        "--burst-max-nodes",
-        type=positive("--burst-max-nodes"),
-        default=32,
-        help="replay: the burst pool's maximum size in nodes",
-    )
-    cmd.add_argument(
-        "--burst-provision-seconds",
-        type=positive_float("--burst-provision-seconds"),
-        default=300.0,
-        help="replay: simulated seconds from a scale-up until a new node is Ready",
-    )
-    cmd.add_argument(
-        "--burst-failure-rate",
-        type=fraction("--burst-failure-rate"),
-        default=0.0,
-        help="replay: share of new burst nodes that never come up (seeded)",
-    )
+    for flag, kind, default, text in _BURST_FLAGS:
+        cmd.add_argument(flag, type=kind(flag), default=default, help=text)
 
 
 def load_inputs(

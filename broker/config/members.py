@@ -5,7 +5,7 @@ from (simulated, Cluster API); each source is a union keyed by its one key."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -26,6 +26,22 @@ from broker.manifest import (
 from broker.model import Cluster, ClusterKind
 
 MAX_SIMULATED_NODES = 50_000  # per cluster: far above the trace inventories, still in memory
+
+
+class OneOf(Section):
+    """A union keyed by its one key: every field names an adapter, exactly one is given."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise FieldError([], f"give exactly one of: {', '.join(type(self).model_fields)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The adapter's name: the one key given."""
+        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
 
 
 class ShapeSpec(Section):
@@ -129,26 +145,13 @@ class MqttSource(Section):
     stale_after_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
-class ClusterSource(Section):
+class ClusterSource(OneOf):
     """Where a cluster's capacity comes from: exactly one key names the adapter. A union
     keyed by its one key (``{simulated: {...}}``, ``{kube: {...}}`` or ``{mqtt: {...}}``)."""
 
     simulated: SimulatedSource | None = None
     kube: KubeSource | None = None
     mqtt: MqttSource | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ClusterSource:
-        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
-        if len(given) != 1:
-            keys = ", ".join(type(self).model_fields)
-            raise FieldError([], f"give exactly one of: {keys}")
-        return self
-
-    @property
-    def kind(self) -> str:
-        """The adapter's name: the one key given."""
-        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
 
 
 class ClusterConfig(Section):
@@ -179,18 +182,11 @@ class CapiPoolSource(KubeconfigRef):
     kind: Literal["MachineDeployment", "MachinePool"] = "MachineDeployment"
 
 
-class PoolSource(Section):
+class PoolSource(OneOf):
     """Where a burst pool's nodes come from: exactly one key names the adapter."""
 
     simulated: SimulatedPoolSource | None = None
     capi: CapiPoolSource | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> PoolSource:
-        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise FieldError([], f"give exactly one of: {', '.join(type(self).model_fields)}")
-        return self
 
 
 class BurstPoolConfig(Section):
