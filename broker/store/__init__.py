@@ -8,7 +8,9 @@ PostgreSQL via an asyncpg pool for production. A job is acknowledged only after
 ``kill -9``. Every state change is a compare-and-set that writes its history row in the
 same transaction. The store never reads a clock: callers pass ``now`` (epoch seconds), so
 tests and the simulator drive it with a virtual clock. Backends are imported lazily so a
-SQLite deployment never imports asyncpg.
+SQLite deployment never imports asyncpg. What both backends send (statements, the field
+rules of a transition, rows back to records) is written once in ``broker.store.sql``, the
+schema once in ``broker.store.migrations``.
 """
 
 from __future__ import annotations
