@@ -9,6 +9,7 @@ never a 5xx, answers conform to the document (status, content type, schema), and
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -40,6 +41,14 @@ TOKEN = {"Authorization": "Bearer tok-a"}
 _FIELD = re.compile(r"^(?P<root>[A-Za-z][\w/-]*)(?:[.\[][^:]*)?: \S")
 _BODY_ROOTS = {"manifest", "body", "apiVersion", "kind", "metadata", "spec"}
 _ALWAYS = {"Authorization", "name", "rate limit"}
+# The published document (sorted keys). Regenerate it only for a change meant for users:
+# python -c "import json; from broker.http.openapi import openapi_document as d;
+#            print(json.dumps(d(), indent=1, sort_keys=True))" > tests/golden/openapi.json
+GOLDEN = Path(__file__).parent / "golden" / "openapi.json"
+
+
+def test_document_is_the_published_one() -> None:
+    assert openapi_document() == json.loads(GOLDEN.read_text(encoding="utf-8"))
 
 
 def test_document_uses_the_manifest_models() -> None:

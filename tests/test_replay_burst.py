@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
 from broker.cli import main as cli
+from broker.cli import simulate
 from broker.core.burst import BurstController
 from broker.core.ledger import Ledger
 from broker.model import MILLI_PER_GPU, GpuType, Job, Node, PodSet, Resources
@@ -302,7 +303,7 @@ def run_cli(
         seeds.append(seed)
         return small_inputs(nodes_path, pods_path, seed)
 
-    monkeypatch.setattr(cli, "load_inputs", inputs)
+    monkeypatch.setattr(simulate, "load_inputs", inputs)
     assert cli.main(["simulate", "--protocol", "replay", "--json", *argv]) == 0
     doc: dict[str, object] = json.loads(capsys.readouterr().out)
     assert seeds == [doc["seed"]]
@@ -364,7 +365,7 @@ def test_cli_burst_flags_reach_the_pool(
 def test_cli_fill_keeps_one_cluster_and_seed_zero(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "load_inputs", small_inputs)
+    monkeypatch.setattr(simulate, "load_inputs", small_inputs)
     assert cli.main(["simulate", "--json", "--policy", "binpack", "--loads", "80"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert (doc["protocol"], doc["clusters"], doc["seed"]) == ("fill", 1, 0)
@@ -381,7 +382,7 @@ def test_cli_rejects_bad_burst_flags(option: str, capsys: pytest.CaptureFixture[
 def test_cli_table_shows_the_burst_columns(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "load_inputs", small_inputs)
+    monkeypatch.setattr(simulate, "load_inputs", small_inputs)
     assert cli.main(["simulate", "--protocol", "replay", "--jobs", "20", "--policy", "gang"]) == 0
     out = capsys.readouterr().out
     assert "burst pool cloud-a100: up to 32 x 8 A100 nodes" in out

@@ -22,8 +22,10 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,16 +138,17 @@ async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
-    """The command's request, its answer as JSON; raises ClientError (one line).
+@dataclass(frozen=True)
+class _Request:
+    method: str
+    path: str
+    body: bytes | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    content_type: str | None = None
 
-    ``sleep`` waits between retries (tests inject one that returns at once: the budget is
-    counted in the waits asked for as well as in wall-clock time, so it still runs out).
-    """
-    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    base = args.server.rstrip("/")
-    method, path, body, params = "GET", "", None, {}
+
+def _request_for(args: argparse.Namespace) -> _Request:
+    """The HTTP request a client command stands for."""
     match args.command:
         case "submit":
             try:
@@ -153,68 +156,85 @@ async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
             except OSError as exc:
                 raise ClientError(f"{args.file}: {exc.strerror}") from None
             kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
-            headers["Content-Type"] = kind
-            method, path = "POST", "/v1/jobs"
+            return _Request("POST", "/v1/jobs", body, content_type=kind)
         case "get":
-            path = f"/v1/jobs/{args.name}"
+            return _Request("GET", f"/v1/jobs/{args.name}")
         case "cancel":
-            method, path = "DELETE", f"/v1/jobs/{args.name}"
+            return _Request("DELETE", f"/v1/jobs/{args.name}")
         case "explain":
-            path = f"/v1/jobs/{args.name}/explain"
+            return _Request("GET", f"/v1/jobs/{args.name}/explain")
         case "list":
-            path = "/v1/jobs"
-            params = {
-                k: str(v)
-                for k, v in (
-                    ("queue", args.queue),
-                    ("state", args.state),
-                    ("cluster", args.cluster),
-                )
-                if v
-            }
+            filters = (("queue", args.queue), ("state", args.state), ("cluster", args.cluster))
+            params = {k: str(v) for k, v in filters if v}
             params["limit"] = str(args.limit)
+            return _Request("GET", "/v1/jobs", params=params)
         case "clusters":
-            path = "/v1/clusters"
+            return _Request("GET", "/v1/clusters")
         case "pools":
-            path = "/v1/pools"
-    budget = float(args.retry_for)
+            return _Request("GET", "/v1/pools")
+    return _Request("GET", "")
+
+
+async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
+    """The command's request, its answer as JSON; raises ClientError (one line).
+
+    ``sleep`` waits between retries (tests inject one that returns at once: the budget is
+    counted in the waits asked for as well as in wall-clock time, so it still runs out).
+    """
+    request = _request_for(args)
+    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if request.content_type is not None:
+        headers["Content-Type"] = request.content_type
+    base = args.server.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            # Every command is safe to send again, writes included:
-            # * submit: jobs are idempotent by (tenant, name) -- the store inserts with
-            #   ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission with
-            #   200 and the job already stored (never a second job, never a 409; note that a
-            #   resubmission with a DIFFERENT spec also gets the stored job back). So a retry
-            #   after an answer that was lost (e.g. a follower's forward that reached the
-            #   leader) cannot create a duplicate.
-            # * cancel: cancelling a job in a final state returns it unchanged.
-            # * the rest are reads.
-            # A follower's 503 is raised before anything is written in any case.
-            retrying = AsyncRetrying(
-                sleep=sleep,
-                retry=retry_if_exception_type(Unavailable),
-                wait=lambda state: min(_hint(state), _left(state, budget)),
-                stop=lambda state: _left(state, budget) <= 0,
-                before_sleep=_announce,
-                reraise=True,
-            )
-            try:
-                async for attempt in retrying:
-                    with attempt:
-                        return await _request(session, method, base + path, body, headers, params)
-            except Unavailable as exc:
-                tries = retrying.statistics.get("attempt_number", 1)
-                if budget <= 0:
-                    raise ClientError(f"{exc} (not retried: --retry-for 0)") from None
-                raise ClientError(
-                    f"{exc} (still unavailable after {tries} attempts in {budget:g} s; --retry-for)"
-                ) from None
+            send = partial(
+                _request, session, request.method, base + request.path, request.body, headers,
+                request.params,
+            )  # fmt: skip
+            return await _retried(send, float(args.retry_for), sleep)
     except aiohttp.ClientConnectionError:
         raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
     except TimeoutError:
         raise ClientError(
             f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
+        ) from None
+
+
+async def _retried(send: Callable[[], Awaitable[Any]], budget: float, sleep: Sleep) -> Any:
+    """``send()``, again after each Unavailable for at most ``budget`` seconds in all.
+
+    Every command is safe to send again, writes included:
+    * submit: jobs are idempotent by (tenant, name) -- the store inserts with
+      ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission with
+      200 and the job already stored (never a second job, never a 409; note that a
+      resubmission with a DIFFERENT spec also gets the stored job back). So a retry
+      after an answer that was lost (e.g. a follower's forward that reached the
+      leader) cannot create a duplicate.
+    * cancel: cancelling a job in a final state returns it unchanged.
+    * the rest are reads.
+    A follower's 503 is raised before anything is written in any case.
+    """
+    retrying = AsyncRetrying(
+        sleep=sleep,
+        retry=retry_if_exception_type(Unavailable),
+        wait=lambda state: min(_hint(state), _left(state, budget)),
+        stop=lambda state: _left(state, budget) <= 0,
+        before_sleep=_announce,
+        reraise=True,
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                return await send()
+    except Unavailable as exc:
+        tries = retrying.statistics.get("attempt_number", 1)
+        if budget <= 0:
+            raise ClientError(f"{exc} (not retried: --retry-for 0)") from None
+        raise ClientError(
+            f"{exc} (still unavailable after {tries} attempts in {budget:g} s; --retry-for)"
         ) from None
     raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
 
@@ -295,70 +315,91 @@ def _job_row(job: dict[str, Any]) -> list[object]:
 JOB_HEADER = ("NAME", "QUEUE", "STATE", "CLUSTER", "AGE", "REASON")
 
 
-def render(command: str, doc: Any) -> str:
-    if command in ("submit", "cancel"):
-        return table(JOB_HEADER, [_job_row(doc)])
-    if command == "get":
-        out = table(JOB_HEADER, [_job_row(doc)])
-        history = doc.get("status", {}).get("history") or []
-        if history:
-            rows = [
-                [_age(h.get("at")), h.get("state"), h.get("cluster"), h.get("reason")]
-                for h in history
-            ]
-            out += "\n\nHISTORY\n" + table(("AGO", "STATE", "CLUSTER", "REASON"), rows)
-        return out
-    if command == "list":
-        return table(JOB_HEADER, [_job_row(j) for j in doc.get("items", [])])
-    if command == "explain":
-        head = f"{doc.get('job')}: {doc.get('state')}" + (
-            f" on {doc['cluster']}" if doc.get("cluster") else ""
-        )
+def _render_job(doc: Any) -> str:
+    return table(JOB_HEADER, [_job_row(doc)])
+
+
+def _render_get(doc: Any) -> str:
+    out = _render_job(doc)
+    history = doc.get("status", {}).get("history") or []
+    if history:
         rows = [
-            [
-                c.get("cluster"),
-                "yes" if c.get("fits") else "no",
-                c.get("largestFit"),
-                "; ".join(f"{r.get('code')}: {r.get('message')}" for r in c.get("reasons", []))
-                or "-",
-            ]
-            for c in doc.get("clusters", [])
+            [_age(h.get("at")), h.get("state"), h.get("cluster"), h.get("reason")] for h in history
         ]
-        return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows)
-    if command == "clusters":
-        rows = []
-        for c in doc.get("clusters", []):
-            # A cluster with no GPU nodes (yet: a burst cluster) still gets its row.
-            for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
-                rows.append(
-                    [
-                        c.get("cluster") or c.get("name"),
-                        t.get("gpuType"),
-                        t.get("total"),
-                        t.get("allocated"),
-                        t.get("reserved"),
-                        t.get("free"),
-                        t.get("largestGang"),
-                    ]
-                )
-        return table(
-            ("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows
-        )
-    if command == "pools":
-        pools = [
-            [p.get("pool"), p.get("cluster"), p.get("gpuType"), p.get("replicas"),
-             p.get("ready"), p.get("coming"), "yes" if p.get("failing") else "no",
-             p.get("scaleUps"), p.get("scaleDowns"), p.get("nodeHours"),
-             p.get("idleNodeHours"), p.get("cost")]
-            for p in doc.get("pools", [])
-        ]  # fmt: skip
-        text = table(
-            ("POOL", "CLUSTER", "GPU", "REPLICAS", "UP", "COMING", "FAILING", "SCALE-UPS",
-             "REMOVED", "NODE-H", "IDLE-H", "COST"), pools,
-        )  # fmt: skip
-        waiting = [[r.get("job"), r.get("pool"), r.get("nodes"), r.get("arrived")]
-                   for r in doc.get("requests", [])]  # fmt: skip
-        if waiting:
-            text += "\n\n" + table(("WAITING GANG", "POOL", "NODES", "UP"), waiting)
-        return text
-    return json.dumps(doc, indent=2)
+        out += "\n\nHISTORY\n" + table(("AGO", "STATE", "CLUSTER", "REASON"), rows)
+    return out
+
+
+def _render_list(doc: Any) -> str:
+    return table(JOB_HEADER, [_job_row(j) for j in doc.get("items", [])])
+
+
+def _render_explain(doc: Any) -> str:
+    head = f"{doc.get('job')}: {doc.get('state')}" + (
+        f" on {doc['cluster']}" if doc.get("cluster") else ""
+    )
+    rows = [
+        [
+            c.get("cluster"),
+            "yes" if c.get("fits") else "no",
+            c.get("largestFit"),
+            "; ".join(f"{r.get('code')}: {r.get('message')}" for r in c.get("reasons", [])) or "-",
+        ]
+        for c in doc.get("clusters", [])
+    ]
+    return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows)
+
+
+def _render_clusters(doc: Any) -> str:
+    rows = []
+    for c in doc.get("clusters", []):
+        # A cluster with no GPU nodes (yet: a burst cluster) still gets its row.
+        for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
+            rows.append(
+                [
+                    c.get("cluster") or c.get("name"),
+                    t.get("gpuType"),
+                    t.get("total"),
+                    t.get("allocated"),
+                    t.get("reserved"),
+                    t.get("free"),
+                    t.get("largestGang"),
+                ]
+            )
+    return table(("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows)
+
+
+def _render_pools(doc: Any) -> str:
+    pools = [
+        [p.get("pool"), p.get("cluster"), p.get("gpuType"), p.get("replicas"),
+         p.get("ready"), p.get("coming"), "yes" if p.get("failing") else "no",
+         p.get("scaleUps"), p.get("scaleDowns"), p.get("nodeHours"),
+         p.get("idleNodeHours"), p.get("cost")]
+        for p in doc.get("pools", [])
+    ]  # fmt: skip
+    text = table(
+        ("POOL", "CLUSTER", "GPU", "REPLICAS", "UP", "COMING", "FAILING", "SCALE-UPS",
+         "REMOVED", "NODE-H", "IDLE-H", "COST"), pools,
+    )  # fmt: skip
+    waiting = [[r.get("job"), r.get("pool"), r.get("nodes"), r.get("arrived")]
+               for r in doc.get("requests", [])]  # fmt: skip
+    if waiting:
+        text += "\n\n" + table(("WAITING GANG", "POOL", "NODES", "UP"), waiting)
+    return text
+
+
+_RENDERERS: dict[str, Callable[[Any], str]] = {
+    "submit": _render_job,
+    "cancel": _render_job,
+    "get": _render_get,
+    "list": _render_list,
+    "explain": _render_explain,
+    "clusters": _render_clusters,
+    "pools": _render_pools,
+}
+
+
+def render(command: str, doc: Any) -> str:
+    """The table a person reads for ``command``'s answer (JSON for an unknown command)."""
+    renderer = _RENDERERS.get(command)
+    return json.dumps(doc, indent=2) if renderer is None else renderer(doc)

@@ -266,122 +266,118 @@ def _body() -> dict[str, Any]:
     }
 
 
-def _paths(max_list_limit: int) -> dict[str, Any]:
+def _operation(
+    operation_id: str, responses: dict[str, Any], summary: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """One operation: its id, its summary if any, the other fields, then its answers."""
+    operation: dict[str, Any] = {"operationId": operation_id}
+    if summary is not None:
+        operation["summary"] = summary
+    return {**operation, **fields, "responses": responses}
+
+
+def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
+    return [
+        _query("queue", {"type": "string"}, "only this queue"),
+        _query("state", {"type": "string", "enum": list(JOB_STATES)}, "only this state"),
+        _query("cluster", {"type": "string"}, "only jobs placed on this cluster"),
+        _query("tenant", {"type": "string"}, "admin only: this tenant's jobs"),
+        _query("limit", {"type": "integer", "minimum": 1, "maximum": max_list_limit}, "page size"),
+        _query(
+            "continue",
+            {"type": "string", "pattern": "^[0-9]{1,18}$"},
+            "the cursor of the previous page",
+        ),
+    ]
+
+
+def _job_paths(max_list_limit: int) -> dict[str, Any]:
+    """Submit and list, one job (get, cancel), why it waits, and the dry run."""
     job = _responses({"200": "Job"}, 404, *_AUTH)
+    submitted = _responses({"200": "Job", "201": "Job"}, 400, 403, 413, *_AUTH)
     return {
         "/v1/jobs": {
-            "post": {
-                "operationId": "submitJob",
-                "summary": "submit a job (201 once committed; 200 for a resubmit)",
-                "requestBody": _body(),
-                "responses": _responses({"200": "Job", "201": "Job"}, 400, 403, 413, *_AUTH),
-            },
-            "get": {
-                "operationId": "listJobs",
-                "parameters": [
-                    _query("queue", {"type": "string"}, "only this queue"),
-                    _query(
-                        "state", {"type": "string", "enum": list(JOB_STATES)}, "only this state"
-                    ),
-                    _query("cluster", {"type": "string"}, "only jobs placed on this cluster"),
-                    _query("tenant", {"type": "string"}, "admin only: this tenant's jobs"),
-                    _query(
-                        "limit",
-                        {"type": "integer", "minimum": 1, "maximum": max_list_limit},
-                        "page size",
-                    ),
-                    _query(
-                        "continue",
-                        {"type": "string", "pattern": "^[0-9]{1,18}$"},
-                        "the cursor of the previous page",
-                    ),
-                ],
-                "responses": _responses({"200": "JobList"}, 400, *_AUTH),
-            },
+            "post": _operation(
+                "submitJob", submitted, "submit a job (201 once committed; 200 for a resubmit)",
+                requestBody=_body(),
+            ),
+            "get": _operation(
+                "listJobs", _responses({"200": "JobList"}, 400, *_AUTH),
+                parameters=_list_parameters(max_list_limit),
+            ),
         },
         "/v1/jobs/{name}": {
             "parameters": [_NAME],
-            "get": {"operationId": "getJob", "parameters": [_TENANT], "responses": job},
-            "delete": {"operationId": "cancelJob", "parameters": [_TENANT], "responses": job},
+            "get": _operation("getJob", job, parameters=[_TENANT]),
+            "delete": _operation("cancelJob", job, parameters=[_TENANT]),
         },
         "/v1/jobs/{name}/explain": {
             "parameters": [_NAME],
-            "get": {
-                "operationId": "explainJob",
-                "parameters": [_TENANT],
-                "responses": _responses({"200": "Explain"}, 404, *_AUTH),
-            },
+            "get": _operation(
+                "explainJob", _responses({"200": "Explain"}, 404, *_AUTH), parameters=[_TENANT]
+            ),
         },
         "/v1/plan": {
-            "post": {
-                "operationId": "plan",
-                "summary": "dry run: where would this job go now (nothing is stored)",
-                "requestBody": _body(),
-                "responses": _responses({"200": "Plan"}, 400, 403, 413, *_AUTH),
-            }
+            "post": _operation(
+                "plan", _responses({"200": "Plan"}, 400, 403, 413, *_AUTH),
+                "dry run: where would this job go now (nothing is stored)", requestBody=_body(),
+            )
         },
-        "/v1/clusters": {
-            "get": {"operationId": "clusters", "responses": _responses({"200": "Clusters"}, *_AUTH)}
-        },
-        "/v1/queues": {
-            "get": {"operationId": "queues", "responses": _responses({"200": "Queues"}, *_AUTH)}
-        },
-        "/v1/nodes": {
-            "get": {
-                "operationId": "nodes",
-                "summary": "every node's GPU occupancy per cluster (the dashboard's heat map)",
-                "responses": _responses({"200": "Nodes"}, *_AUTH),
-            }
-        },
-        "/v1/pools": {
-            "get": {
-                "operationId": "pools",
-                "summary": "burst pools: size, nodes coming and going, node-hours and cost; "
-                "gangs waiting for burst nodes and cost per job (own tenant; admin: all)",
-                "responses": _responses({"200": "Pools"}, *_AUTH),
-            }
-        },
+    }  # fmt: skip
+
+
+# The federation's read-only views: (path, operationId and answer model, summary).
+_VIEWS: tuple[tuple[str, str, str, str | None], ...] = (
+    ("/v1/clusters", "clusters", "Clusters", None),
+    ("/v1/queues", "queues", "Queues", None),
+    ("/v1/nodes", "nodes", "Nodes",
+     "every node's GPU occupancy per cluster (the dashboard's heat map)"),
+    ("/v1/pools", "pools", "Pools",
+     "burst pools: size, nodes coming and going, node-hours and cost; gangs waiting for "
+     "burst nodes and cost per job (own tenant; admin: all)"),
+)  # fmt: skip
+
+
+def _view_paths() -> dict[str, Any]:
+    return {
+        path: {"get": _operation(operation_id, _responses({"200": model}, *_AUTH), summary)}
+        for path, operation_id, model, summary in _VIEWS
+    }
+
+
+def _text(description: str, media: str) -> dict[str, Any]:
+    return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
+
+
+def _stream_paths() -> dict[str, Any]:
+    """Server-sent events, and the unauthenticated probes and metrics."""
+    stream = _text("an event stream (`event: job|capacity`, JSON `data`)", "text/event-stream")
+    return {
         "/v1/events": {
-            "get": {
-                "operationId": "events",
-                "summary": "server-sent events: job state changes (own tenant; admin: all) "
+            "get": _operation(
+                "events", {"200": stream, **_responses({}, *_AUTH)},
+                "server-sent events: job state changes (own tenant; admin: all) "
                 "and capacity changes",
-                "responses": {
-                    "200": {
-                        "description": "an event stream (`event: job|capacity`, JSON `data`)",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                    },
-                    **_responses({}, *_AUTH),
-                },
-            }
+            )
         },
         "/healthz": {
-            "get": {
-                "operationId": "healthz",
-                "security": [],
-                "responses": _responses({"200": "Health"}),
-            }
+            "get": _operation("healthz", _responses({"200": "Health"}), security=[])
         },
         "/readyz": {
-            "get": {
-                "operationId": "readyz",
-                "security": [],
-                "responses": _responses({"200": "Health", "503": "Health"}),
-            }
+            "get": _operation(
+                "readyz", _responses({"200": "Health", "503": "Health"}), security=[]
+            )
         },
         "/metrics": {
-            "get": {
-                "operationId": "metrics",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "Prometheus text format",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
+            "get": _operation(
+                "metrics", {"200": _text("Prometheus text format", "text/plain")}, security=[]
+            )
         },
-    }
+    }  # fmt: skip
+
+
+def _paths(max_list_limit: int) -> dict[str, Any]:
+    return {**_job_paths(max_list_limit), **_view_paths(), **_stream_paths()}
 
 
 def openapi_document(max_list_limit: int = 1000) -> dict[str, Any]:

@@ -8,13 +8,14 @@ PostgreSQL via an asyncpg pool for production. A job is acknowledged only after
 ``kill -9``. Every state change is a compare-and-set that writes its history row in the
 same transaction. The store never reads a clock: callers pass ``now`` (epoch seconds), so
 tests and the simulator drive it with a virtual clock. Backends are imported lazily so a
-SQLite deployment never imports asyncpg.
+SQLite deployment never imports asyncpg. What both backends send (statements, the field
+rules of a transition, rows back to records) is written once in ``broker.store.sql``, the
+schema once in ``broker.store.migrations``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -221,93 +222,6 @@ def redact_url(url: str) -> str:
     except ValueError:
         # A URL we cannot even parse is not echoed at all: it might be mostly password.
         return "<unparseable store URL>"
-
-
-# Column order shared by both backends' SELECT/RETURNING lists and job_from_row.
-JOB_COLUMNS: Final = (
-    "tenant, name, queue, priority, manifest, state, cluster, placement, attempts, "
-    "not_before, reason, created_at, updated_at, seq"
-)
-
-
-def job_from_row(row: Sequence[Any], decode_json: Callable[[Any], Any]) -> JobRecord:
-    """A JobRecord from a row in JOB_COLUMNS order; ``decode_json`` handles the JSON columns
-    (SQLite hands back TEXT, asyncpg's codec hands back Python objects already).
-
-    Numbers are coerced because SQLite's RETURNING hands back a REAL column holding 1.0 as
-    the integer 1; callers should see the same types from every backend and every query.
-    """
-    placement, not_before = row[7], row[9]
-    return JobRecord(
-        tenant=row[0],
-        name=row[1],
-        queue=row[2],
-        priority=int(row[3]),
-        manifest=decode_json(row[4]),
-        state=row[5],
-        cluster=row[6],
-        placement=None if placement is None else decode_json(placement),
-        attempts=int(row[8]),
-        not_before=None if not_before is None else float(not_before),
-        reason=row[10],
-        created_at=float(row[11]),
-        updated_at=float(row[12]),
-        seq=int(row[13]),
-    )
-
-
-def encode_json(value: Mapping[str, Any]) -> str:
-    # allow_nan=False: NaN/Infinity are not JSON, and PostgreSQL's JSONB rejects them; fail
-    # here, with Python's message, instead of deep in a driver.
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
-
-
-def transition_sets(
-    state: JobState,
-    reason: str,
-    now: float,
-    mark: Callable[[Any], str],
-    *,
-    cluster: str | None,
-    placement: Mapping[str, Any] | None,
-    attempts: int | None,
-    not_before: float | None,
-) -> list[str]:
-    """The SET clauses of a transition, the same rules for both backends (see
-    Store.transition). ``mark(value)`` records a parameter and returns its placeholder in
-    the backend's dialect."""
-    check_state(state)
-    if state == "Queued" and (cluster is not None or placement is not None):
-        raise ValueError("a transition to Queued clears cluster and placement; pass neither")
-    sets = [f"state = {mark(state)}", f"reason = {mark(reason)}", f"updated_at = {mark(now)}"]
-    if state == "Queued":
-        sets += ["cluster = NULL", "placement = NULL"]
-    if cluster is not None:
-        sets.append(f"cluster = {mark(cluster)}")
-    if placement is not None:
-        sets.append(f"placement = {mark(encode_json(placement))}")
-    if attempts is not None:
-        sets.append(f"attempts = {mark(attempts)}")
-    elif state == "Placed":
-        sets.append("attempts = attempts + 1")
-    if not_before is not None:
-        sets.append(f"not_before = {mark(not_before)}")
-    return sets
-
-
-def check_state(state: str) -> JobState:
-    if state not in JOB_STATES:
-        raise ValueError(f"unknown job state {state!r}: expected one of {', '.join(JOB_STATES)}")
-    return state
-
-
-def states_filter(state: JobState | Collection[JobState] | None) -> tuple[JobState, ...] | None:
-    """Normalise list_jobs' ``state`` argument (one state or several) to a tuple."""
-    if state is None:
-        return None
-    if isinstance(state, str):
-        return (check_state(state),)
-    return tuple(check_state(s) for s in state)
 
 
 __all__ = [

@@ -15,9 +15,9 @@ version plus one; statements must be transactional DDL/DML in both dialects (no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from broker.store import StoreError
 
@@ -197,3 +197,32 @@ def pending(migrations: Sequence[Migration], applied: Sequence[int]) -> list[Mig
         )
     done = set(applied)
     return [m for m in migrations if m.version not in done]
+
+
+Execute = Callable[[str, Sequence[Any]], Awaitable[object]]
+_SELECT_VERSIONS = "SELECT version FROM schema_migrations ORDER BY version"
+_RECORD: dict[Dialect, str] = {
+    "sqlite": "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+    "postgres": "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+}
+
+
+async def migrate(
+    dialect: Dialect,
+    migrations: Sequence[Migration],
+    execute: Execute,
+    versions: Callable[[str], Awaitable[Sequence[int]]],
+    failed: Callable[[Migration, Exception], None],
+) -> None:
+    """Bring a database up to date inside the caller's locked transaction: the bookkeeping
+    table, then each pending migration's statements and its version row. ``failed`` sees
+    a failing statement's error first: it raises the store's error for a driver's one."""
+    await execute(SCHEMA_MIGRATIONS_DDL, ())
+    for migration in pending(migrations, await versions(_SELECT_VERSIONS)):
+        try:
+            for statement in migration.render(dialect):
+                await execute(statement, ())
+        except Exception as exc:
+            failed(migration, exc)
+            raise
+        await execute(_RECORD[dialect], (migration.version, migration.name))

@@ -21,7 +21,6 @@ miss a row that commits just behind its cursor (it shows up in the next full lis
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -32,31 +31,16 @@ import asyncpg
 import asyncpg.exceptions as pgerr
 
 from broker.store import (
-    ACTIVE_STATES,
-    JOB_COLUMNS,
-    SUBMITTED_REASON,
-    JobNotFound,
     JobRecord,
     JobState,
     LeaseLost,
-    StateConflict,
     StoreError,
     StoreUnavailable,
     Transition,
-    check_state,
-    encode_json,
-    job_from_row,
     redact_url,
-    states_filter,
-    transition_sets,
+    sql,
 )
-from broker.store.migrations import (
-    MIGRATIONS,
-    SCHEMA_MIGRATIONS_DDL,
-    Migration,
-    check_order,
-    pending,
-)
+from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 
 # Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
 _MIGRATION_LOCK: Final = 0x6665646272_6F6B72
@@ -171,24 +155,21 @@ class PostgresStore:
         async with pool.acquire() as conn, conn.transaction():
             # Serialises brokers starting together; released at commit/rollback.
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-            await conn.execute(SCHEMA_MIGRATIONS_DDL)
-            applied = [r[0] for r in await conn.fetch(_SELECT_VERSIONS)]
-            for migration in pending(self._migrations, applied):
-                try:
-                    for statement in migration.render("postgres"):
-                        await conn.execute(statement)
-                except asyncpg.PostgresError as exc:
-                    if isinstance(exc, _UNAVAILABLE):
-                        raise
+
+            async def execute(statement: str, args: Sequence[Any]) -> None:
+                await conn.execute(statement, *args)
+
+            async def versions(query: str) -> list[int]:
+                return [r[0] for r in await conn.fetch(query)]
+
+            def failed(migration: Migration, exc: Exception) -> None:
+                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _UNAVAILABLE):
                     raise StoreError(
                         f"postgres store {self.url_for_logs}: migration {migration.version} "
                         f"({migration.name}) failed: {self._scrub(exc)}"
                     ) from exc
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
-                    migration.version,
-                    migration.name,
-                )
+
+            await migrate("postgres", self._migrations, execute, versions, failed)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -201,19 +182,14 @@ class PostgresStore:
         manifest: Mapping[str, Any],
         now: float,
     ) -> tuple[JobRecord, bool]:
-        manifest_text = encode_json(manifest)
+        insert = sql.insert_job("postgres", tenant, name, queue, priority, manifest, now)
         async with self._txn("create_job") as conn:
-            row = await conn.fetchrow(
-                f"INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
-                f"reason, created_at, updated_at) "
-                f"VALUES ($1, $2, $3, $4, $5, 'Queued', 0, $6, $7, $7) "
-                f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}",
-                tenant, name, queue, priority, manifest_text, SUBMITTED_REASON, now,
-            )  # fmt: skip
+            row = await conn.fetchrow(insert.sql, *insert.args)
             if row is None:
                 # ON CONFLICT waited for the other insert to commit; this statement's
                 # snapshot (READ COMMITTED) therefore sees it.
-                existing = await conn.fetchrow(_SELECT_JOB, tenant, name)
+                select = sql.select_job("postgres", tenant, name)
+                existing = await conn.fetchrow(select.sql, *select.args)
                 if existing is None:
                     raise StoreError(f"job {tenant}/{name} conflicted on insert but is missing")
                 return _job(existing), False
@@ -233,27 +209,19 @@ class PostgresStore:
         attempts: int | None = None,
         not_before: float | None = None,
     ) -> JobRecord:
-        args = _Args()
-        sets = transition_sets(
-            state, reason, now, args,
-            cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
+        expected = sql.expected_states(expect)
+        update = sql.update_job(
+            "postgres", tenant, name, state, reason, now,
+            cluster=cluster, placement=placement, expected=expected, attempts=attempts,
+            not_before=not_before,
         )  # fmt: skip
-        where = f"tenant = {args(tenant)} AND name = {args(name)}"
-        expected = None if expect is None else [check_state(s) for s in expect]
-        if expected is not None:
-            where += f" AND state = ANY({args(expected)}::text[])"
-        sql = f"UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}"
         async with self._txn("transition") as conn:
-            row = await conn.fetchrow(sql, *args.values)
+            row = await conn.fetchrow(update.sql, *update.args)
             if row is None:
-                current = await conn.fetchval(
-                    "SELECT state FROM jobs WHERE tenant = $1 AND name = $2", tenant, name
-                )
-                if current is None:
-                    raise JobNotFound(tenant, name)
-                raise StateConflict(tenant, name, current, expected or ())
-            job = _job(row)
-            return job
+                query = sql.state_of("postgres", tenant, name)
+                current = await conn.fetchval(query.sql, *query.args)
+                raise sql.missing_job(tenant, name, current, expected)
+            return _job(row)
 
     @asynccontextmanager
     async def _txn(self, action: str) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy]:
@@ -289,10 +257,8 @@ class PostgresStore:
     # -- reads -----------------------------------------------------------------------------
 
     async def get_job(self, tenant: str, name: str) -> JobRecord | None:
-        pool = self._require()
-        with self._errors("get_job"):
-            row = await pool.fetchrow(_SELECT_JOB, tenant, name)
-        return None if row is None else _job(row)
+        rows = await self._fetch("get_job", sql.select_job("postgres", tenant, name))
+        return _job(rows[0]) if rows else None
 
     async def list_jobs(
         self,
@@ -304,44 +270,23 @@ class PostgresStore:
         limit: int = 100,
         after_seq: int | None = None,
     ) -> list[JobRecord]:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        args = _Args()
-        where: list[str] = []
-        for column, value in (("tenant", tenant), ("queue", queue), ("cluster", cluster)):
-            if value is not None:
-                where.append(f"{column} = {args(value)}")
-        states = states_filter(state)
-        if states is not None:
-            where.append(f"state = ANY({args(list(states))}::text[])")
-        if after_seq is not None:
-            where.append(f"seq > {args(after_seq)}")
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
-        sql = f"SELECT {JOB_COLUMNS} FROM jobs {clause}ORDER BY seq LIMIT {args(limit)}"
-        pool = self._require()
-        with self._errors("list_jobs"):
-            rows = await pool.fetch(sql, *args.values)
-        return [_job(row) for row in rows]
+        query = sql.list_jobs(
+            "postgres", tenant=tenant, queue=queue, state=state, cluster=cluster, limit=limit,
+            after_seq=after_seq,
+        )  # fmt: skip
+        return [_job(row) for row in await self._fetch("list_jobs", query)]
 
     async def history(self, tenant: str, name: str) -> list[Transition]:
-        pool = self._require()
-        with self._errors("history"):
-            rows = await pool.fetch(
-                "SELECT at, state, reason, cluster FROM job_history "
-                "WHERE tenant = $1 AND name = $2 ORDER BY id",
-                tenant,
-                name,
-            )
-        return [Transition(at=float(r[0]), state=r[1], reason=r[2], cluster=r[3]) for r in rows]
+        rows = await self._fetch("history", sql.history("postgres", tenant, name))
+        return [sql.transition_from_row(tuple(r)) for r in rows]
 
     async def active_jobs(self) -> list[JobRecord]:
+        return [_job(row) for row in await self._fetch("active_jobs", sql.active_jobs("postgres"))]
+
+    async def _fetch(self, action: str, query: sql.Statement) -> list[asyncpg.Record]:
         pool = self._require()
-        with self._errors("active_jobs"):
-            rows = await pool.fetch(
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state = ANY($1::text[]) ORDER BY seq",
-                list(ACTIVE_STATES),
-            )
-        return [_job(row) for row in rows]
+        with self._errors(action):
+            return list(await pool.fetch(query.sql, *query.args))
 
     # -- leader election (broker/leader.py) ------------------------------------------------
 
@@ -349,22 +294,22 @@ class PostgresStore:
         """Take the lease ``name`` for ``holder`` when it is free, expired or already
         ``holder``'s, for ``seconds`` of the database's clock; one statement. Returns the
         live holder afterwards (``holder`` when taken; None when nobody holds it)."""
-        pool = self._require()
-        with self._errors("acquire_lease"):
-            taken = await pool.fetchval(_ACQUIRE_LEASE, name, holder, float(seconds))
-            if taken is not None:
-                return str(taken)
-            live = await pool.fetchval(_LEASE_HOLDER, name)
-            return None if live is None else str(live)
+        return await self._hold_lease("acquire_lease", _ACQUIRE_LEASE, name, holder, seconds)
 
     async def renew_lease(self, name: str, holder: str, seconds: float) -> str | None:
         """Extend ``holder``'s lease only while it is unexpired and still ``holder``'s;
         returns the live holder afterwards, as acquire_lease."""
+        return await self._hold_lease("renew_lease", _RENEW_LEASE, name, holder, seconds)
+
+    async def _hold_lease(
+        self, action: str, statement: str, name: str, holder: str, seconds: float
+    ) -> str | None:
+        """Run a lease statement that returns the holder when it took; else the live one."""
         pool = self._require()
-        with self._errors("renew_lease"):
-            renewed = await pool.fetchval(_RENEW_LEASE, name, holder, float(seconds))
-            if renewed is not None:
-                return str(renewed)
+        with self._errors(action):
+            held = await pool.fetchval(statement, name, holder, float(seconds))
+            if held is not None:
+                return str(held)
             live = await pool.fetchval(_LEASE_HOLDER, name)
             return None if live is None else str(live)
 
@@ -416,29 +361,12 @@ def _secrets_in(url: str) -> list[str]:
     return sorted({s for s in found if s}, key=len, reverse=True)
 
 
-class _Args:
-    """Collects query arguments and hands out their ``$n`` placeholders in order."""
-
-    def __init__(self) -> None:
-        self.values: list[Any] = []
-
-    def __call__(self, value: Any) -> str:
-        self.values.append(value)
-        return f"${len(self.values)}"
-
-
 def _job(row: asyncpg.Record) -> JobRecord:
     # Without a custom codec asyncpg passes JSONB as text both ways, the same as SQLite: one
     # encoder (encode_json, which refuses NaN before any I/O) and one decoder for both.
-    return job_from_row(tuple(row), json.loads)
+    return sql.job_from_row(tuple(row))
 
 
-_SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = $1 AND name = $2"
-_SELECT_VERSIONS = "SELECT version FROM schema_migrations ORDER BY version"
-_INSERT_HISTORY = (
-    "INSERT INTO job_history (tenant, name, at, state, reason, cluster) "
-    "VALUES ($1, $2, $3, $4, $5, $6)"
-)
 # One statement, timed by the database's clock: insert, or take over a row that expired or
 # is already ours (a restarted replica with the same identity); no row returned otherwise.
 _ACQUIRE_LEASE = (

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sqlite3
-from collections.abc import AsyncIterator, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,30 +24,15 @@ from typing import Any
 import aiosqlite
 
 from broker.store import (
-    ACTIVE_STATES,
-    JOB_COLUMNS,
-    SUBMITTED_REASON,
-    JobNotFound,
     JobRecord,
     JobState,
-    StateConflict,
     StoreError,
     StoreUnavailable,
     Transition,
-    check_state,
-    encode_json,
-    job_from_row,
+    sql,
     sqlite_url,
-    states_filter,
-    transition_sets,
 )
-from broker.store.migrations import (
-    MIGRATIONS,
-    SCHEMA_MIGRATIONS_DDL,
-    Migration,
-    check_order,
-    pending,
-)
+from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 
 # How long a writer waits for another process's write lock before giving up (ms).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
@@ -123,7 +107,7 @@ class SqliteStore:
 
     async def ping(self) -> bool:
         try:
-            await self._fetchall("SELECT 1", ())
+            await self._fetchall(sql.Statement("sqlite", "SELECT 1"))
         except Exception:  # readiness says "no"; the failing call itself logs the cause
             return False
         return True
@@ -158,21 +142,21 @@ class SqliteStore:
 
     async def _migrate(self) -> None:
         async with self._write_txn("migrate") as conn:
-            await conn.execute(SCHEMA_MIGRATIONS_DDL)
-            applied = [r[0] for r in await conn.execute_fetchall(_SELECT_VERSIONS)]
-            for migration in pending(self._migrations, applied):
-                try:
-                    for statement in migration.render("sqlite"):
-                        await conn.execute(statement)
-                except sqlite3.Error as exc:
+
+            async def execute(statement: str, args: Sequence[Any]) -> None:
+                await conn.execute(statement, args)
+
+            async def versions(query: str) -> list[int]:
+                return [r[0] for r in await conn.execute_fetchall(query)]
+
+            def failed(migration: Migration, exc: Exception) -> None:
+                if isinstance(exc, sqlite3.Error):
                     raise StoreError(
                         f"sqlite store {self.url_for_logs}: migration {migration.version} "
                         f"({migration.name}) failed: {exc}"
                     ) from exc
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
-                    (migration.version, migration.name),
-                )
+
+            await migrate("sqlite", self._migrations, execute, versions, failed)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -185,19 +169,12 @@ class SqliteStore:
         manifest: Mapping[str, Any],
         now: float,
     ) -> tuple[JobRecord, bool]:
-        manifest_text = encode_json(manifest)
+        insert = sql.insert_job("sqlite", tenant, name, queue, priority, manifest, now)
         async with self._write_txn("create_job") as conn:
-            rows = list(
-                await conn.execute_fetchall(
-                    f"INSERT INTO jobs (tenant, name, queue, priority, manifest, state, "
-                    f"attempts, reason, created_at, updated_at) "
-                    f"VALUES (?, ?, ?, ?, ?, 'Queued', 0, ?, ?, ?) "
-                    f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}",
-                    (tenant, name, queue, priority, manifest_text, SUBMITTED_REASON, now, now),
-                )
-            )
+            rows = list(await conn.execute_fetchall(insert.sql, insert.args))
             if not rows:
-                existing = list(await conn.execute_fetchall(_SELECT_JOB, (tenant, name)))
+                select = sql.select_job("sqlite", tenant, name)
+                existing = list(await conn.execute_fetchall(select.sql, select.args))
                 return _job(existing[0]), False
             return _job(rows[0]), True
 
@@ -215,37 +192,20 @@ class SqliteStore:
         attempts: int | None = None,
         not_before: float | None = None,
     ) -> JobRecord:
-        params: list[Any] = []
-
-        def mark(value: Any) -> str:
-            params.append(value)
-            return "?"
-
-        sets = transition_sets(
-            state, reason, now, mark,
-            cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
+        expected = sql.expected_states(expect)
+        update = sql.update_job(
+            "sqlite", tenant, name, state, reason, now,
+            cluster=cluster, placement=placement, expected=expected, attempts=attempts,
+            not_before=not_before,
         )  # fmt: skip
-        where = "tenant = ? AND name = ?"
-        params += [tenant, name]
-        expected = None if expect is None else tuple(check_state(s) for s in expect)
-        if expected is not None:
-            where += f" AND state IN ({_marks(len(expected))})"
-            params += expected
-        sql = f"UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}"
         async with self._write_txn("transition") as conn:
-            rows = list(await conn.execute_fetchall(sql, params))
+            rows = list(await conn.execute_fetchall(update.sql, update.args))
             if not rows:
                 # Nothing changed; find out why for the caller. Same transaction, same view.
-                found = list(
-                    await conn.execute_fetchall(
-                        "SELECT state FROM jobs WHERE tenant = ? AND name = ?", (tenant, name)
-                    )
-                )
-                if not found:
-                    raise JobNotFound(tenant, name)
-                raise StateConflict(tenant, name, found[0][0], expected or ())
-            job = _job(rows[0])
-            return job
+                query = sql.state_of("sqlite", tenant, name)
+                found = list(await conn.execute_fetchall(query.sql, query.args))
+                raise sql.missing_job(tenant, name, found[0][0] if found else None, expected)
+            return _job(rows[0])
 
     @asynccontextmanager
     async def _write_txn(self, action: str) -> AsyncIterator[aiosqlite.Connection]:
@@ -336,7 +296,7 @@ class SqliteStore:
     # -- reads -----------------------------------------------------------------------------
 
     async def get_job(self, tenant: str, name: str) -> JobRecord | None:
-        rows = await self._fetchall(_SELECT_JOB, (tenant, name))
+        rows = await self._fetchall(sql.select_job("sqlite", tenant, name))
         return _job(rows[0]) if rows else None
 
     async def list_jobs(
@@ -349,41 +309,20 @@ class SqliteStore:
         limit: int = 100,
         after_seq: int | None = None,
     ) -> list[JobRecord]:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (("tenant", tenant), ("queue", queue), ("cluster", cluster)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        states = states_filter(state)
-        if states is not None:
-            where.append(f"state IN ({_marks(len(states))})")
-            params += states
-        if after_seq is not None:
-            where.append("seq > ?")
-            params.append(after_seq)
-        clause = f"WHERE {' AND '.join(where)} " if where else ""
-        sql = f"SELECT {JOB_COLUMNS} FROM jobs {clause}ORDER BY seq LIMIT ?"
-        return [_job(row) for row in await self._fetchall(sql, [*params, limit])]
+        query = sql.list_jobs(
+            "sqlite", tenant=tenant, queue=queue, state=state, cluster=cluster, limit=limit,
+            after_seq=after_seq,
+        )  # fmt: skip
+        return [_job(row) for row in await self._fetchall(query)]
 
     async def history(self, tenant: str, name: str) -> list[Transition]:
-        rows = await self._fetchall(
-            "SELECT at, state, reason, cluster FROM job_history "
-            "WHERE tenant = ? AND name = ? ORDER BY id",
-            (tenant, name),
-        )
-        return [Transition(at=float(r[0]), state=r[1], reason=r[2], cluster=r[3]) for r in rows]
+        rows = await self._fetchall(sql.history("sqlite", tenant, name))
+        return [sql.transition_from_row(r) for r in rows]
 
     async def active_jobs(self) -> list[JobRecord]:
-        sql = (
-            f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ({_marks(len(ACTIVE_STATES))}) "
-            "ORDER BY seq"
-        )
-        return [_job(row) for row in await self._fetchall(sql, ACTIVE_STATES)]
+        return [_job(row) for row in await self._fetchall(sql.active_jobs("sqlite"))]
 
-    async def _fetchall(self, sql: str, params: Iterable[Any]) -> list[sqlite3.Row]:
+    async def _fetchall(self, query: sql.Statement) -> list[sqlite3.Row]:
         conn = self._reader
         if conn is None:
             raise StoreUnavailable(f"sqlite store {self.url_for_logs} is not open")
@@ -392,8 +331,8 @@ class SqliteStore:
                 # One shared connection (:memory:): reading mid-transaction would see
                 # uncommitted rows, so reads queue behind writes.
                 async with self._write_lock:
-                    return list(await conn.execute_fetchall(sql, params))
-            return list(await conn.execute_fetchall(sql, params))
+                    return list(await conn.execute_fetchall(query.sql, query.args))
+            return list(await conn.execute_fetchall(query.sql, query.args))
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -406,19 +345,8 @@ class SqliteStore:
             raise kind(f"sqlite store {self.url_for_logs}: {action} failed: {exc}") from exc
 
 
-_SELECT_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE tenant = ? AND name = ?"
-_SELECT_VERSIONS = "SELECT version FROM schema_migrations ORDER BY version"
-_INSERT_HISTORY = (
-    "INSERT INTO job_history (tenant, name, at, state, reason, cluster) VALUES (?, ?, ?, ?, ?, ?)"
-)
-
-
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
-
-
 def _job(row: sqlite3.Row) -> JobRecord:
-    return job_from_row(tuple(row), json.loads)
+    return sql.job_from_row(tuple(row))
 
 
 async def _settled(group: asyncio.Future[None]) -> None:

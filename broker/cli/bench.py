@@ -1,0 +1,52 @@
+"""``fedbroker bench``: its flags, and which benchmark of broker.bench a run means
+(placement decisions per second, ``--e2e`` through HTTP and the service, ``--cycle``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from broker.cli.args import positive
+
+
+def add_bench_command(sub: Any) -> None:
+    cmd = sub.add_parser("bench", help="measure placement decisions per second of the core")
+    cmd.add_argument(
+        "--clusters", type=positive("--clusters"), default=None,
+        help="member clusters (default 20; 100 with --cycle)",
+    )  # fmt: skip
+    cmd.add_argument("--nodes-per-cluster", type=positive("--nodes-per-cluster"), default=500)
+    cmd.add_argument("--decisions", type=positive("--decisions"), default=5000)
+    cmd.add_argument(
+        "--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes"
+    )
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument(
+        "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"
+    )
+    cmd.add_argument("--jobs", type=positive("--jobs"), default=5000, help="e2e: jobs to submit")
+    cmd.add_argument("--rate", type=positive("--rate"), default=500, help="e2e: submissions/s")
+    cmd.add_argument(
+        "--cycle", action="store_true",
+        help="scheduling cycle time and memory with a backlog of --queued jobs",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--queued", type=positive("--queued"), default=100_000, help="cycle: jobs queued"
+    )
+
+
+def run_bench_command(args: argparse.Namespace) -> int:
+    if args.clusters is None:
+        args.clusters = 100 if args.cycle else 20
+    if args.cycle:
+        from broker.bench.cycle import main_cycle
+
+        return main_cycle(args)
+    if args.e2e:
+        from broker.bench.e2e import main_e2e
+
+        return main_e2e(args)
+    from broker.bench.decisions import run_bench
+
+    return run_bench(args)

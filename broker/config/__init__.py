@@ -1,0 +1,71 @@
+"""The broker's configuration file: its schema, its validation and the built-in demo.
+
+This package owns what an operator writes in YAML (issue 3, "Config"): the store URL, the
+API listener and its limits, scheduler timings and leader election (``server``), member
+clusters and where their capacity comes from, and burst pools (``members``), queues with
+their quotas and tenants with their tokens (``tenancy``), the whole document with its
+cross references and loading (``document``), and the demo federation (``demo``).
+Everything is checked at load time, cross references included, and the first problem
+comes back as ONE line naming the file and the key path. Tokens (and a database password
+in the store URL) are secrets: they are held as SecretStr or kept out of ``repr``, and no
+error message ever repeats them. Import from the package: its names below are the API.
+"""
+
+from broker.config.demo import DEMO_TENANTS, demo_config
+from broker.config.document import Config, load_config, parse_config
+from broker.config.members import (
+    BurstPoolConfig,
+    CapiPoolSource,
+    ClusterConfig,
+    ClusterSource,
+    KubeconfigRef,
+    KubeSource,
+    MqttSource,
+    PoolSource,
+    ShapeSpec,
+    SimulatedPoolSource,
+    SimulatedSource,
+)
+from broker.config.section import ConfigError, Section, TokenRef
+from broker.config.server import (
+    ApiConfig,
+    EventsConfig,
+    LeaderElectionConfig,
+    MqttEventsConfig,
+    RateLimit,
+    SchedulerConfig,
+    StoreConfig,
+)
+from broker.config.tenancy import QueueConfig, QueuePolicy, TenantConfig
+
+__all__ = [
+    "DEMO_TENANTS",
+    "ApiConfig",
+    "BurstPoolConfig",
+    "CapiPoolSource",
+    "ClusterConfig",
+    "ClusterSource",
+    "Config",
+    "ConfigError",
+    "EventsConfig",
+    "KubeSource",
+    "KubeconfigRef",
+    "LeaderElectionConfig",
+    "MqttEventsConfig",
+    "MqttSource",
+    "PoolSource",
+    "QueueConfig",
+    "QueuePolicy",
+    "RateLimit",
+    "SchedulerConfig",
+    "Section",
+    "ShapeSpec",
+    "SimulatedPoolSource",
+    "SimulatedSource",
+    "StoreConfig",
+    "TenantConfig",
+    "TokenRef",
+    "demo_config",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,172 @@
+"""The whole config document: its sections, the checks across them, the tenants' resolved
+tokens and bearer authentication, and reading it from YAML text or a file."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from broker.config.members import BurstPoolConfig, ClusterConfig
+from broker.config.section import ConfigError, Section
+from broker.config.server import (
+    ApiConfig,
+    EventsConfig,
+    LeaderElectionConfig,
+    SchedulerConfig,
+    StoreConfig,
+)
+from broker.config.tenancy import QueueConfig, TenantConfig
+from broker.manifest import FieldError, field_path, first_error
+
+
+class Config(Section):
+    store: StoreConfig = StoreConfig()
+    api: ApiConfig = ApiConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    clusters: list[ClusterConfig] = Field(default_factory=list, max_length=256)
+    burst_pools: list[BurstPoolConfig] = Field(default_factory=list, max_length=256)
+    queues: list[QueueConfig] = Field(default_factory=list, max_length=1024)
+    tenants: list[TenantConfig] = Field(default_factory=list, max_length=10_000)
+    events: EventsConfig = EventsConfig()
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+    # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
+    _tokens: list[tuple[SecretStr, TenantConfig]] = PrivateAttr(default_factory=list)
+    _mqtt_password: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Config:
+        _unique_names(self)
+        _one_pool_per_cluster(self)
+        if self.events.mqtt is None:
+            for i, cc in enumerate(self.clusters):
+                if cc.source.mqtt is not None:
+                    raise FieldError(
+                        ["clusters", i, "source", "mqtt"], "needs events.mqtt (the MQTT broker)"
+                    )
+        _known_queues(self)
+        return self
+
+    def queue(self, name: str) -> QueueConfig | None:
+        return next((q for q in self.queues if q.name == name), None)
+
+    def tenant(self, name: str) -> TenantConfig | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
+    def authenticate(self, token: str) -> TenantConfig | None:
+        """The tenant a bearer token belongs to. Every token is compared in constant time,
+        so the answer's timing does not tell how much of a guess was right."""
+        found = None
+        given = token.encode()
+        for secret, tenant in self._tokens:
+            if hmac.compare_digest(secret.get_secret_value().encode(), given):
+                found = tenant
+        return found
+
+    def resolve_tokens(self, environ: Mapping[str, str]) -> None:
+        """Read every tenant's token (from ``environ`` for ``env`` ones) and refuse a token
+        shared by two tenants, which would make authentication ambiguous."""
+        resolved: list[tuple[SecretStr, TenantConfig]] = []
+        owners: dict[str, str] = {}
+        for i, tenant in enumerate(self.tenants):
+            try:
+                secret = tenant.token.resolve(environ)
+            except FieldError as exc:
+                raise FieldError(["tenants", i, "token", *exc.path], exc.message) from None
+            other = owners.setdefault(secret.get_secret_value(), tenant.name)
+            if other != tenant.name:
+                raise FieldError(["tenants", i, "token"], f"same token as tenant {other!r}")
+            resolved.append((secret, tenant))
+        self._tokens = resolved
+        mqtt = self.events.mqtt
+        if mqtt is not None and mqtt.password is not None:
+            try:
+                self._mqtt_password = mqtt.password.resolve(environ)
+            except FieldError as exc:
+                path = ["events", "mqtt", "password", *exc.path]
+                raise FieldError(path, exc.message) from None
+
+    @property
+    def mqtt_password(self) -> SecretStr | None:
+        """events.mqtt.password, resolved (from the environment for an ``env`` one)."""
+        return self._mqtt_password
+
+
+def _unique_names(config: Config) -> None:
+    for section in ("clusters", "burst_pools", "queues", "tenants"):
+        seen: set[str] = set()
+        for i, item in enumerate(getattr(config, section)):
+            if item.name in seen:
+                raise FieldError([to_camel(section), i, "name"], f"duplicate name {item.name!r}")
+            seen.add(item.name)
+
+
+def _one_pool_per_cluster(config: Config) -> None:
+    clusters = {c.name for c in config.clusters}
+    fed: set[str] = set()
+    for i, pool in enumerate(config.burst_pools):
+        if pool.cluster not in clusters:
+            raise FieldError(["burstPools", i, "cluster"], f"no cluster named {pool.cluster!r}")
+        if pool.cluster in fed:
+            raise FieldError(
+                ["burstPools", i, "cluster"], f"cluster {pool.cluster!r} already has a pool"
+            )
+        fed.add(pool.cluster)
+
+
+def _known_queues(config: Config) -> None:
+    queues = {q.name for q in config.queues}
+    for i, tenant in enumerate(config.tenants):
+        if tenant.default_queue not in queues:
+            raise FieldError(
+                ["tenants", i, "defaultQueue"], f"no queue named {tenant.default_queue!r}"
+            )
+        for j, name in enumerate(tenant.queues):
+            if name not in queues:
+                raise FieldError(["tenants", i, "queues", j], f"no queue named {name!r}")
+
+
+def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> Config:
+    """Validate a YAML config; ``source_name`` (the file) starts every error message.
+    Token environment variables are read from ``environ`` (default: os.environ)."""
+    try:
+        data: object = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source_name}: invalid YAML{where}: {exc.problem}") from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+        raise ConfigError(f"{source_name}: invalid YAML") from None
+    if data is None:
+        raise ConfigError(f"{source_name}: empty config")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source_name}: must be a mapping of sections")
+    return validated(data, source_name, os.environ if environ is None else environ)
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{path}: cannot read: {reason}") from None
+    return parse_config(text, str(path), environ)
+
+
+def validated(data: Mapping[str, Any], source_name: str, environ: Mapping[str, str]) -> Config:
+    """``data`` as a Config with its tokens resolved; raises ConfigError (one line)."""
+    try:
+        config = Config.model_validate(data)
+        config.resolve_tokens(environ)
+    except ValidationError as exc:
+        path, message = first_error(exc)
+        raise ConfigError(f"{source_name}: {path + ': ' if path else ''}{message}") from None
+    except FieldError as exc:
+        raise ConfigError(f"{source_name}: {field_path(exc.path)}: {exc.message}") from None
+    return config

@@ -1,0 +1,223 @@
+"""The member clusters and their burst pools: where each cluster's capacity comes from
+(simulated shapes, a Kubernetes list+watch, an MQTT agent) and where a pool's nodes come
+from (simulated, Cluster API); each source is a union keyed by its one key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from adapters.simulated import NodeShape
+from broker.config.section import Section
+from broker.manifest import (
+    MAX_GPUS_PER_POD,
+    CpuQuantity,
+    DnsLabel,
+    FieldError,
+    GpuTypeName,
+    Labels,
+    MemoryQuantity,
+    cpu_millicores,
+    memory_mebibytes,
+)
+from broker.model import Cluster, ClusterKind
+
+MAX_SIMULATED_NODES = 50_000  # per cluster: far above the trace inventories, still in memory
+
+
+class OneOf(Section):
+    """A union keyed by its one key: every field names an adapter, exactly one is given."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Self:
+        given = [name for name in type(self).model_fields if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise FieldError([], f"give exactly one of: {', '.join(type(self).model_fields)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The adapter's name: the one key given."""
+        return next(name for name in type(self).model_fields if getattr(self, name) is not None)
+
+
+class ShapeSpec(Section):
+    """``count`` nodes alike; for a cloud pool, the most nodes it can scale to."""
+
+    gpu_type: GpuTypeName
+    gpus: int = Field(ge=0, le=MAX_GPUS_PER_POD)
+    cpu: CpuQuantity
+    memory: MemoryQuantity
+    count: int = Field(ge=1, le=MAX_SIMULATED_NODES)
+
+    def node_shape(self) -> NodeShape:
+        return NodeShape(
+            self.gpu_type,
+            self.gpus,
+            cpu_millicores(self.cpu),
+            memory_mebibytes(self.memory),
+            self.count,
+        )
+
+
+class SimulatedSource(Section):
+    # Empty for a cloud cluster that only burst pools fill.
+    shapes: list[ShapeSpec] = Field(default_factory=list, max_length=64)
+    scale: float = Field(default=1.0, gt=0, le=100)  # as in adapters.simulated.generate_nodes
+    launch_delay_seconds: float = Field(default=0.0, ge=0, le=3600)
+    failure_rate: float = Field(default=0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _fits_in_memory(self) -> SimulatedSource:
+        nodes = sum(max(1, round(s.count * self.scale)) for s in self.shapes)
+        if nodes > MAX_SIMULATED_NODES:
+            raise FieldError(["scale"], f"{nodes} nodes, at most {MAX_SIMULATED_NODES}")
+        return self
+
+    def node_shapes(self) -> list[NodeShape]:
+        return [s.node_shape() for s in self.shapes]
+
+
+class KubeconfigRef(Section):
+    """A kubeconfig given as a file path (``kubeconfig``, relative to the working
+    directory) or inline (``kubeconfigInline``: a mapping or YAML text), and its context."""
+
+    kubeconfig: str | None = Field(default=None, min_length=1, max_length=4096)
+    kubeconfig_inline: dict[str, Any] | str | None = Field(default=None, repr=False)
+    context: str = Field(min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _one_kubeconfig(self) -> KubeconfigRef:
+        if (self.kubeconfig is None) == (self.kubeconfig_inline is None):
+            raise FieldError(["kubeconfig"], "give exactly one of: kubeconfig, kubeconfigInline")
+        return self
+
+    def kubeconfig_source(self) -> Path | str | dict[str, Any]:
+        """What ``adapters.kube.kubeconfig.load_clients`` reads: the file, or the inline one."""
+        if self.kubeconfig is not None:
+            return Path(self.kubeconfig)
+        assert self.kubeconfig_inline is not None
+        return self.kubeconfig_inline
+
+
+class KubeSource(KubeconfigRef):
+    """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
+    (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
+    kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
+    pods; gangs are launched into ``namespace``."""
+
+    namespace: DnsLabel = "fedbroker-jobs"
+    gpu_resources: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"], min_length=1, max_length=16
+    )
+    gpu_type_label: str = Field(default="nvidia.com/gpu.product", min_length=1, max_length=317)
+    shared_gpu_resource: str | None = Field(default=None, min_length=1, max_length=317)
+    launch_mode: Literal["delegate", "pin"] = "delegate"
+    pod_group: Literal["coscheduling", "volcano"] = "coscheduling"
+    # How often the phases of our pods are read (one LIST for all gangs of the cluster):
+    # a starting gang is confirmed, a running one noticed to end, within this.
+    pod_poll_seconds: float = Field(default=2.0, gt=0, le=300)
+    # A watch that hears nothing (not even a bookmark) this long is restarted; a server
+    # that accepts but never answers counts as down after it. Lists time out after
+    # requestTimeoutSeconds.
+    watch_inactivity_seconds: float = Field(default=90.0, gt=0, le=3600)
+    request_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+    @field_validator("gpu_resources")
+    @classmethod
+    def _resource_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not name or len(name) > 317 or any(c.isspace() for c in name):
+                raise ValueError(f"not a resource name: {name!r}")
+        if len(set(names)) != len(names):
+            raise ValueError("duplicate resource name")
+        return names
+
+
+class MqttSource(Section):
+    """A member cluster whose capacity an agent (``fedbroker agent``) reports over MQTT
+    (``events.mqtt`` names the MQTT broker). Stale while the agent's last heartbeat is older
+    than ``staleAfterSeconds`` (default: ``scheduler.staleAfterSeconds``)."""
+
+    stale_after_seconds: float | None = Field(default=None, gt=0, le=3600)
+
+
+class ClusterSource(OneOf):
+    """Where a cluster's capacity comes from: exactly one key names the adapter. A union
+    keyed by its one key (``{simulated: {...}}``, ``{kube: {...}}`` or ``{mqtt: {...}}``)."""
+
+    simulated: SimulatedSource | None = None
+    kube: KubeSource | None = None
+    mqtt: MqttSource | None = None
+
+
+class ClusterConfig(Section):
+    name: DnsLabel
+    kind: ClusterKind = "onprem"
+    labels: Labels = Field(default_factory=dict)
+    cost_per_gpu_hour: float = Field(default=0.0, ge=0, le=10_000)
+    source: ClusterSource
+
+    def to_cluster(self) -> Cluster:
+        return Cluster(self.name, dict(self.labels), self.kind, self.cost_per_gpu_hour)
+
+
+class SimulatedPoolSource(Section):
+    """A simulated Cluster API pool: nodes come up ``provisionSeconds`` after a scale-up,
+    or never (``failureRate``, seeded)."""
+
+    failure_rate: float = Field(default=0.0, ge=0, le=1)
+    seed: int = 0
+
+
+class CapiPoolSource(KubeconfigRef):
+    """A Cluster API MachineDeployment (or MachinePool) on a management cluster, scaled
+    through its ``/scale`` subresource; the kubeconfig context is the management cluster's."""
+
+    namespace: DnsLabel
+    name: str = Field(min_length=1, max_length=253)
+    kind: Literal["MachineDeployment", "MachinePool"] = "MachineDeployment"
+
+
+class PoolSource(OneOf):
+    """Where a burst pool's nodes come from: exactly one key names the adapter."""
+
+    simulated: SimulatedPoolSource | None = None
+    capi: CapiPoolSource | None = None
+
+
+class BurstPoolConfig(Section):
+    """A cloud node pool that grows member cluster ``cluster`` when a gang allowed to burst
+    fits nowhere. The node shape and size bounds may be left out for a Cluster API pool
+    whose MachineDeployment carries the cluster-autoscaler scale-from-zero annotations."""
+
+    name: DnsLabel
+    cluster: DnsLabel
+    gpu_type: GpuTypeName | None = None
+    gpus: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_POD)
+    cpu: CpuQuantity | None = None
+    memory: MemoryQuantity | None = None
+    min_nodes: int | None = Field(default=None, ge=0, le=10_000)
+    max_nodes: int | None = Field(default=None, ge=0, le=10_000)
+    cost_per_node_hour: float = Field(default=0.0, ge=0, le=100_000)
+    provision_seconds: float = Field(default=300.0, ge=0, le=86_400)  # expected (simulated: actual)
+    burst_after_seconds: float | None = Field(default=None, ge=0, le=86_400)
+    scale_down_after_seconds: float = Field(default=600.0, ge=0, le=86_400)
+    provision_timeout_seconds: float = Field(default=900.0, gt=0, le=86_400)
+    # Who scales the pool: the broker, or the cluster autoscaler (then the broker only
+    # places onto what is there and never scales it, so the two never fight).
+    owner: Literal["fedbroker", "cluster-autoscaler"] = "fedbroker"
+    source: PoolSource
+
+    @model_validator(mode="after")
+    def _shape_for_simulated(self) -> BurstPoolConfig:
+        if self.source.simulated is not None:
+            for key in ("gpu_type", "gpus", "cpu", "memory", "max_nodes"):
+                if getattr(self, key) is None:
+                    raise FieldError([to_camel(key)], "required for a simulated pool")
+        if None not in (self.min_nodes, self.max_nodes) and self.min_nodes > self.max_nodes:  # type: ignore[operator]
+            raise FieldError(["minNodes"], "must be <= maxNodes")
+        return self

@@ -1,0 +1,144 @@
+"""How the broker process runs: its store, its API listener and limits, the scheduler's
+timings, leader election among replicas, and the MQTT broker it publishes events to."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_serializer, field_validator, model_validator
+
+from broker.config.section import Section, TokenRef
+from broker.manifest import FieldError
+from broker.store import sqlite_path, sqlite_url
+
+DEFAULT_STORE_URL = sqlite_url("data/fedbroker.db")  # relative to the working directory
+
+
+class StoreConfig(Section):
+    # repr=False: a PostgreSQL URL may carry a password.
+    url: str = Field(default=DEFAULT_STORE_URL, repr=False)
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: str) -> str:
+        # The URL itself is not repeated: it may hold a password.
+        if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+            raise ValueError("must start with sqlite:// or postgresql://")
+        return url
+
+    @field_serializer("url")
+    def _dumped_redacted(self, url: str) -> str:
+        return self.redacted_url  # dumps are for showing, like SecretStr's "**********"
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The database file of a SQLite URL (``sqlite://rel/path``, ``sqlite:///abs/path``:
+        the store's convention, see broker.store.sqlite_path)."""
+        return Path(sqlite_path(self.url)) if self.is_sqlite else None
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.url.startswith("sqlite://")
+
+    @property
+    def redacted_url(self) -> str:
+        """The URL fit for logs: any password replaced by ``***``."""
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+
+
+class RateLimit(Section):
+    requests_per_second: float = Field(default=100.0, gt=0, le=1_000_000)
+    burst: int = Field(default=200, ge=1, le=1_000_000)
+
+
+class ApiConfig(Section):
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
+    port: int = Field(default=8080, ge=0, le=65_535)  # 0: any free port (tests)
+    body_limit_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    rate_limit_per_tenant: RateLimit = RateLimit()
+
+
+class SchedulerConfig(Section):
+    cycle_seconds: float = Field(default=1.0, gt=0, le=60)
+    max_jobs_per_cycle: int = Field(default=1000, ge=1, le=100_000)
+    # A cycle runs on the event loop: past this it stops deciding (the rest wait for the
+    # next cycle), so the API never waits longer behind it.
+    max_cycle_seconds: float = Field(default=0.5, gt=0, le=60)
+    # Kueue's requeue defaults: 60 s, doubling, capped at one hour, no limit unless set.
+    backoff_base_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
+    backoff_limit: int | None = Field(default=None, ge=0, le=1000)
+    # How long a waiting gang lets smaller jobs backfill before its capacity is held for it.
+    starvation_seconds: float = Field(default=300.0, ge=0, le=86_400)
+    stale_after_seconds: float = Field(default=60.0, gt=0, le=3600)
+    # How often objects with our origin label that belong to no live job are deleted from
+    # Kubernetes members (finished jobs' pods stay that long for their logs).
+    garbage_collect_seconds: float = Field(default=60.0, gt=0, le=86_400)
+    # DESIGN.md: unplaceable this long -> the burst controller plans cloud nodes.
+    burst_after_seconds: float = Field(default=30.0, ge=0, le=86_400)
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> SchedulerConfig:
+        if self.backoff_cap_seconds < self.backoff_base_seconds:
+            raise FieldError(["backoffCapSeconds"], "must be >= backoffBaseSeconds")
+        return self
+
+
+class LeaderElectionConfig(Section):
+    """Several replicas on one store: exactly one places (broker/leader.py). ``enabled``
+    defaults to on for a PostgreSQL store; a SQLite store always elects with an OS file
+    lock (one machine; the timings do not apply) and ``enabled: false`` on PostgreSQL means
+    the operator runs exactly one replica."""
+
+    enabled: bool | None = None
+    lease_seconds: float = Field(default=15.0, gt=0, le=3600)
+    renew_seconds: float = Field(default=2.0, gt=0, le=600)
+    # A leader that has not renewed for this long stops placing: before its lease expires,
+    # so before another replica can take it.
+    stop_after_seconds: float = Field(default=10.0, gt=0, le=3600)
+    identity: str | None = Field(default=None, min_length=1, max_length=253)
+    # A follower proxies a write (POST/PUT/PATCH/DELETE under /v1/) to the leader when the
+    # leader's identity is an address (host:port); false, or when that fails: 503 naming it.
+    forward_writes: bool = True
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaderElectionConfig:
+        if self.renew_seconds >= self.stop_after_seconds:
+            raise FieldError(["renewSeconds"], "must be < stopAfterSeconds")
+        if self.stop_after_seconds >= self.lease_seconds:
+            raise FieldError(["stopAfterSeconds"], "must be < leaseSeconds")
+        return self
+
+
+# --- MQTT events (broker.service.mqtt) ----------------------------------------------------------
+
+
+def _default_client_id() -> str:
+    return f"fedbroker-{socket.gethostname()}"[:128]
+
+
+class MqttEventsConfig(Section):
+    """The MQTT broker fedbroker publishes its events to (and hears agents on)."""
+
+    host: str = Field(min_length=1, max_length=253)
+    port: int = Field(default=1883, ge=1, le=65_535)
+    client_id: str = Field(
+        default_factory=_default_client_id, min_length=1, max_length=128, pattern=r"^[^\s#+/]+$"
+    )
+    username: str | None = Field(default=None, min_length=1, max_length=256)
+    password: TokenRef | None = Field(default=None, repr=False)
+    # Topic levels without wildcards, no leading or trailing slash.
+    topic_prefix: str = Field(
+        default="fedbroker", max_length=128, pattern=r"^[^#+/\s]+(/[^#+/\s]+)*$"
+    )
+    outbox_size: int = Field(default=10_000, ge=1, le=1_000_000)
+
+
+class EventsConfig(Section):
+    mqtt: MqttEventsConfig | None = None

@@ -1,0 +1,39 @@
+"""Who may submit what: queues (policy, priority, fair-share weight, quota, borrowing,
+reclaimability) and tenants (their queues, their token, admin or not)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from broker.config.section import Section, TokenRef
+from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
+
+QueuePolicy = Literal["gang", "binpack", "auto"]
+
+
+class QueueConfig(Section):
+    name: DnsLabel
+    policy: QueuePolicy = "auto"
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    weight: float = Field(default=1.0, gt=0, le=1000)  # fair share
+    # Nominal GPUs of each type; whether unlisted types are usable is the queue's rule.
+    quota: dict[GpuTypeName, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(
+        default_factory=dict
+    )
+    borrow: bool = False  # may use other queues' idle quota
+    reclaimable: bool = False  # its jobs may be preempted, whole, by higher priority ones
+
+
+class TenantConfig(Section):
+    name: DnsLabel
+    default_queue: DnsLabel
+    queues: list[DnsLabel] = Field(default_factory=list, max_length=256)
+    token: TokenRef
+    admin: bool = False
+
+    @property
+    def allowed_queues(self) -> frozenset[str]:
+        """Queues this tenant may submit to: the listed ones and its default queue."""
+        return frozenset([*self.queues, self.default_queue])

@@ -1,0 +1,51 @@
+"""The FederatedJob manifest: its wire format, its validation and its translation to a Job.
+
+This package owns what a user may submit (DESIGN.md, "Job manifest"): the field types and
+bounds that keep one bad manifest from hurting the broker (invariant 7) and Kubernetes
+quantity parsing (``fields``), the pydantic wire models whose aliases are the camelCase
+names (``models``), reading JSON or YAML into them (``parsing``), pydantic's errors as ONE
+line naming the field path (``errors``), and ``to_job``, the only bridge to
+``broker.model`` (``translation``). The API validates requests and generates its OpenAPI
+schema from these same models. Import from the package: its names below are the API.
+"""
+
+from broker.manifest.errors import FieldError, ManifestError, field_path, first_error
+from broker.manifest.fields import (
+    MAX_GPUS_PER_POD,
+    MAX_PRIORITY,
+    CpuQuantity,
+    DnsLabel,
+    GpuTypeName,
+    Labels,
+    MemoryQuantity,
+    cpu_millicores,
+    memory_mebibytes,
+    parse_quantity,
+)
+from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
+from broker.manifest.parsing import parse_manifest
+from broker.manifest.translation import pod_templates, to_job
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "MAX_GPUS_PER_POD",
+    "MAX_PRIORITY",
+    "CpuQuantity",
+    "DnsLabel",
+    "FederatedJob",
+    "FieldError",
+    "GpuTypeName",
+    "Labels",
+    "ManifestError",
+    "MemoryQuantity",
+    "cpu_millicores",
+    "field_path",
+    "first_error",
+    "json_schema",
+    "memory_mebibytes",
+    "parse_manifest",
+    "parse_quantity",
+    "pod_templates",
+    "to_job",
+]

@@ -1,0 +1,165 @@
+"""The FederatedJob wire models: what a user may submit, in camelCase wire names.
+
+Pydantic models whose aliases are the wire names, nothing unknown accepted and no silent
+coercion; the cross-field checks of a whole job; and the JSON schema the OpenAPI document
+is generated from (broker.http.openapi).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE
+
+from broker.manifest.errors import FieldError, show
+from broker.manifest.fields import (
+    MAX_BACKOFF_LIMIT,
+    MAX_GPU_TYPES,
+    MAX_GPUS_PER_POD,
+    MAX_POD_SETS,
+    MAX_PODS,
+    MAX_PODS_PER_SET,
+    MAX_PRIORITY,
+    MAX_TIMEOUT_SECONDS,
+    CpuQuantity,
+    DnsLabel,
+    GpuTypeName,
+    Labels,
+    MemoryQuantity,
+)
+from broker.model import PolicyName
+
+API_VERSION = "fedbroker.io/v1alpha1"
+KIND = "FederatedJob"
+
+
+class WireModel(BaseModel):
+    """camelCase on the wire, nothing unknown, no silent coercion ("8" is not a count)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, extra="forbid", strict=True, frozen=True)
+
+
+class Metadata(WireModel):
+    name: DnsLabel
+    namespace: DnsLabel | None = None
+
+
+class GangSpec(WireModel):
+    min_member: int = Field(default=0, ge=0, le=MAX_PODS, description="0 means all pods")
+    schedule_timeout_seconds: int = Field(default=600, ge=1, le=MAX_TIMEOUT_SECONDS)
+    backoff_limit: int | None = Field(default=None, ge=0, le=MAX_BACKOFF_LIMIT)
+
+
+class PlacementSpec(WireModel):
+    gpu_types: list[GpuTypeName] = Field(default_factory=list, max_length=MAX_GPU_TYPES)
+    cluster_selector: Labels = Field(default_factory=dict)
+    # Opt-in: a cloud node costs money, so a job bursts only when its owner said so.
+    allow_burst: bool = False
+
+
+class ResourcesSpec(WireModel):
+    nvidia_gpu: int | None = Field(default=None, alias="nvidia.com/gpu", ge=0, le=MAX_GPUS_PER_POD)
+    amd_gpu: int | None = Field(default=None, alias="amd.com/gpu", ge=0, le=MAX_GPUS_PER_POD)
+    gpu_milli: int | None = Field(default=None, alias="fedbroker.io/gpu-milli", ge=1, le=999)
+    cpu: CpuQuantity | None = None
+    memory: MemoryQuantity | None = None
+
+    @model_validator(mode="after")
+    def _one_kind_of_gpu(self) -> ResourcesSpec:
+        if self.nvidia_gpu is not None and self.amd_gpu is not None:
+            raise FieldError(["amd.com/gpu"], "ask for nvidia.com/gpu or amd.com/gpu, not both")
+        if self.gpus and self.gpu_milli is not None:
+            raise FieldError(
+                ["fedbroker.io/gpu-milli"],
+                "ask for whole GPUs or a fedbroker.io/gpu-milli share of one, not both",
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.nvidia_gpu or self.amd_gpu or 0
+
+
+class PodSetSpec(WireModel):
+    name: DnsLabel
+    count: int = Field(ge=1, le=MAX_PODS_PER_SET)
+    resources: ResourcesSpec
+    # Free-form pod template, handed to the cluster as is; only checked to be plain JSON so
+    # storing and echoing it can never fail later (YAML can hold dates, sets and bytes).
+    template: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("template")
+    @classmethod
+    def _plain_json(cls, template: dict[str, Any]) -> dict[str, Any]:
+        stack: list[tuple[tuple[str | int, ...], object]] = [((), template)]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise FieldError(path, f"keys must be strings, got {show(key)}")
+                    stack.append(((*path, key), item))
+            elif isinstance(value, list):
+                stack.extend(((*path, i), item) for i, item in enumerate(value))
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise FieldError(path, "must be a finite number")
+            elif value is not None and not isinstance(value, str | int | float | bool):
+                raise FieldError(path, f"must be plain JSON, got {type(value).__name__}")
+        return template
+
+    def tolerations(self) -> frozenset[str]:
+        """Taint keys the template's pods tolerate (``spec.tolerations[].key``), so the
+        placement honours the same tolerations the cluster will."""
+        spec = self.template.get("spec")
+        items = spec.get("tolerations") if isinstance(spec, dict) else None
+        if not isinstance(items, list):
+            return frozenset()
+        return frozenset(
+            t["key"] for t in items if isinstance(t, dict) and isinstance(t.get("key"), str)
+        )
+
+
+class JobSpec(WireModel):
+    queue: DnsLabel | None = None
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    policy: PolicyName = "auto"
+    gang: GangSpec = GangSpec()  # frozen, so one shared default is safe
+    placement: PlacementSpec = PlacementSpec()
+    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
+
+    @model_validator(mode="after")
+    def _whole_job(self) -> JobSpec:
+        seen: set[str] = set()
+        for i, pod_set in enumerate(self.pod_sets):
+            if pod_set.name in seen:
+                raise FieldError(["podSets", i, "name"], f"duplicate pod set name {pod_set.name!r}")
+            seen.add(pod_set.name)
+        total = self.total_pods
+        if total > MAX_PODS:
+            raise FieldError(["podSets"], f"{total} pods in all, at most {MAX_PODS} allowed")
+        if self.gang.min_member > total:
+            raise FieldError(["gang", "minMember"], f"must be <= the job's {total} pods")
+        return self
+
+    @property
+    def total_pods(self) -> int:
+        return sum(ps.count for ps in self.pod_sets)
+
+
+class FederatedJob(WireModel):
+    api_version: Literal["fedbroker.io/v1alpha1"]
+    kind: Literal["FederatedJob"]
+    metadata: Metadata
+    spec: JobSpec
+
+    def wire(self) -> dict[str, Any]:
+        """The manifest as JSON-ready data in its wire names (parses back to an equal one)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def json_schema(ref_template: str = DEFAULT_REF_TEMPLATE) -> dict[str, Any]:
+    """The FederatedJob JSON schema, in wire names, for the OpenAPI document."""
+    return FederatedJob.model_json_schema(by_alias=True, ref_template=ref_template)

@@ -1,0 +1,52 @@
+"""From a validated manifest to the placement core's Job, and back to its pod templates:
+the only bridge between the wire models and ``broker.model``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker.manifest.fields import cpu_millicores, memory_mebibytes
+from broker.manifest.models import FederatedJob, ResourcesSpec
+from broker.model import GpuType, Job, PodSet, Resources
+
+
+def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
+    """The placement core's Job for a validated manifest submitted by ``tenant``.
+
+    The namespace defaults to the tenant; a namespace naming another tenant is refused by
+    the caller (who knows about tenants), not here. ``backoffLimit`` has no place in Job
+    and is read from the manifest by the lifecycle.
+    """
+    spec = manifest.spec
+    return Job(
+        name=manifest.metadata.name,
+        pod_sets=tuple(
+            PodSet(ps.name, ps.count, _resources(ps.resources), ps.tolerations())
+            for ps in spec.pod_sets
+        ),
+        tenant=tenant,
+        queue=spec.queue or default_queue,
+        priority=spec.priority,
+        gpu_types=frozenset(GpuType(t) for t in spec.placement.gpu_types),
+        cluster_selector=dict(spec.placement.cluster_selector),
+        min_member=spec.gang.min_member,
+        schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
+        policy=spec.policy,
+        allow_burst=spec.placement.allow_burst,
+    )
+
+
+def pod_templates(wire: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Pod set name -> its non-empty pod template, from a stored manifest (wire names)."""
+    pod_sets = (wire.get("spec") or {}).get("podSets") or []
+    return {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
+
+
+def _resources(spec: ResourcesSpec) -> Resources:
+    return Resources(
+        gpus=spec.gpus,
+        gpu_milli=spec.gpu_milli or 0,
+        cpu_milli=cpu_millicores(spec.cpu) if spec.cpu is not None else 0,
+        memory_mib=memory_mebibytes(spec.memory) if spec.memory is not None else 0,
+    )

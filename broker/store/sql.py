@@ -1,0 +1,257 @@
+"""The statements both store backends send, written once for either SQL dialect.
+
+Each function returns a ``Statement``: its text with the dialect's placeholders (SQLite's
+``?``, PostgreSQL's ``$n``) and its arguments in order; the backend only runs it on its
+driver. Rows come back through ``job_from_row``, so both backends hand the same JobRecord
+types to callers; ``missing_job`` says why a compare-and-set changed nothing. The field
+rules of a transition (Store.transition) live here, once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from broker.store import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    SUBMITTED_REASON,
+    JobNotFound,
+    JobRecord,
+    JobState,
+    StateConflict,
+    StoreError,
+    Transition,
+)
+from broker.store.migrations import Dialect
+
+# Column order shared by every SELECT/RETURNING list and job_from_row.
+JOB_COLUMNS: Final = (
+    "tenant, name, queue, priority, manifest, state, cluster, placement, attempts, "
+    "not_before, reason, created_at, updated_at, seq"
+)
+
+
+@dataclass
+class Statement:
+    """A statement's text and its arguments, built one placeholder at a time."""
+
+    dialect: Dialect
+    sql: str = ""
+    args: list[Any] = field(default_factory=list)
+
+    def __call__(self, value: Any) -> str:
+        """Record an argument; its placeholder in the dialect."""
+        self.args.append(value)
+        return "?" if self.dialect == "sqlite" else f"${len(self.args)}"
+
+    def any_of(self, column: str, values: Sequence[str]) -> str:
+        """``column`` is one of ``values`` (text): a list of placeholders or one array."""
+        if self.dialect == "sqlite":
+            return f"{column} IN ({', '.join(self(v) for v in values)})"
+        return f"{column} = ANY({self(list(values))}::text[])"
+
+    def done(self, sql: str) -> Statement:
+        self.sql = sql
+        return self
+
+
+def _one_job(st: Statement, tenant: str, name: str) -> str:
+    return f"tenant = {st(tenant)} AND name = {st(name)}"
+
+
+def select_job(dialect: Dialect, tenant: str, name: str) -> Statement:
+    st = Statement(dialect)
+    return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {_one_job(st, tenant, name)}")
+
+
+def state_of(dialect: Dialect, tenant: str, name: str) -> Statement:
+    st = Statement(dialect)
+    return st.done(f"SELECT state FROM jobs WHERE {_one_job(st, tenant, name)}")
+
+
+def insert_job(
+    dialect: Dialect,
+    tenant: str,
+    name: str,
+    queue: str,
+    priority: int,
+    manifest: Mapping[str, Any],
+    now: float,
+) -> Statement:
+    """A new Queued job, or no row when (tenant, name) exists (ON CONFLICT DO NOTHING)."""
+    st = Statement(dialect)
+    values = ", ".join(st(v) for v in (tenant, name, queue, priority, encode_json(manifest)))
+    return st.done(
+        f"INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
+        f"reason, created_at, updated_at) "
+        f"VALUES ({values}, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(now)}, {st(now)}) "
+        f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+    )
+
+
+def update_job(
+    dialect: Dialect,
+    tenant: str,
+    name: str,
+    state: JobState,
+    reason: str,
+    now: float,
+    *,
+    cluster: str | None,
+    placement: Mapping[str, Any] | None,
+    expected: Sequence[JobState] | None,
+    attempts: int | None,
+    not_before: float | None,
+) -> Statement:
+    """A transition's compare-and-set: no row back when the job is missing or, with
+    ``expected``, in another state (then ``missing_job`` says which)."""
+    st = Statement(dialect)
+    sets = transition_sets(
+        state, reason, now, st,
+        cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
+    )  # fmt: skip
+    where = _one_job(st, tenant, name)
+    if expected is not None:
+        where += f" AND {st.any_of('state', expected)}"
+    return st.done(f"UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}")
+
+
+def expected_states(expect: Collection[JobState] | None) -> tuple[JobState, ...] | None:
+    return None if expect is None else tuple(check_state(s) for s in expect)
+
+
+def missing_job(
+    tenant: str, name: str, current: JobState | None, expected: Sequence[JobState] | None
+) -> StoreError:
+    """Why an update changed nothing: no such job, or it is in another state."""
+    if current is None:
+        return JobNotFound(tenant, name)
+    return StateConflict(tenant, name, current, expected or ())
+
+
+def list_jobs(
+    dialect: Dialect,
+    *,
+    tenant: str | None,
+    queue: str | None,
+    state: JobState | Collection[JobState] | None,
+    cluster: str | None,
+    limit: int,
+    after_seq: int | None,
+) -> Statement:
+    """Jobs matching every given filter, by seq, at most ``limit``, after the cursor."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    st = Statement(dialect)
+    where: list[str] = []
+    for column, value in (("tenant", tenant), ("queue", queue), ("cluster", cluster)):
+        if value is not None:
+            where.append(f"{column} = {st(value)}")
+    states = states_filter(state)
+    if states is not None:
+        where.append(st.any_of("state", states))
+    if after_seq is not None:
+        where.append(f"seq > {st(after_seq)}")
+    clause = f"WHERE {' AND '.join(where)} " if where else ""
+    return st.done(f"SELECT {JOB_COLUMNS} FROM jobs {clause}ORDER BY seq LIMIT {st(limit)}")
+
+
+def active_jobs(dialect: Dialect) -> Statement:
+    st = Statement(dialect)
+    where = st.any_of("state", ACTIVE_STATES)
+    return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where} ORDER BY seq")
+
+
+def history(dialect: Dialect, tenant: str, name: str) -> Statement:
+    st = Statement(dialect)
+    return st.done(
+        "SELECT at, state, reason, cluster FROM job_history "
+        f"WHERE {_one_job(st, tenant, name)} ORDER BY id"
+    )
+
+
+def transition_from_row(row: Sequence[Any]) -> Transition:
+    return Transition(at=float(row[0]), state=row[1], reason=row[2], cluster=row[3])
+
+
+def job_from_row(row: Sequence[Any]) -> JobRecord:
+    """A JobRecord from a row in JOB_COLUMNS order.
+
+    Both drivers hand JSON columns back as text (asyncpg without a custom codec passes
+    JSONB as text both ways), so one decoder serves both. Numbers are coerced because
+    SQLite's RETURNING hands back a REAL column holding 1.0 as the integer 1; callers
+    should see the same types from every backend and every query.
+    """
+    placement, not_before = row[7], row[9]
+    return JobRecord(
+        tenant=row[0],
+        name=row[1],
+        queue=row[2],
+        priority=int(row[3]),
+        manifest=json.loads(row[4]),
+        state=row[5],
+        cluster=row[6],
+        placement=None if placement is None else json.loads(placement),
+        attempts=int(row[8]),
+        not_before=None if not_before is None else float(not_before),
+        reason=row[10],
+        created_at=float(row[11]),
+        updated_at=float(row[12]),
+        seq=int(row[13]),
+    )
+
+
+def encode_json(value: Mapping[str, Any]) -> str:
+    # allow_nan=False: NaN/Infinity are not JSON, and PostgreSQL's JSONB rejects them; fail
+    # here, with Python's message, instead of deep in a driver.
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def transition_sets(
+    state: JobState,
+    reason: str,
+    now: float,
+    mark: Callable[[Any], str],
+    *,
+    cluster: str | None,
+    placement: Mapping[str, Any] | None,
+    attempts: int | None,
+    not_before: float | None,
+) -> list[str]:
+    """The SET clauses of a transition (see Store.transition). ``mark(value)`` records a
+    parameter and returns its placeholder in the backend's dialect."""
+    check_state(state)
+    if state == "Queued" and (cluster is not None or placement is not None):
+        raise ValueError("a transition to Queued clears cluster and placement; pass neither")
+    sets = [f"state = {mark(state)}", f"reason = {mark(reason)}", f"updated_at = {mark(now)}"]
+    if state == "Queued":
+        sets += ["cluster = NULL", "placement = NULL"]
+    if cluster is not None:
+        sets.append(f"cluster = {mark(cluster)}")
+    if placement is not None:
+        sets.append(f"placement = {mark(encode_json(placement))}")
+    if attempts is not None:
+        sets.append(f"attempts = {mark(attempts)}")
+    elif state == "Placed":
+        sets.append("attempts = attempts + 1")
+    if not_before is not None:
+        sets.append(f"not_before = {mark(not_before)}")
+    return sets
+
+
+def check_state(state: str) -> JobState:
+    if state not in JOB_STATES:
+        raise ValueError(f"unknown job state {state!r}: expected one of {', '.join(JOB_STATES)}")
+    return state
+
+
+def states_filter(state: JobState | Collection[JobState] | None) -> tuple[JobState, ...] | None:
+    """Normalise list_jobs' ``state`` argument (one state or several) to a tuple."""
+    if state is None:
+        return None
+    if isinstance(state, str):
+        return (check_state(state),)
+    return tuple(check_state(s) for s in state)
