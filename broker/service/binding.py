@@ -20,7 +20,8 @@ from adapters.kube.launch import LaunchSpec
 from adapters.simulated import LaunchError
 from broker.core.lifecycle import Outcome
 from broker.model import CapacityEvent, Placement
-from broker.service.state import RunWatcher, Shared
+from broker.service.members import RunWatcher
+from broker.service.state import Shared
 from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)

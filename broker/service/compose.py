@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 from adapters.simulated import SimulatedLauncher, generate_nodes
 from broker.config import Config
@@ -35,13 +36,13 @@ from broker.service.leader import (
     Timings,
     default_identity,
 )
-from broker.service.members import ClusterLauncher, KubeMembers
+from broker.service.members import ClusterLauncher, KubeMembers, Launcher
 from broker.service.metrics import MetricSource, SchedulerMetrics
 from broker.service.mqtt import MqttEvents, TeeBus
 from broker.service.pools import BurstPools
 from broker.service.readmodel import ReadModel
 from broker.service.recovery import Recovery
-from broker.service.state import Launcher, Shared, TenantPolicyBook
+from broker.service.state import Shared, TenantPolicyBook
 from broker.store import Store, open_store
 
 
@@ -133,17 +134,21 @@ def _shared(
     )  # fmt: skip
 
 
-def build(
-    config: Config,
-    *,
-    launcher: Launcher | None = None,
-    clock: Callable[[], float] = time.time,
-    store: Store | None = None,
-    run_seconds: Callable[[Placement], float | None] | None = None,
-    elector: Elector | None = None,
-    identity: str | None = None,
-) -> Parts:
-    store = store or open_store(config.store.url)
+class Options(TypedDict, total=False):
+    """What a caller (a test, the demo) may put in place of the config's defaults."""
+
+    launcher: Launcher | None  # default: the simulated clusters' launcher
+    clock: Callable[[], float]  # default: time.time
+    store: Store | None  # default: the config's store.url
+    run_seconds: Callable[[Placement], float | None] | None  # simulated run times
+    elector: Elector | None  # default: from the config (elector_for)
+    identity: str | None  # this replica's name in the election
+
+
+def build(config: Config, **options: Unpack[Options]) -> Parts:
+    clock = options.get("clock", time.time)
+    store = options.get("store") or open_store(config.store.url)
+    identity = options.get("identity")
     election = config.leader_election
 
     async def elected() -> None:  # recovery is built below, over the shared state
@@ -153,14 +158,16 @@ def build(
         await recovery.deposed(why)
 
     leadership = Leadership(
-        elector or elector_for(config, store, identity),
+        options.get("elector") or elector_for(config, store, identity),
         Timings(election.lease_seconds, election.renew_seconds, election.stop_after_seconds),
         elected,
         deposed,
     )
     kube = KubeMembers(config.clusters, config.scheduler.stale_after_seconds, clock)
     ledger = Ledger()
-    default, dispatch = _launching(config, ledger, launcher, run_seconds, kube)
+    default, dispatch = _launching(
+        config, ledger, options.get("launcher"), options.get("run_seconds"), kube
+    )
     shared = _shared(config, clock, ledger, store, default, kube, leadership)
     binding = Binding(shared)
     cycles = Cycles(shared, binding)
@@ -181,4 +188,4 @@ def build(
     )  # fmt: skip
 
 
-__all__ = ["Parts", "build", "elector_for"]
+__all__ = ["Options", "Parts", "build", "elector_for"]

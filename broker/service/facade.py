@@ -24,40 +24,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 from broker.config import Config
 from broker.core.queue import Pending
 from broker.manifest import FederatedJob
-from broker.model import Job, Placement
+from broker.model import Job
 from broker.service.admission import NotLeader
-from broker.service.compose import build
+from broker.service.compose import Options, build
 from broker.service.explain import plan_of
-from broker.service.leader import Elector, default_identity
-from broker.service.state import Launcher
+from broker.service.leader import default_identity
 from broker.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
 
 
 class Service:
-    def __init__(
-        self,
-        config: Config,
-        *,
-        launcher: Launcher | None = None,
-        clock: Callable[[], float] = time.time,
-        store: Store | None = None,
-        run_seconds: Callable[[Placement], float | None] | None = None,
-        elector: Elector | None = None,
-        identity: str | None = None,
-    ) -> None:
-        parts = build(
-            config, launcher=launcher, clock=clock, store=store, run_seconds=run_seconds,
-            elector=elector, identity=identity,
-        )  # fmt: skip
+    def __init__(self, config: Config, **options: Unpack[Options]) -> None:
+        """``options``: see ``broker.service.compose.Options`` (launcher, clock, store, ...)."""
+        parts = build(config, **options)
         self.shared = s = parts.shared
         self.config = config
         self.ledger, self.queue, self.lifecycle = s.ledger, s.queue, s.lifecycle

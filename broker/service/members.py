@@ -27,13 +27,17 @@ from broker.model import Placement
 log = logging.getLogger(__name__)
 
 
-class _Launcher(Protocol):
+class Launcher(Protocol):
+    """Creates and deletes a placed gang's pods on its cluster."""
+
     async def launch(self, placement: Placement) -> None: ...
     async def delete(self, placement: Placement) -> None: ...
 
 
 @runtime_checkable
-class _RunWatcher(Protocol):
+class RunWatcher(Protocol):
+    """A launcher that also reports when a running job's pods have exited."""
+
     async def finished(self, placement: Placement) -> bool: ...
 
 
@@ -41,11 +45,11 @@ class ClusterLauncher:
     """The launcher of each placement's cluster: a KubeLauncher for Kubernetes members,
     ``default`` (the simulated launcher) for the others."""
 
-    def __init__(self, default: _Launcher) -> None:
+    def __init__(self, default: Launcher) -> None:
         self.default = default
         self.by_cluster: dict[str, KubeLauncher] = {}
 
-    def _for(self, placement: Placement) -> _Launcher:
+    def _for(self, placement: Placement) -> Launcher:
         return self.by_cluster.get(placement.cluster) or self.default
 
     async def launch(self, placement: Placement) -> None:
@@ -58,7 +62,7 @@ class ClusterLauncher:
         """The end of a running job's pods (True: all succeeded), from its cluster's
         launcher; a launcher that cannot tell leaves the job running until cancelled."""
         launcher = self._for(placement)
-        if isinstance(launcher, _RunWatcher):
+        if isinstance(launcher, RunWatcher):
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
         return False  # pragma: no cover

@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from broker.config import Config
 from broker.core.ledger import Ledger
@@ -24,7 +24,7 @@ from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShap
 from broker.manifest import parse_manifest, pod_templates, to_job
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.service.leader import Leadership
-from broker.service.members import KubeMembers
+from broker.service.members import KubeMembers, Launcher
 from broker.service.metrics import SchedulerMetrics
 from broker.service.pools import BurstPools
 from broker.service.tasks import Supervisor
@@ -32,18 +32,6 @@ from broker.store import JobRecord, Store
 from policies.framework import Policy
 
 log = logging.getLogger(__name__)
-
-
-class Launcher(Protocol):
-    async def launch(self, placement: Placement) -> None: ...
-    async def delete(self, placement: Placement) -> None: ...
-
-
-@runtime_checkable
-class RunWatcher(Protocol):
-    """A launcher that also reports when a running job's pods have exited."""
-
-    async def finished(self, placement: Placement) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -136,8 +124,6 @@ def placement_json(placement: Placement) -> dict[str, Any]:
 
 
 __all__ = [
-    "Launcher",
-    "RunWatcher",
     "Shared",
     "TenantPolicyBook",
     "pending_of",
