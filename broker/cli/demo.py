@@ -186,8 +186,8 @@ def status_table(service: Service) -> str:
     running, placed = _running_by_queue(service)
     queues = [[q.name, q.pending, placed.get(q.name, 0), running.get(q.name, 0)]
               for q in service.view.queues()]  # fmt: skip
-    pools = [[p["pool"], p["cluster"], p["ready"], p["coming"], p["scaleUps"], p["scaleDowns"],
-              f"{p['nodeHours']:.2f}", f"{p['idleNodeHours']:.2f}", f"{p['cost']:.2f}"]
+    pools = [[p.pool, p.cluster, p.ready, p.coming, p.scale_ups, p.scale_downs,
+              f"{p.node_hours:.2f}", f"{p.idle_node_hours:.2f}", f"{p.cost:.2f}"]
              for p in service.view.pools()]  # fmt: skip
     text = (
         render_table(("CLUSTER", "GPU", "TOTAL", "USED", "RESERVED", "FREE"), rows)

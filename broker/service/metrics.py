@@ -14,14 +14,13 @@ on counters, and never a job or user ID as a label.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from broker.service.events import EventBus
-from broker.service.readmodel import CapacityRow, ClusterRow, QueueRow, ReadModel
+from broker.service.readmodel import CapacityRow, ClusterRow, PoolRow, QueueRow, ReadModel
 
 MetricSource = Callable[[], Iterable[Metric]]
 
@@ -173,32 +172,26 @@ def _cluster_metrics(clusters: list[ClusterRow]) -> Iterator[Metric]:
     yield relists
 
 
-def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+def _pool_metrics(rows: list[PoolRow]) -> Iterator[Metric]:
     """Burst pools: scale-ups/downs, nodes by state, node-seconds (billed, idle) and cost."""
-    counters = {
-        "scaleUps": ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", 1.0),
-        "scaleDowns": ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool", 1.0),
-        "provisionFailures": (
-            "fedbroker_burst_provision_failures",
-            "Scale-ups whose nodes did not all come up in time",
-            1.0,
-        ),
-        "nodeHours": (
-            "fedbroker_burst_node_seconds",
-            "Node-seconds billed for nodes the broker added (from the scale-up on)",
-            3600.0,
-        ),
-        "idleNodeHours": (
-            "fedbroker_burst_idle_node_seconds",
-            "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
-            3600.0,
-        ),
-        "cost": ("fedbroker_burst_cost", "Cost of the nodes the broker added", 1.0),
-    }
-    for key, (name, doc, scale) in counters.items():
+    counters: list[tuple[str, str, Callable[[PoolRow], float]]] = [
+        ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", lambda r: r.scale_ups),
+        ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool",
+         lambda r: r.scale_downs),
+        ("fedbroker_burst_provision_failures",
+         "Scale-ups whose nodes did not all come up in time", lambda r: r.provision_failures),
+        ("fedbroker_burst_node_seconds",
+         "Node-seconds billed for nodes the broker added (from the scale-up on)",
+         lambda r: r.node_hours * 3600.0),
+        ("fedbroker_burst_idle_node_seconds",
+         "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
+         lambda r: r.idle_node_hours * 3600.0),
+        ("fedbroker_burst_cost", "Cost of the nodes the broker added", lambda r: r.cost),
+    ]  # fmt: skip
+    for name, doc, value in counters:
         family = CounterMetricFamily(name, doc, labels=["pool"])
         for row in rows:
-            family.add_metric([str(row["pool"])], float(row[key]) * scale)
+            family.add_metric([row.pool], float(value(row)))
         yield family
     nodes = GaugeMetricFamily(
         "fedbroker_burst_nodes", "Nodes the broker added to a pool: up, or coming up",
@@ -209,9 +202,9 @@ def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
         labels=["pool"],
     )  # fmt: skip
     for row in rows:
-        nodes.add_metric([str(row["pool"]), "ready"], float(row["ready"]))
-        nodes.add_metric([str(row["pool"]), "coming"], float(row["coming"]))
-        failing.add_metric([str(row["pool"])], float(bool(row["failing"])))
+        nodes.add_metric([row.pool, "ready"], float(row.ready))
+        nodes.add_metric([row.pool, "coming"], float(row.coming))
+        failing.add_metric([row.pool], float(row.failing))
     yield nodes
     yield failing
 
