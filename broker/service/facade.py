@@ -30,7 +30,6 @@ from broker.config import Config
 from broker.core.queue import Pending
 from broker.manifest import FederatedJob
 from broker.model import Job
-from broker.service.admission import NotLeader
 from broker.service.compose import Options, build
 from broker.service.explain import plan_of
 from broker.service.leader import default_identity
@@ -59,7 +58,6 @@ class Service:
         self.submit, self.get, self.cancel = admission.submit, admission.get, admission.cancel
         self.schedule_once, self.run = parts.cycles.schedule_once, parts.cycles.run
         self.launches_done, self.runs_done = parts.binding.launches_done, parts.binding.runs_done
-        self.on_capacity = parts.binding.on_capacity  # members' capacity events, in
 
     @property
     def store(self) -> Store:
@@ -106,9 +104,6 @@ class Service:
         """Campaign for the lease and keep it (a supervised task of ``serve``)."""
         await self.leadership.run()
 
-    def not_leader(self) -> NotLeader:
-        return self.admission.not_leader()
-
     def spawn_loop(self) -> None:
         """Run the scheduler loop and the leader election as supervised tasks."""
         self.tasks.keep("scheduler", self.run)
@@ -136,9 +131,6 @@ class Service:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def job_for(self, tenant: str, manifest: FederatedJob) -> Job:
-        return self.admission.job_for(tenant, manifest)
-
     def _explain_rows(self, job: Job) -> list[dict[str, Any]]:
         policy = self.shared.policies.for_job(Pending(job, 0, 0.0))
         return [r.as_json() for r in plan_of(job, policy, self.ledger.snapshot()).clusters]
@@ -155,7 +147,7 @@ class Service:
 
     def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
         """Dry run: where the manifest would go now. Nothing is stored or reserved."""
-        job = self.job_for(tenant, manifest)
+        job = self.admission.job_for(tenant, manifest)
         policy = self.shared.policies.for_job(Pending(job, 0, 0.0))
         plan = plan_of(job, policy, self.ledger.snapshot())
         placement = plan.placement

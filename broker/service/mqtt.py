@@ -31,7 +31,7 @@ rows never take the job events' room and a refused capacity row is not counted a
 Member clusters with ``source: {mqtt: {...}}`` are fed by ``fedbroker agent`` (topics and
 schema in ``adapters.mqtt.reports``): the broker subscribes to
 ``<prefix>/agents/<cluster>/#``, turns node reports into ledger capacity events (through
-``Service.on_capacity``, as the Kubernetes watchers do), and keeps the cluster stale until
+``Binding.on_capacity``, as the Kubernetes watchers do), and keeps the cluster stale until
 the agent's first heartbeat, and again when the last heartbeat (timed by the broker's clock)
 is older than ``staleAfterSeconds`` (default ``scheduler.staleAfterSeconds``) or the agent's
 status says ``offline`` (its will). Jobs placed on such a cluster use the default launcher:
@@ -265,7 +265,7 @@ def settings_of(config: Config) -> MqttSettings:
 
 class MqttEvents:
     """Job and capacity events out, agents' reports in, for one service: ``emit`` takes the
-    agents' capacity events (``Service.on_capacity``), ``clusters`` gives the rows to
+    agents' capacity events (``Binding.on_capacity``), ``clusters`` gives the rows to
     publish. Job events arrive through ``on_job`` (``compose`` tees the store's bus here)."""
 
     def __init__(
