@@ -92,3 +92,25 @@ async def test_a_short_task_that_raises_is_logged_by_name(caplog: pytest.LogCapt
     [record] = failures(caplog, "launch team-a/train")
     assert "launch team-a/train failed" in record.getMessage()
     assert task.get_name() == "launch team-a/train"
+
+
+async def test_a_loop_that_ends_is_started_again(caplog: pytest.LogCaptureFixture) -> None:
+    sleeps = Sleeps()
+    tasks = Supervisor(backoff=(2.0, 8.0), sleep=sleeps)
+    calls = 0
+    again = asyncio.Event()
+
+    async def stale_check() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            again.set()
+            await asyncio.Event().wait()
+
+    tasks.keep("mqtt-stale", stale_check)
+    await asyncio.wait_for(again.wait(), timeout=5)
+    assert sleeps.delays == [2.0] and tasks.restarts == {"mqtt-stale": 1}
+    [record] = [r for r in caplog.records if getattr(r, "task", None) == "mqtt-stale"]
+    assert record.getMessage() == "task mqtt-stale ended; restarting it in 2.0 s"
+    for pending in tasks.cancel():
+        await asyncio.gather(pending, return_exceptions=True)

@@ -60,21 +60,22 @@ class Supervisor:
         delay = first
         while True:
             started = time.monotonic()
+            failure: Exception | None = None
             try:
                 await loop()
-                log.error("task %s ended; starting it again", name, extra={"task": name})
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 if fatal:
                     log.exception("task %s failed; stopping the broker", name, extra={"task": name})
                     self._fail(name, exc)
                     return
-                log.exception(
-                    "task %s failed; restarting it in %.1f s", name, delay, extra={"task": name}
-                )
+                failure = exc
             if time.monotonic() - started >= STEADY_SECONDS:
                 delay = first
+            how = "failed" if failure is not None else "ended"
+            log.error(
+                "task %s %s; restarting it in %.1f s", name, how, delay, exc_info=failure,
+                extra={"task": name},
+            )  # fmt: skip
             self.restarts[name] = self.restarts.get(name, 0) + 1
             await self._sleep(delay)
             delay = min(cap, delay * 2)
