@@ -168,7 +168,7 @@ async def test_a_leader_whose_store_breaks_stops_within_stop_after(
     clock, events = Clock(100.0), Events()
     lead = leadership(PostgresLease(stores[0], "host-a:8080", 15), clock, events)
     await lead.step()
-    assert lead.leading and lead.valid() and events.log == ["elected"]
+    assert lead.held and lead.valid() and events.log == ["elected"]
     clock.now += 2
     await lead.step()  # renewed: the 10 s count restarts here
     await stores[0].close()  # its database connection is gone
@@ -177,12 +177,12 @@ async def test_a_leader_whose_store_breaks_stops_within_stop_after(
     for _ in range(4):  # renewals fail every 2 s; still within 10 s of the last success
         clock.now += 2
         await lead.step()
-        assert lead.leading and lead.valid()
+        assert lead.held and lead.valid()
         assert lead.next_delay() <= 2
     clock.now += 2  # 10 s since the last renewal started: stop placing
     assert not lead.valid()  # even before the loop notices
     await lead.step()
-    assert not lead.leading
+    assert not lead.held
     assert events.log == ["elected", "deposed: lease not renewed within 10s"]
     # Meanwhile (by the database's clock, 15 s) nobody else could have taken it: it is
     # still held; only its expiry lets another replica in.
@@ -198,13 +198,13 @@ async def test_a_leader_whose_lease_was_taken_stops_at_once(
     clock, events = Clock(100.0), Events()
     lead = leadership(PostgresLease(stores[0], "host-a:8080", 15), clock, events)
     await lead.step()
-    assert lead.leading
+    assert lead.held
     await sql(
         pg_url, "UPDATE leases SET holder = 'host-b:8080', expires_at = now() + interval '1 hour'"
     )
     clock.now += 2
     await lead.step()
-    assert not lead.leading and not lead.valid()
+    assert not lead.held and not lead.valid()
     assert events.log == ["elected", "deposed: lease lost to host-b:8080"]
     assert lead.holder == "host-b:8080"
 
@@ -250,7 +250,7 @@ async def test_a_leader_that_renews_again_in_time_keeps_leading() -> None:
     follower = leadership(FlakyElector(), Clock(100.0), Events())
     follower.elector.broken = True  # type: ignore[attr-defined]
     await follower.step()
-    assert not follower.leading
+    assert not follower.held
 
 
 async def test_sqlite_file_lock_lets_one_process_lead(tmp_path: Path) -> None:
@@ -386,7 +386,7 @@ async def test_single_replica_is_always_leader() -> None:
     assert isinstance(service.leadership.elector, AlwaysLeader)
     await service.start()
     try:
-        assert service.leading and service.leader
+        assert service.leading
     finally:
         await service.close()
 

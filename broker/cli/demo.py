@@ -170,7 +170,7 @@ def workload(tokens: Mapping[str, str], seed: int, per_second: float = 2.0) -> T
 
 
 def _pending(service: Service) -> int:
-    return sum(q["pending"] for q in service.queues())
+    return sum(q.pending for q in service.view.queues())
 
 
 # --- the live table --------------------------------------------------------------------
@@ -179,16 +179,16 @@ def _pending(service: Service) -> int:
 def status_table(service: Service) -> str:
     """Clusters per GPU type (total/used/reserved/free) and queues (pending/running)."""
     rows = []
-    for c in service.clusters():
-        for t in c["gpuTypes"]:
-            rows.append([c["cluster"], t["gpuType"], t["total"], f"{t['allocated']:g}",
-                         f"{t['reserved']:g}", f"{t['free']:g}"])  # fmt: skip
+    for c in service.view.clusters():
+        for t in c.gpu_types:
+            rows.append([c.cluster, t.gpu_type, t.total, f"{t.allocated:g}",
+                         f"{t.reserved:g}", f"{t.free:g}"])  # fmt: skip
     running, placed = _running_by_queue(service)
-    queues = [[q["name"], q["pending"], placed.get(q["name"], 0), running.get(q["name"], 0)]
-              for q in service.queues()]  # fmt: skip
-    pools = [[p["pool"], p["cluster"], p["ready"], p["coming"], p["scaleUps"], p["scaleDowns"],
-              f"{p['nodeHours']:.2f}", f"{p['idleNodeHours']:.2f}", f"{p['cost']:.2f}"]
-             for p in service.pools.rows()]  # fmt: skip
+    queues = [[q.name, q.pending, placed.get(q.name, 0), running.get(q.name, 0)]
+              for q in service.view.queues()]  # fmt: skip
+    pools = [[p.pool, p.cluster, p.ready, p.coming, p.scale_ups, p.scale_downs,
+              f"{p.node_hours:.2f}", f"{p.idle_node_hours:.2f}", f"{p.cost:.2f}"]
+             for p in service.view.pools()]  # fmt: skip
     text = (
         render_table(("CLUSTER", "GPU", "TOTAL", "USED", "RESERVED", "FREE"), rows)
         + "\n\n"
@@ -203,10 +203,10 @@ def status_table(service: Service) -> str:
 
 def status_line(service: Service) -> str:
     total = used = 0.0
-    for c in service.clusters():
-        for t in c["gpuTypes"]:
-            total += t["total"]
-            used += t["allocated"] + t["reserved"]
+    for c in service.view.clusters():
+        for t in c.gpu_types:
+            total += t.total
+            used += t.allocated + t.reserved
     running, placed = _running_by_queue(service)
     return (
         f"status: GPUs {used:g}/{total:g} in use; pending {_pending(service)}, "

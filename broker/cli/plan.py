@@ -21,10 +21,12 @@ from adapters.kube.translate import GpuConfig, translate_node, translate_pod
 from adapters.kube.watch import ClusterWatcher
 from adapters.kubeapi.kubeconfig import load_clients
 from broker.core.ledger import Ledger
+from broker.core.queue import JobQueue, Pending, QueueSpec
+from broker.core.scheduler import PolicyBook
 from broker.manifest import ManifestError, parse_manifest, to_job
-from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated, Placement
+from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated
 from broker.ports import KubeconfigError
-from policies import make_policy
+from broker.service.explain import plan_of
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -131,15 +133,18 @@ def add_plan_command(sub: Any) -> None:
 
 
 def plan_document(job: Job, ledger: Ledger) -> dict[str, Any]:
-    """The policy's decision on the current snapshot, as printed by ``plan --json``."""
-    snapshot = ledger.snapshot()
-    decision = make_policy(job.policy).decide(job, snapshot)
-    if isinstance(decision, Placement):
+    """The decision on the current snapshot, as printed by ``plan --json``: the policy the
+    scheduler would use (the job's own, or its queue's for ``auto``), via the service's
+    ``plan_of`` (the same as ``POST /v1/plan``)."""
+    policy = PolicyBook(JobQueue([QueueSpec(job.queue)])).for_job(Pending(job, 0, 0.0))
+    plan = plan_of(job, policy, ledger.snapshot())
+    placement = plan.placement
+    if placement is not None:
         return {
             "job": job.name,
             "fits": True,
-            "cluster": decision.cluster,
-            "pods": [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus)} for p in decision.pods],
+            "cluster": placement.cluster,
+            "pods": [{"pod": p.pod, "node": p.node, "gpus": list(p.gpus)} for p in placement.pods],
             "clusters": [],
         }
     return {
@@ -148,14 +153,8 @@ def plan_document(job: Job, ledger: Ledger) -> dict[str, Any]:
         "cluster": None,
         "pods": [],
         "clusters": [
-            {
-                "cluster": name,
-                "largestFit": decision.largest_fit.get(name, 0),
-                "reasons": [
-                    {"code": str(r.code), "message": r.message} for r in decision.for_cluster(name)
-                ],
-            }
-            for name in sorted(snapshot.clusters)
+            {"cluster": row.cluster, "largestFit": row.largest_fit, "reasons": row.reasons_json()}
+            for row in plan.clusters
         ],
     }
 

@@ -7,9 +7,11 @@ the leader lease (``service.campaign()``: the leader rebuilds its state there; r
 comes after it). Campaigning after listening means two processes given one address (one
 identity) never both lead: the second cannot listen. Then it runs named tasks — the
 scheduler loop, the leader election, the HTTP site, and optionally the demo's workload
-generator and live table — under one supervisor. The first task that ends or fails is
-logged with its name and stops the rest; SIGTERM/SIGINT stop everything cleanly: stop
-accepting, cancel the tasks (bounded wait), close the store, exit 0. It also owns the
+generator and live table — under one supervisor (the service's own background tasks are
+supervised by ``broker.service.tasks``; a fatal one ends the ``background`` task here).
+The first task that ends or fails is logged with its name and stops the rest;
+SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
+close the store, exit 0. It also owns the
 process's logging: JSON lines when stderr is not a terminal, and a filter that blanks
 anything that looks like a bearer token.
 """
@@ -134,6 +136,7 @@ async def serve(
             on_listening(url)
         tasks: dict[str, Awaitable[None]] = {
             "scheduler": service.run(), "leader": service.lead(), "http": _hold(site),
+            "background": service.tasks.failed(),  # a fatal background task stops us
         }  # fmt: skip
         if workload is not None:
             tasks["workload"] = workload(service, url)

@@ -26,8 +26,9 @@ from broker.config import Config, RateLimit, TenantConfig
 from broker.http.dashboard import add_dashboard
 from broker.http.openapi import openapi_document
 from broker.manifest import FederatedJob, ManifestError, parse_manifest
-from broker.service.events import Event, EventBus, PublishingStore
-from broker.service.facade import Forbidden, NotFound, NotLeader, Service
+from broker.service.admission import Forbidden, NotFound, NotLeader
+from broker.service.events import Event, EventBus
+from broker.service.facade import Service
 from broker.service.metrics import Forward, ServiceCollector
 from broker.store import (
     JOB_STATES,
@@ -111,7 +112,7 @@ class RateLimiter:
 class ApiMetrics:
     """The API's Prometheus metrics, in an injected registry (never the global one)."""
 
-    def __init__(self, registry: CollectorRegistry, service: Service, bus: EventBus) -> None:
+    def __init__(self, registry: CollectorRegistry, service: Service) -> None:
         self.registry = registry
         self.submitted = Counter(
             "fedbroker_jobs_submitted", "Jobs accepted (201) per queue", ["queue"],
@@ -121,7 +122,10 @@ class ApiMetrics:
             "fedbroker_http_requests", "HTTP requests per route template and status",
             ["route", "status"], registry=registry,
         )  # fmt: skip
-        registry.register(ServiceCollector(service, bus))
+        collector = ServiceCollector(
+            service.view, lambda: service.leading, service.metric_sources, service.bus
+        )
+        registry.register(collector)
         registry.register(Forward(service.metrics.registry))
 
 
@@ -516,27 +520,19 @@ def make_app(
     config: Config,
     *,
     registry: CollectorRegistry | None = None,
-    bus: EventBus | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> web.Application:
     """The API over ``service``. ``registry``: where the metrics go (default: a new one,
     never the global registry); ``clock``: monotonic seconds for the rate limiter.
-
-    The service's store is wrapped in a PublishingStore (once) so every committed job
-    change reaches ``/v1/events``.
+    ``/v1/events`` reads the service's bus (every committed job change reaches it).
     """
-    if isinstance(service.store, PublishingStore):
-        bus = service.store.bus
-    else:
-        bus = bus or EventBus()
-        service.store = PublishingStore(service.store, bus)
     app = web.Application(
         client_max_size=config.api.body_limit_bytes, middlewares=[_count, _errors]
     )
     app[SERVICE] = service
     app[CONFIG] = config
-    app[EVENTS] = bus
-    app[METRICS] = ApiMetrics(registry or CollectorRegistry(), service, bus)
+    app[EVENTS] = service.bus
+    app[METRICS] = ApiMetrics(registry or CollectorRegistry(), service)
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
     app[OPENAPI] = openapi_document(MAX_LIST_LIMIT)
     app.on_shutdown.append(_close_events)

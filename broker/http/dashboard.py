@@ -7,24 +7,22 @@ server, so it is not logged), keeps it in sessionStorage and sends it as an
 ``/v1/events`` with ``fetch`` and a stream reader, not ``EventSource`` (which cannot set
 headers), so no token ever travels in a URL.
 
-``GET /v1/nodes`` (auth as the rest of ``/v1``): per cluster its nodes with GPU occupancy,
-in GPUs: ``used`` (bound pods), ``reserved`` (the broker's placements not running yet),
-``free``; ``burst`` marks nodes a burst pool added. Occupancy is not a tenant's secret
-(``/v1/clusters`` shows it to every tenant), but the jobs holding reservations are:
-``reservedFor`` lists the caller's own jobs only (an admin's: everyone's, as ``tenant/name``).
+``GET /v1/nodes`` (auth as the rest of ``/v1``; the rows of ``ReadModel.nodes``): per
+cluster its nodes with GPU occupancy, in GPUs: ``used`` (bound pods), ``reserved`` (the
+broker's placements not running yet), ``free``; ``burst`` marks nodes a burst pool
+added. Occupancy is not a tenant's secret (``/v1/clusters`` shows it to every tenant),
+but the jobs holding reservations are: ``reservedFor`` lists the caller's own jobs only
+(an admin's: everyone's, as ``tenant/name``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from broker.config import TenantConfig
-from broker.core.burst import POOL_LABEL
-from broker.model import MILLI_PER_GPU
 from broker.service.facade import Service
 
 # The API's authentication (``broker.http.api._tenant``: bearer token -> tenant, 401 or 429),
@@ -49,52 +47,6 @@ _HEADERS = {
 }
 
 
-def node_rows(service: Service, tenant: str | None) -> list[dict[str, Any]]:
-    """Per cluster (sorted) its nodes (sorted) with GPU occupancy; ``tenant``: whose
-    reservations to name (None: everyone's, for an admin)."""
-    snapshot = service.ledger.snapshot()
-    reserved: dict[tuple[str, str], int] = {}
-    holders: dict[tuple[str, str], set[str]] = {}
-    for placement in service.ledger.reservations().values():
-        mine = tenant is None or placement.job.partition("/")[0] == tenant
-        for pod in placement.pods:
-            key = (placement.cluster, pod.node)
-            reserved[key] = reserved.get(key, 0) + pod.resources.gpu_request_milli
-            if mine:
-                holders.setdefault(key, set()).add(
-                    placement.job if tenant is None else placement.job.partition("/")[2]
-                )
-    added = service.pools.controller.added_nodes()
-    out: list[dict[str, Any]] = []
-    for name in sorted(snapshot.clusters):
-        view = snapshot.clusters[name]
-        ours = added.get(name, set())
-        nodes = []
-        for node_name in sorted(view.nodes):
-            state = view.nodes[node_name]
-            node = state.node
-            total = len(state.gpu_free) * MILLI_PER_GPU
-            # Bound + assumed never exceed allocatable (the ledger's invariant), except
-            # where reality overfilled a node: there the clamp keeps used >= 0.
-            held = min(reserved.get((name, node_name), 0), total - state.free_milli)
-            used = total - state.free_milli - held
-            nodes.append({
-                "name": node_name,
-                "gpuType": str(node.gpu_type or ""),
-                "gpus": len(state.gpu_free),
-                "used": used / MILLI_PER_GPU,
-                "reserved": held / MILLI_PER_GPU,
-                "free": state.free_milli / MILLI_PER_GPU,
-                "burst": node_name in ours or POOL_LABEL in node.labels,
-                "schedulable": node.schedulable,
-                "reservedFor": sorted(holders.get((name, node_name), ())),
-            })  # fmt: skip
-        out.append({
-            "cluster": name, "kind": view.cluster.kind, "stale": view.stale, "nodes": nodes,
-        })  # fmt: skip
-    return out
-
-
 async def page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(
         STATIC / "dashboard.html", headers={**_HEADERS, "Content-Type": "text/html"}
@@ -115,12 +67,12 @@ def add_dashboard(app: web.Application, service: Service, authenticate: Authenti
 
     async def nodes(request: web.Request) -> web.Response:
         tenant = authenticate(request)
-        rows = node_rows(service, None if tenant.admin else tenant.name)
-        return web.json_response({"clusters": rows})
+        rows = service.view.nodes(None if tenant.admin else tenant.name)
+        return web.json_response({"clusters": [row.as_json() for row in rows]})
 
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     app.router.add_get("/v1/nodes", nodes)
 
 
-__all__ = ["STATIC", "add_dashboard", "node_rows"]
+__all__ = ["STATIC", "add_dashboard"]

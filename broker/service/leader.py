@@ -210,7 +210,7 @@ class Leadership:
         self._on_deposed = on_deposed
         self._clock = clock
         self._sleep = sleep
-        self.leading = False
+        self.held = False  # the lease is ours (the service's ``leading`` adds: state rebuilt)
         self._deadline = 0.0  # monotonic: stop placing at this time unless renewed
 
     @property
@@ -222,15 +222,15 @@ class Leadership:
         return self.elector.holder
 
     def valid(self) -> bool:
-        """Leading, and the last renewal is recent enough to place on it."""
+        """The lease held, and the last renewal is recent enough to place on it."""
         if not self.elector.expires:
-            return self.leading
-        return self.leading and self._clock() < self._deadline
+            return self.held
+        return self.held and self._clock() < self._deadline
 
     async def step(self) -> None:
         """One attempt: acquire as a candidate, renew as the leader."""
         started = self._clock()
-        if not self.leading:
+        if not self.held:
             try:
                 async with asyncio.timeout(self.timings.renew_seconds):
                     won = await self.elector.acquire()
@@ -239,7 +239,7 @@ class Leadership:
                 return
             if not won:
                 return
-            self.leading = True
+            self.held = True
             self._deadline = started + self.timings.stop_after_seconds
             log.info("leader election: %s is the leader", self.identity)
             try:
@@ -267,7 +267,7 @@ class Leadership:
             await self._step_down(f"lease not renewed within {self.timings.stop_after_seconds:g}s")
 
     def next_delay(self) -> float:
-        if not self.leading:
+        if not self.held:
             return self.timings.renew_seconds
         left = self._deadline - self._clock()
         return max(0.0, min(self.timings.renew_seconds, left))
@@ -279,14 +279,14 @@ class Leadership:
                 await self.step()
                 await self._sleep(self.next_delay())
         finally:
-            if self.leading:
-                self.leading = False
+            if self.held:
+                self.held = False
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(self.timings.renew_seconds):
                         await self.elector.release()
 
     async def _step_down(self, why: str, release: bool = False) -> None:
-        self.leading = False
+        self.held = False
         log.warning("leader election: %s stops placing: %s", self.identity, why)
         if release:
             with contextlib.suppress(Exception):

@@ -1,6 +1,6 @@
 """Kubernetes member clusters of the live broker: their clients, watchers and launchers.
 
-``KubeMembers`` is composed by ``broker.service.facade.Service`` for the clusters whose config
+``KubeMembers`` is built by ``broker.service.compose`` for the clusters whose config
 source is ``kube``: one API client per cluster (from its kubeconfig context), a
 ``ClusterWatcher`` feeding the ledger, a ``StaleTracker`` fed by the watcher's status, and a
 ``KubeLauncher``. ``ClusterLauncher`` dispatches each placement to its cluster's launcher;
@@ -119,14 +119,18 @@ class KubeMembers:
         member = self.members.get(name)
         return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
 
-    def watch_status(self, name: str) -> dict[str, object]:
-        """``connected`` and ``relists`` of a Kubernetes member's watch; a cluster that is
-        not a Kubernetes member (simulated) is always connected and never relists."""
+    def connected(self, name: str) -> bool:
+        """A Kubernetes member's watch is connected; a cluster that is not a member
+        (simulated) always is."""
         member = self.members.get(name)
         if member is None:
-            configured = any(cc.name == name for cc in self.configs)
-            return {"connected": not configured, "relists": 0}
-        return {"connected": member.watcher.connected, "relists": member.watcher.lists}
+            return not any(cc.name == name for cc in self.configs)
+        return member.watcher.connected
+
+    def relists(self, name: str) -> int:
+        """Full relists of a member's watch (0 for a cluster that is not a member)."""
+        member = self.members.get(name)
+        return 0 if member is None else member.watcher.lists
 
     async def close(self) -> None:
         for member in self.members.values():

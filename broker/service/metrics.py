@@ -6,7 +6,7 @@ on counters, and never a job or user ID as a label.
   (placements by policy and result, gang timeouts, requeues by reason, preemptions, the
   wait from submission to running per queue, the placement decision's latency);
 * ``ServiceCollector``: gauges (and counters the service keeps itself) computed at scrape
-  time from the service: GPUs per cluster, GPU type and state, the largest gang placeable,
+  time from the read model: GPUs per cluster, GPU type and state, the largest gang placeable,
   stranded GPUs, pending jobs and GPU demand and the oldest pending gang per queue, cluster
   staleness and watches, burst pools, the event bus, leadership.
 """
@@ -14,15 +14,13 @@ on counters, and never a job or user ID as a label.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from broker.service.events import EventBus
-    from broker.service.facade import Service
+from broker.service.events import EventBus
+from broker.service.readmodel import CapacityRow, ClusterRow, PoolRow, QueueRow, ReadModel
 
 MetricSource = Callable[[], Iterable[Metric]]
 
@@ -90,67 +88,41 @@ class Forward(Collector):
 
 
 class ServiceCollector(Collector):
-    """Gauges computed at scrape time from the service: capacity per cluster and GPU type,
-    queues, clusters' watches, burst pools, the event bus, and the extra sources adapters
-    register (``Service.metric_sources``)."""
+    """Gauges computed at scrape time from the read model: capacity per cluster and GPU
+    type, queues, clusters' watches, burst pools, the event bus, leadership, and the extra
+    sources adapters register (``Service.metric_sources``)."""
 
-    def __init__(self, service: Service, bus: EventBus) -> None:
-        self._service = service
+    def __init__(
+        self,
+        model: ReadModel,
+        leading: Callable[[], bool],
+        sources: list[MetricSource],
+        bus: EventBus,
+    ) -> None:
+        self._model = model
+        self._leading = leading
+        self._sources = sources
         self._bus = bus
 
     def collect(self) -> Iterator[Metric]:
+        queues = self._model.queues()
         pending = GaugeMetricFamily(
             "fedbroker_pending_jobs", "Jobs waiting in each queue", labels=["queue"]
         )
-        for q in self._service.queues():
-            pending.add_metric([str(q["name"])], float(q["pending"]))
+        for q in queues:
+            pending.add_metric([q.name], float(q.pending))
         yield pending
-        clusters = self._service.clusters()
-        gpus = GaugeMetricFamily(
-            "fedbroker_gpus", "GPUs per cluster, GPU type and state",
-            labels=["cluster", "gpu_type", "state"],
-        )  # fmt: skip
-        for cluster in clusters:
-            for row in cluster["gpuTypes"]:
-                for state in ("free", "reserved", "allocated"):
-                    labels = [str(cluster["cluster"]), str(row["gpuType"]), state]
-                    gpus.add_metric(labels, float(row[state]))
-        yield gpus
-        stale = GaugeMetricFamily(
-            "fedbroker_cluster_stale",
-            "1 while a cluster takes no new placements because its capacity data is stale",
-            labels=["cluster"],
-        )
-        connected = GaugeMetricFamily(
-            "fedbroker_cluster_connected",
-            "1 while the broker hears from a cluster (its watch or agent is connected; "
-            "simulated clusters always)",
-            labels=["cluster"],
-        )
-        relists = CounterMetricFamily(
-            "fedbroker_cluster_relists",
-            "Full relists of a Kubernetes member cluster (start, 410 Gone, reconnects)",
-            labels=["cluster"],
-        )
-        for cluster in clusters:
-            name = str(cluster["cluster"])
-            stale.add_metric([name], float(bool(cluster["stale"])))
-            if "connected" in cluster:
-                connected.add_metric([name], float(bool(cluster["connected"])))
-            if "relists" in cluster:
-                relists.add_metric([name], float(cast(int, cluster["relists"])))
-        yield stale
-        yield connected
-        yield relists
-        yield from _capacity_metrics(self._service.capacity_metrics(clusters))
-        yield from _queue_metrics(self._service)
-        yield from _pool_metrics(self._service.pools.rows())
+        clusters = self._model.clusters()
+        yield from _cluster_metrics(clusters)
+        yield from _capacity_metrics(self._model.capacity(clusters))
+        yield from _queue_metrics(queues)
+        yield from _pool_metrics(self._model.pools())
         leader = GaugeMetricFamily(
             "fedbroker_leader", "1 while this replica is the one placing jobs"
         )
-        leader.add_metric([], 1.0 if self._service.leader else 0.0)
+        leader.add_metric([], 1.0 if self._leading() else 0.0)
         yield leader
-        for source in self._service.metric_sources:
+        for source in self._sources:
             yield from source()
         dropped = CounterMetricFamily(
             "fedbroker_events_dropped", "Events dropped for slow /v1/events subscribers"
@@ -162,32 +134,64 @@ class ServiceCollector(Collector):
         yield subscribers
 
 
-def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+def _cluster_metrics(clusters: list[ClusterRow]) -> Iterator[Metric]:
+    """GPUs by state, staleness, the watch's connection and relists, per cluster."""
+    gpus = GaugeMetricFamily(
+        "fedbroker_gpus", "GPUs per cluster, GPU type and state",
+        labels=["cluster", "gpu_type", "state"],
+    )  # fmt: skip
+    for cluster in clusters:
+        for row in cluster.gpu_types:
+            for state, value in (
+                ("free", row.free), ("reserved", row.reserved), ("allocated", row.allocated)
+            ):  # fmt: skip
+                gpus.add_metric([cluster.cluster, row.gpu_type, state], float(value))
+    yield gpus
+    stale = GaugeMetricFamily(
+        "fedbroker_cluster_stale",
+        "1 while a cluster takes no new placements because its capacity data is stale",
+        labels=["cluster"],
+    )
+    connected = GaugeMetricFamily(
+        "fedbroker_cluster_connected",
+        "1 while the broker hears from a cluster (its watch or agent is connected; "
+        "simulated clusters always)",
+        labels=["cluster"],
+    )
+    relists = CounterMetricFamily(
+        "fedbroker_cluster_relists",
+        "Full relists of a Kubernetes member cluster (start, 410 Gone, reconnects)",
+        labels=["cluster"],
+    )
+    for cluster in clusters:
+        stale.add_metric([cluster.cluster], float(cluster.stale))
+        connected.add_metric([cluster.cluster], float(cluster.connected))
+        relists.add_metric([cluster.cluster], float(cluster.relists))
+    yield stale
+    yield connected
+    yield relists
+
+
+def _pool_metrics(rows: list[PoolRow]) -> Iterator[Metric]:
     """Burst pools: scale-ups/downs, nodes by state, node-seconds (billed, idle) and cost."""
-    counters = {
-        "scaleUps": ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", 1.0),
-        "scaleDowns": ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool", 1.0),
-        "provisionFailures": (
-            "fedbroker_burst_provision_failures",
-            "Scale-ups whose nodes did not all come up in time",
-            1.0,
-        ),
-        "nodeHours": (
-            "fedbroker_burst_node_seconds",
-            "Node-seconds billed for nodes the broker added (from the scale-up on)",
-            3600.0,
-        ),
-        "idleNodeHours": (
-            "fedbroker_burst_idle_node_seconds",
-            "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
-            3600.0,
-        ),
-        "cost": ("fedbroker_burst_cost", "Cost of the nodes the broker added", 1.0),
-    }
-    for key, (name, doc, scale) in counters.items():
+    counters: list[tuple[str, str, Callable[[PoolRow], float]]] = [
+        ("fedbroker_burst_scale_ups", "Scale-ups of a burst pool", lambda r: r.scale_ups),
+        ("fedbroker_burst_scale_downs", "Nodes removed from a burst pool",
+         lambda r: r.scale_downs),
+        ("fedbroker_burst_provision_failures",
+         "Scale-ups whose nodes did not all come up in time", lambda r: r.provision_failures),
+        ("fedbroker_burst_node_seconds",
+         "Node-seconds billed for nodes the broker added (from the scale-up on)",
+         lambda r: r.node_hours * 3600.0),
+        ("fedbroker_burst_idle_node_seconds",
+         "Node-seconds of added nodes that were up with no pod on them (the cost leak)",
+         lambda r: r.idle_node_hours * 3600.0),
+        ("fedbroker_burst_cost", "Cost of the nodes the broker added", lambda r: r.cost),
+    ]  # fmt: skip
+    for name, doc, value in counters:
         family = CounterMetricFamily(name, doc, labels=["pool"])
         for row in rows:
-            family.add_metric([str(row["pool"])], float(row[key]) * scale)
+            family.add_metric([row.pool], float(value(row)))
         yield family
     nodes = GaugeMetricFamily(
         "fedbroker_burst_nodes", "Nodes the broker added to a pool: up, or coming up",
@@ -198,14 +202,14 @@ def _pool_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
         labels=["pool"],
     )  # fmt: skip
     for row in rows:
-        nodes.add_metric([str(row["pool"]), "ready"], float(row["ready"]))
-        nodes.add_metric([str(row["pool"]), "coming"], float(row["coming"]))
-        failing.add_metric([str(row["pool"])], float(bool(row["failing"])))
+        nodes.add_metric([row.pool, "ready"], float(row.ready))
+        nodes.add_metric([row.pool, "coming"], float(row.coming))
+        failing.add_metric([row.pool], float(row.failing))
     yield nodes
     yield failing
 
 
-def _capacity_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+def _capacity_metrics(rows: list[CapacityRow]) -> Iterator[Metric]:
     """Total GPUs, the largest gang placeable now and stranded GPUs per cluster and type."""
     total = GaugeMetricFamily(
         "fedbroker_cluster_gpus", "GPUs per cluster and GPU type (schedulable nodes)",
@@ -222,16 +226,16 @@ def _capacity_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
         labels=["cluster", "gpu_type"],
     )
     for row in rows:
-        labels = [str(row["cluster"]), str(row["gpuType"])]
-        total.add_metric(labels, float(row["total"]))
-        largest.add_metric(labels, float(row["largestGangGpus"]))
-        stranded.add_metric(labels, float(row["stranded"]))
+        labels = [row.cluster, row.gpu_type]
+        total.add_metric(labels, float(row.total))
+        largest.add_metric(labels, float(row.largest_gang_gpus))
+        stranded.add_metric(labels, float(row.stranded))
     yield total
     yield largest
     yield stranded
 
 
-def _queue_metrics(service: Service) -> Iterator[Metric]:
+def _queue_metrics(queues: list[QueueRow]) -> Iterator[Metric]:
     demand = GaugeMetricFamily(
         "fedbroker_pending_gpus", "GPUs the pending jobs of a queue ask for", labels=["queue"]
     )
@@ -240,8 +244,8 @@ def _queue_metrics(service: Service) -> Iterator[Metric]:
         "Seconds the oldest pending gang (job of more than one pod) of a queue has waited",
         labels=["queue"],
     )
-    for row in service.queue_metrics():
-        demand.add_metric([str(row["queue"])], float(row["pendingGpus"]))
-        oldest.add_metric([str(row["queue"])], float(row["oldestGangSeconds"]))
+    for row in queues:
+        demand.add_metric([row.name], float(row.pending_gpus))
+        oldest.add_metric([row.name], float(row.oldest_gang_seconds))
     yield demand
     yield oldest

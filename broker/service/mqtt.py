@@ -1,6 +1,6 @@
 """MQTT events of the live broker, and member clusters fed by agents over MQTT.
 
-``MqttEvents`` is composed by ``broker.service.facade.Service`` when the config has
+``MqttEvents`` is built by ``broker.service.compose`` when the config has
 ``events.mqtt``. It owns one ``adapters.mqtt.publisher.Publisher`` (one connection, client
 id ``events.mqtt.clientId``, persistent session) and publishes, below the topic prefix
 (default ``fedbroker``):
@@ -8,7 +8,7 @@ id ``events.mqtt.clientId``, persistent session) and publishes, below the topic 
 ``<prefix>/status``  retained, QoS 1: ``online``; ``offline`` on a clean stop and as the
     connection's last will.
 ``<prefix>/clusters/<cluster>/capacity``  retained, QoS 1, on change and at most once per
-    second per cluster: the cluster's row of ``GET /v1/clusters`` (``Service.clusters()``:
+    second per cluster: the cluster's row of ``GET /v1/clusters`` (``ReadModel.clusters()``:
     ``cluster``, ``kind``, ``stale``, ``connected``, ``labels``, ``gpuTypes`` with per GPU
     type ``total``, ``free``, ``reserved``, ``allocated``, ``largestGang``) plus ``at``.
 ``<prefix>/jobs/<tenant>/<job>``  QoS 1, not retained, on every committed job change:
@@ -31,7 +31,7 @@ rows never take the job events' room and a refused capacity row is not counted a
 Member clusters with ``source: {mqtt: {...}}`` are fed by ``fedbroker agent`` (topics and
 schema in ``adapters.mqtt.reports``): the broker subscribes to
 ``<prefix>/agents/<cluster>/#``, turns node reports into ledger capacity events (through
-``Service._on_capacity``, as the Kubernetes watchers do), and keeps the cluster stale until
+``Binding.on_capacity``, as the Kubernetes watchers do), and keeps the cluster stale until
 the agent's first heartbeat, and again when the last heartbeat (timed by the broker's clock)
 is older than ``staleAfterSeconds`` (default ``scheduler.staleAfterSeconds``) or the agent's
 status says ``offline`` (its will). Jobs placed on such a cluster use the default launcher:
@@ -63,13 +63,15 @@ from adapters.mqtt.reports import (
     report_events,
 )
 from broker.config import ClusterConfig, Config
+from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Node, NodeDeleted, PodDeleted
 from broker.ports import ReportError
-from broker.service.events import EventBus, EventKind, PublishingStore
+from broker.service.events import EventBus, EventKind
+from broker.service.readmodel import ClusterRow
+from broker.service.tasks import Supervisor
 
 if TYPE_CHECKING:
     from broker.service.events import Event
-    from broker.service.facade import Service
 
 log = logging.getLogger(__name__)
 
@@ -235,12 +237,12 @@ class MqttMembers:
                 self._stale[name] = stale
                 self._set_stale(name, stale)
 
-    def watch_status(self, name: str) -> dict[str, object]:
-        """``connected`` of an agent-fed cluster (its agent heard from lately); {} for
-        other clusters."""
+    def connected(self, name: str) -> bool | None:
+        """Whether an agent-fed cluster's agent was heard from lately; None for other
+        clusters."""
         if name not in self.clusters:
-            return {}
-        return {"connected": not self.stale(name)}
+            return None
+        return not self.stale(name)
 
 
 # -- the service's MQTT side -----------------------------------------------------------------
@@ -262,23 +264,31 @@ def settings_of(config: Config) -> MqttSettings:
 
 
 class MqttEvents:
-    """Job and capacity events out, agents' reports in, for one Service."""
+    """Job and capacity events out, agents' reports in, for one service: ``emit`` takes the
+    agents' capacity events (``Binding.on_capacity``), ``clusters`` gives the rows to
+    publish. Job events arrive through ``on_job`` (``compose`` tees the store's bus here)."""
 
-    def __init__(self, service: Service, clock: Callable[[], float]) -> None:
-        self._service = service
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float],
+        ledger: Ledger,
+        emit: Emit,
+        clusters: Callable[[], list[ClusterRow]],
+    ) -> None:
+        self._config = config
+        self._ledger = ledger
+        self._emit = emit
+        self._clusters = clusters
         self._capacity_wake = asyncio.Event()
-        self.publisher = Publisher(settings_of(service.config), on_connect=self._on_connect)
+        self.publisher = Publisher(settings_of(config), on_connect=self._on_connect)
         prefix = self.publisher.settings.prefix
-        sched = service.config.scheduler
         self.members = MqttMembers(
-            service.config.clusters, sched.stale_after_seconds, prefix,
-            service._on_capacity, self._set_stale, clock,
+            config.clusters, config.scheduler.stale_after_seconds, prefix, emit,
+            self._set_stale, clock,
         )  # fmt: skip
         for topic_filter in self.members.topic_filters():
             self.publisher.subscribe(topic_filter, self.members.on_message)
-        # Job changes: tee the bus /v1/events reads (make_app reuses a PublishingStore's bus).
-        bus = TeeBus(tee=self.on_job, capacity_changed=self._capacity_wake_set)
-        service.store = PublishingStore(service.store, bus)
         self._sent: dict[str, dict[str, Any]] = {}
         self._sent_at: dict[str, float] = {}
         self._version = -1
@@ -303,12 +313,12 @@ class MqttEvents:
             dropped, first, _ = self._gap or (0, now, now)
             self._gap = (dropped + 1, first, now)
 
-    def _capacity_wake_set(self) -> None:
+    def capacity_changed(self) -> None:
         self._capacity_wake.set()
 
     def _set_stale(self, name: str, stale: bool) -> None:
-        self._service.ledger.set_stale(name, stale)
-        self._service._on_capacity([])  # wakes the scheduler
+        self._ledger.set_stale(name, stale)
+        self._emit([])  # wakes the scheduler
         self._capacity_wake.set()
 
     def _on_connect(self) -> None:
@@ -322,13 +332,13 @@ class MqttEvents:
         if not self.publisher.connected:
             self._version = -1  # look again once connected (a reconnect resends every row)
             return 0
-        version = self._service.ledger.snapshot().version
+        version = self._ledger.snapshot().version
         if not force and version == self._version and now - self._computed_at < 1.0:
             return 0
         self._version, self._computed_at = version, now
         queued = 0
-        for row in self._service.clusters():
-            name = str(row["cluster"])
+        for cluster in self._clusters():
+            name, row = cluster.cluster, cluster.as_json()
             if self._sent.get(name) == row:
                 continue
             if now - self._sent_at.get(name, -1e18) < CAPACITY_MIN_SECONDS:
@@ -361,16 +371,16 @@ class MqttEvents:
 
     async def _stale_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._service.config.scheduler.cycle_seconds)
+            await asyncio.sleep(self._config.scheduler.cycle_seconds)
             self.members.check_stale()
 
-    def start(self) -> None:
+    def start(self, tasks: Supervisor) -> None:
         self._tasks = [
             self.publisher.start(),
-            asyncio.create_task(self._capacity_loop(), name="mqtt-capacity"),
+            tasks.keep("mqtt-capacity", self._capacity_loop),
         ]
         if self.members:
-            self._tasks.append(asyncio.create_task(self._stale_loop(), name="mqtt-stale"))
+            self._tasks.append(tasks.keep("mqtt-stale", self._stale_loop))
 
     async def close(self) -> None:
         for task in self._tasks[1:]:
@@ -378,9 +388,6 @@ class MqttEvents:
         await asyncio.gather(*self._tasks[1:], return_exceptions=True)
         await self.publisher.close()
         self._tasks = []
-
-    def watch_status(self, name: str) -> dict[str, object]:
-        return self.members.watch_status(name)
 
     def metrics(self) -> Iterator[Metric]:
         connected = GaugeMetricFamily(

@@ -1,6 +1,6 @@
 """The live broker's burst pools: the ``BurstController`` and the port behind each pool.
 
-``BurstPools`` is composed by ``broker.service.facade.Service`` from the config's ``burstPools``:
+``BurstPools`` is built by ``broker.service.compose`` from the config's ``burstPools``:
 a simulated pool (the embedded default; nodes come up on the wall clock after
 ``provisionSeconds``) or a Cluster API MachineDeployment/MachinePool on a management
 cluster (``adapters.capi``; its nodes reach the ledger through the member cluster's own
@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
@@ -79,6 +80,17 @@ def _node_of(pc: BurstPoolConfig) -> Resources:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """A pool's node shape, GPU type, bounds and current size, as configured or read."""
+
+    node: Resources
+    gpu_type: str | None
+    min_nodes: int | None
+    max_nodes: int | None
+    replicas: int
+
+
 class BurstPools:
     """The controller, one port per pool, and the simulated pools' capacity events."""
 
@@ -108,58 +120,67 @@ class BurstPools:
             nodes = ledger.snapshot().clusters[pc.cluster].nodes
             # Nodes labelled with this pool were added by the broker before a restart.
             existing = {n for n, st in nodes.items() if st.node.labels.get(POOL_LABEL) != pc.name}
-            node = _node_of(pc)
-            replicas = 0
-            min_nodes, max_nodes = pc.min_nodes, pc.max_nodes
-            gpu_type = pc.gpu_type
             if pc.source.simulated is not None:
                 sim = SimulatedPool(
-                    pc.cluster, str(pc.gpu_type), node, name=pc.name,
+                    pc.cluster, str(pc.gpu_type), _node_of(pc), name=pc.name,
                     provision_seconds=pc.provision_seconds,
                     failure_rate=pc.source.simulated.failure_rate, seed=pc.source.simulated.seed,
                 )  # fmt: skip
                 self.simulated.append(sim)
                 self.ports[pc.name] = _SimulatedPort(sim, self._clock)
+                shape = _Shape(_node_of(pc), pc.gpu_type, pc.min_nodes, pc.max_nodes, 0)
             else:
-                source = pc.source.capi
-                assert source is not None
-                try:
-                    clients, _ = await load_clients(source.kubeconfig_source(), [source.context])
-                    self._clients.extend(clients.values())
-                    port = CapiPool(
-                        clients[source.context], source.namespace, source.name,
-                        kind=source.kind, workload=workload(pc.cluster),
-                    )  # fmt: skip
-                    status = await port.status()
-                except (KubeconfigError, ScaleError) as exc:
-                    log.warning("burst pool %s left out: %s", pc.name, exc)
+                found = await self._capi(pc, workload)
+                if found is None:
                     continue
-                shape = status.shape
-                replicas = status.replicas
-                node = Resources(
-                    gpus=node.gpus or shape.gpus or 0,
-                    cpu_milli=node.cpu_milli or shape.cpu_milli or 0,
-                    memory_mib=node.memory_mib or shape.memory_mib or 0,
-                )
-                gpu_type = gpu_type or shape.gpu_type
-                min_nodes = shape.min_size if min_nodes is None else min_nodes
-                max_nodes = shape.max_size if max_nodes is None else max_nodes
-                if not (node.gpus and gpu_type and max_nodes is not None):
-                    log.warning(
-                        "burst pool %s left out: GPU count, GPU type and maximum size are "
-                        "neither configured nor annotated on %s", pc.name, port.key,
-                    )  # fmt: skip
-                    continue
-                self.ports[pc.name] = port
+                self.ports[pc.name], shape = found
             spec = BurstPool(
-                pc.name, pc.cluster, GpuType(str(gpu_type)), node,
-                min_nodes or 0, max_nodes or 0, pc.cost_per_node_hour, pc.provision_seconds,
-                dict(cluster.labels),
+                pc.name, pc.cluster, GpuType(str(shape.gpu_type)), shape.node,
+                shape.min_nodes or 0, shape.max_nodes or 0, pc.cost_per_node_hour,
+                pc.provision_seconds, dict(cluster.labels),
             )  # fmt: skip
             self.controller.add_pool(
-                spec, replicas, existing, pc.owner, pc.burst_after_seconds,
+                spec, shape.replicas, existing, pc.owner, pc.burst_after_seconds,
                 pc.scale_down_after_seconds, pc.provision_timeout_seconds,
             )  # fmt: skip
+
+    async def _capi(
+        self, pc: BurstPoolConfig, workload: Callable[[str], ApiClient | None]
+    ) -> tuple[CapiPool, _Shape] | None:
+        """A Cluster API pool's port and shape (the config's, else its annotations); None
+        (with a warning) when it cannot be read or its shape is not known."""
+        source = pc.source.capi
+        assert source is not None
+        try:
+            clients, _ = await load_clients(source.kubeconfig_source(), [source.context])
+            self._clients.extend(clients.values())
+            port = CapiPool(
+                clients[source.context], source.namespace, source.name,
+                kind=source.kind, workload=workload(pc.cluster),
+            )  # fmt: skip
+            status = await port.status()
+        except (KubeconfigError, ScaleError) as exc:
+            log.warning("burst pool %s left out: %s", pc.name, exc)
+            return None
+        node, read = _node_of(pc), status.shape
+        shape = _Shape(
+            Resources(
+                gpus=node.gpus or read.gpus or 0,
+                cpu_milli=node.cpu_milli or read.cpu_milli or 0,
+                memory_mib=node.memory_mib or read.memory_mib or 0,
+            ),
+            pc.gpu_type or read.gpu_type,
+            read.min_size if pc.min_nodes is None else pc.min_nodes,
+            read.max_size if pc.max_nodes is None else pc.max_nodes,
+            status.replicas,
+        )
+        if not (shape.node.gpus and shape.gpu_type and shape.max_nodes is not None):
+            log.warning(
+                "burst pool %s left out: GPU count, GPU type and maximum size are "
+                "neither configured nor annotated on %s", pc.name, port.key,
+            )  # fmt: skip
+            return None
+        return port, shape
 
     async def close(self) -> None:
         for client in self._clients:

@@ -1,0 +1,141 @@
+"""Admission: tenants, submit, get and cancel, and the errors a caller gets for them.
+
+Submit commits the job to the store FIRST, then queues it; a resubmit of the same
+tenant/name answers the stored job (idempotency). Writes are the leader's: a replica that
+is not placing now answers ``NotLeader`` (a 503 naming the leader). A cancel is recorded
+under the lock, so it never interleaves with a placement of the same job; the pods are
+deleted after the lock is released.
+"""
+
+from __future__ import annotations
+
+import math
+
+from broker.config import TenantConfig
+from broker.manifest import FederatedJob, to_job
+from broker.model import Job
+from broker.service.binding import Binding
+from broker.service.state import Shared, pending_of
+from broker.store import ACTIVE_STATES, FINAL_STATES, JobRecord, StateConflict
+
+
+class Forbidden(Exception):
+    """The tenant may not do this (403); the message says why."""
+
+
+class NotFound(Exception):
+    """No such job for this tenant (404; also for other tenants' jobs)."""
+
+
+class NotLeader(Exception):
+    """This replica does not place jobs now (503): the message names the leader."""
+
+    def __init__(self, message: str, holder: str | None, retry_after: int) -> None:
+        super().__init__(message)
+        self.holder = holder
+        self.retry_after = retry_after
+
+
+class Admission:
+    """The jobs of tenants in and out: submit, get, cancel."""
+
+    def __init__(self, shared: Shared, binding: Binding) -> None:
+        self.s = shared
+        self.binding = binding
+
+    def not_leader(self) -> NotLeader:
+        """The error a write gets on a replica that is not placing now."""
+        leadership = self.s.leadership
+        retry = max(1, math.ceil(leadership.timings.renew_seconds))
+        holder, me = leadership.holder, leadership.identity
+        if leadership.held and not self.s.rebuilt:
+            message = f"leader: this replica ({me}) is taking over; retry after {retry} s"
+        elif holder and holder != me:
+            message = f"leader: this replica ({me}) is a follower; the leader is {holder}"
+        else:
+            message = f"leader: no leader elected right now; retry after {retry} s"
+        return NotLeader(message, holder, retry)
+
+    def tenant(self, name: str) -> TenantConfig:
+        tenant = self.s.config.tenant(name)
+        if tenant is None:
+            raise Forbidden(f"unknown tenant {name!r}")
+        return tenant
+
+    def job_for(self, tenant_name: str, manifest: FederatedJob) -> Job:
+        """The Job a tenant's manifest becomes, or Forbidden (namespace, queue)."""
+        tenant = self.tenant(tenant_name)
+        namespace = manifest.metadata.namespace
+        if namespace is not None and namespace != tenant.name:
+            raise Forbidden(f"metadata.namespace: {namespace!r} is not your tenant {tenant.name!r}")
+        job = to_job(manifest, tenant.name, tenant.default_queue)
+        if job.queue not in tenant.allowed_queues:
+            allowed = ", ".join(sorted(tenant.allowed_queues))
+            raise Forbidden(f"spec.queue: tenant may not use queue {job.queue!r} ({allowed})")
+        return job
+
+    async def submit(self, tenant: str, manifest: FederatedJob) -> tuple[JobRecord, bool]:
+        s = self.s
+        job = self.job_for(tenant, manifest)
+        if not s.leading:
+            raise self.not_leader()
+        # The commit runs outside the service lock, so submissions do not wait for a
+        # scheduling cycle's store writes; the queue is only touched under the lock. A cancel
+        # that lands between the two is harmless: placing a cancelled job fails its
+        # compare-and-set in schedule_once and the reservation is given back.
+        record, created = await s.store.create_job(
+            job.tenant, job.name, job.queue, job.priority, manifest.wire(), s.clock()
+        )
+        key = job.key
+        # A Queued job not created now may be one whose creation committed while its answer
+        # was lost (the store failed: 503, and the client retried): nobody queued it then.
+        unqueued = record.state == "Queued" and (
+            s.queue.get(key) is None
+            and s.lifecycle.get(key) is None
+            and key not in s.ledger.reservations()
+        )
+        if unqueued and s.rebuilt:
+            # Not leading any more: the job is stored, the next leader queues it.
+            # No lock: push is synchronous, so no cycle can be half-way through the queue
+            # (its own walk is over a copy), and taking the lock would make every submission
+            # wait for the fsync of whatever cycle holds it.
+            s.queue.push(pending_of(record, job))
+            s.wake.set()
+        return record, created
+
+    async def get(self, tenant: str, name: str) -> JobRecord:
+        record = await self.s.store.get_job(tenant, name)
+        if record is None:
+            raise NotFound(f"job {name!r} not found")
+        return record
+
+    async def cancel(self, tenant: str, name: str) -> JobRecord:
+        s = self.s
+        if not s.leading:
+            raise self.not_leader()
+        async with s.lock:
+            if not s.rebuilt:
+                raise self.not_leader()
+            record = await self.get(tenant, name)
+            if record.state in FINAL_STATES:
+                return record
+            try:
+                record = await s.store.transition(
+                    tenant, name, "Cancelled", "cancelled by request", s.clock(),
+                    expect=ACTIVE_STATES,
+                )  # fmt: skip
+            except StateConflict:
+                return await self.get(tenant, name)
+            key = f"{tenant}/{name}"
+            self.binding.stop(key)
+            launch = s.lifecycle.get(key)
+            s.lifecycle.cancel(key)
+            s.pools.ended(key)
+        # The cluster's API is called outside the lock: an unreachable cluster delays this
+        # answer (bounded by the launcher's timeouts and retries), never the scheduler.
+        if launch is not None:
+            await self.binding.delete(launch.placement)
+        return record
+
+
+__all__ = ["Admission", "Forbidden", "NotFound", "NotLeader"]

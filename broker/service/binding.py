@@ -1,0 +1,230 @@
+"""Binding placed jobs to clusters: launch, run watch, delete, roll back, record outcomes.
+
+``Binding`` owns the tasks of each job after it was placed: its launch (all pods running ->
+Running; a launch failure or a gang timeout -> delete the pods, release the reservation,
+requeue with backoff), the watch of its run (pods ended -> Succeeded or Failed, capacity
+freed), and the store writes of those outcomes, retried while this replica leads
+(``while_leading``). It also takes the capacity events of the members (``on_capacity``):
+reservations a foreign pod took are rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential
+
+from broker.core.lifecycle import Outcome
+from broker.model import CapacityEvent, Placement
+from broker.ports import LaunchError, LaunchSpec, RunWatcher
+from broker.service.state import Shared
+from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+# A job change the store could not take (StoreUnavailable) is retried after the first delay,
+# doubling up to the second.
+STORE_RETRY_SECONDS = (0.2, 2.0)
+
+
+class Binding:
+    """The launches and runs in flight, one task each, and their outcomes."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.s = shared
+        self.launching: dict[str, asyncio.Task[None]] = {}
+        self._launch_tasks: set[asyncio.Task[None]] = set()
+        self.runs: dict[str, asyncio.Task[None]] = {}
+
+    def launch_spec(self, placement: Placement) -> LaunchSpec:
+        tenant, _, name = placement.job.partition("/")
+        launch = self.s.lifecycle.get(placement.job)
+        if launch is None:
+            return LaunchSpec(tenant=tenant, job=name)
+        job = launch.pending.job
+        return LaunchSpec(
+            tenant=tenant,
+            job=name,
+            min_member=job.min_member,
+            schedule_timeout_seconds=job.schedule_timeout_seconds,
+            queue=job.queue,
+            pod_templates=launch.pending.pod_templates,
+        )
+
+    def start_launch(self, placement: Placement) -> None:
+        """Launch a placed gang in its own task (under the lock)."""
+        task = self.s.tasks.spawn(f"launch {placement.job}", self._launch(placement))
+        self._launch_tasks.add(task)
+        task.add_done_callback(self._launch_tasks.discard)
+        self.launching[placement.job] = task
+
+    def stop(self, job: str) -> None:
+        """Stop launching and watching ``job`` (cancelled, preempted: under the lock)."""
+        for tasks in (self.launching, self.runs):
+            task = tasks.pop(job, None)
+            if task is not None:
+                task.cancel()
+
+    def drop(self) -> None:
+        """Stop every launch and run watch (the lease was lost, or state is rebuilt)."""
+        for task in [*self.launching.values(), *self.runs.values(), *self._launch_tasks]:
+            task.cancel()
+        self.launching.clear()
+        self.runs.clear()
+
+    async def launches_done(self, timeout: float | None = None) -> None:
+        """Wait until the launches in flight have ended, their outcome recorded.
+        ``launching`` forgets a launch before its Running write, so the tasks themselves
+        are waited for."""
+        tasks = list(self._launch_tasks)
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    async def runs_done(self, timeout: float | None = None) -> None:
+        """Wait until the runs being watched have ended."""
+        tasks = list(self.runs.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
+    async def _launch(self, placement: Placement) -> None:
+        s, key = self.s, placement.job
+        try:
+            await s.launcher.launch(placement)
+        except LaunchError as exc:
+            async with s.lock:
+                self.launching.pop(key, None)
+                await self.roll_back(placement, s.clock(), f"launch failed: {exc}", "launch_failed")
+            return
+        async with s.lock:
+            self.launching.pop(key, None)
+            now = s.clock()
+            outcome = s.lifecycle.all_running(key, now)
+            launch = s.lifecycle.get(key)
+        if outcome is None:
+            return
+        if launch is not None:
+            pending = launch.pending
+            wait = max(0.0, now - pending.enqueued_at)
+            s.metrics.job_wait.labels(pending.job.queue).observe(wait)
+        # Recorded outside the lock: many gangs start together, and their Running writes
+        # then share one group commit instead of queueing one fsync each behind the lock.
+        # A cancel landing meanwhile makes this write a harmless compare-and-set miss.
+        await self.record(outcome, now, expect="Placed")
+        async with s.lock:
+            launch = s.lifecycle.get(key)
+            if launch is not None and launch.running and isinstance(s.launcher, RunWatcher):
+                coro = self._run(s.launcher, placement)
+                self.runs[key] = s.tasks.spawn(f"run {key}", coro)
+
+    async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
+        """Wait for a running job's pods to exit, then free its capacity and record the end."""
+        succeeded = await watcher.finished(placement)
+        s, key = self.s, placement.job
+        async with s.lock:
+            now = s.clock()
+            launch = s.lifecycle.get(key)
+            ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
+            reason = f"all pods completed{ran}" if succeeded else f"pods failed{ran}"
+            outcome = s.lifecycle.finished(key, succeeded, reason)
+            if outcome is not None:
+                await self.record(outcome, now, expect="Running")
+            # Only now: runs_done() waits for the end to be recorded, not just noticed.
+            if self.runs.get(key) is asyncio.current_task():
+                del self.runs[key]
+
+    async def delete(self, placement: Placement) -> None:
+        """Delete a gang's objects; a cluster that cannot be reached now does not stop the
+        job's cancel or requeue: what is left has our origin label and no live job, so the
+        garbage collector removes it once the cluster answers again."""
+        try:
+            await self.s.launcher.delete(placement)
+        except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            log.warning(
+                "could not delete %s in %s now (%s); garbage collection will",
+                placement.job, placement.cluster, exc,
+            )  # fmt: skip
+
+    async def roll_back(self, placement: Placement, now: float, reason: str, kind: str) -> None:
+        """Delete every pod, release the reservation, requeue with backoff (or fail).
+        ``kind``: the requeue reason counted in metrics (timeout, launch_failed, evicted)."""
+        task = self.launching.pop(placement.job, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        await self.delete(placement)
+        outcome = self.s.lifecycle.roll_back(placement.job, now, reason)
+        if outcome is not None:
+            if outcome.state == "Queued":
+                self.s.metrics.requeues.labels(kind).inc()
+            await self.record(outcome, now, expect="Placed")
+
+    async def record(self, outcome: Outcome, now: float, expect: JobState) -> None:
+        """Write a job's outcome; while the store is down, retried as long as we lead (a
+        leader elected later rebuilds the job from the store)."""
+        tenant, _, name = outcome.job.partition("/")
+        if outcome.state != "Running":
+            self.s.pools.ended(outcome.job)
+        what = f"{outcome.state} of {outcome.job} not recorded yet"
+        try:
+            async for attempt in self.while_leading(StoreUnavailable, what):
+                with attempt:
+                    await self.s.store.transition(
+                        tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
+                        attempts=outcome.attempts if outcome.state != "Running" else None,
+                        not_before=outcome.not_before,
+                    )  # fmt: skip
+        except StateConflict:  # also a retried write whose first try committed
+            log.info("job %s changed meanwhile; %s not recorded", outcome.job, outcome.state)
+        except LeaseLost as exc:  # fenced: another replica leads; it rebuilds the job
+            log.warning("%s of %s not recorded: %s", outcome.state, outcome.job, exc)
+        except StoreUnavailable as exc:
+            log.warning("%s of %s not recorded (%s); no longer leading", outcome.state,
+                        outcome.job, exc)  # fmt: skip
+        self.s.wake.set()
+
+    def while_leading(self, retry_on: type[StoreError], what: str) -> AsyncRetrying:
+        """Retries of a store call that failed with ``retry_on``, STORE_RETRY_SECONDS
+        apart (doubling), for as long as this replica leads; then the error is raised."""
+
+        def retry(state: RetryCallState) -> bool:
+            outcome = state.outcome
+            return (
+                outcome is not None and outcome.failed and self.s.rebuilt
+                and isinstance(outcome.exception(), retry_on)
+            )  # fmt: skip
+
+        def announce(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            pause = state.next_action.sleep if state.next_action else 0.0
+            log.warning("%s (%s); retrying in %.1f s", what, exc, pause)
+
+        first, cap = STORE_RETRY_SECONDS
+        return AsyncRetrying(
+            retry=retry, wait=wait_exponential(multiplier=first, max=cap),
+            before_sleep=announce, reraise=True,
+        )  # fmt: skip
+
+    def on_capacity(self, events: list[CapacityEvent]) -> None:
+        """Members' capacity events: into the ledger. Reservations a foreign pod took are
+        rolled back (their pods deleted, the jobs requeued)."""
+        evicted: list[str] = []
+        for event in events:
+            evicted.extend(self.s.ledger.apply(event))
+        if evicted:
+            self.s.tasks.spawn(f"evict {', '.join(evicted)}", self._evicted(evicted))
+        self.s.wake.set()
+
+    async def _evicted(self, jobs: list[str]) -> None:
+        s = self.s
+        async with s.lock:
+            now = s.clock()
+            for job in jobs:
+                launch = s.lifecycle.get(job)
+                if launch is not None and not launch.running:
+                    await self.roll_back(
+                        launch.placement, now, "capacity taken by another pod", "evicted"
+                    )
+
+
+__all__ = ["STORE_RETRY_SECONDS", "Binding"]

@@ -1,0 +1,192 @@
+"""The composition root of the live broker: every part built once, in one fixed order.
+
+``build`` makes, from the config: the ledger with the simulated clusters' nodes and the
+default launcher; the Kubernetes members (their clients and watchers connect in
+``Service.start``) and the launcher that dispatches to them; the burst pools; the queue,
+the lifecycle and the policies; the store and the leader election; the rooms (binding,
+cycles, recovery, admission) and the read model; MQTT when configured; and last the
+event-publishing store: the store wrapped ONCE in a ``PublishingStore`` whose bus feeds
+``/v1/events`` and, with MQTT, tees every job event to MQTT as well.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
+
+from adapters.simulated import SimulatedLauncher, generate_nodes
+from broker.config import Config
+from broker.core.ledger import Ledger
+from broker.core.lifecycle import Lifecycle, LifecycleSettings
+from broker.core.queue import JobQueue, QueueSpec
+from broker.core.scheduler import SchedulerSettings
+from broker.model import Placement
+from broker.ports import Launcher
+from broker.service.admission import Admission
+from broker.service.binding import Binding
+from broker.service.cycle import Cycles
+from broker.service.events import EventBus, PublishingStore
+from broker.service.leader import (
+    AlwaysLeader,
+    Elector,
+    FileLock,
+    Leadership,
+    PostgresLease,
+    Timings,
+    default_identity,
+)
+from broker.service.members import ClusterLauncher, KubeMembers
+from broker.service.metrics import MetricSource, SchedulerMetrics
+from broker.service.mqtt import MqttEvents, TeeBus
+from broker.service.pools import BurstPools
+from broker.service.readmodel import ReadModel
+from broker.service.recovery import Recovery
+from broker.service.state import Shared, TenantPolicyBook
+from broker.store import Store, open_store
+
+
+@dataclass(eq=False)
+class Parts:
+    """What ``build`` made: the shared state, the rooms over it, and the outside links."""
+
+    shared: Shared
+    binding: Binding
+    cycles: Cycles
+    recovery: Recovery
+    admission: Admission
+    view: ReadModel
+    bus: EventBus
+    dispatch: ClusterLauncher | None
+    mqtt: MqttEvents | None
+    metric_sources: list[MetricSource] = field(default_factory=list)
+
+
+def elector_for(config: Config, store: Store, identity: str | None) -> Elector:
+    """From the config: a lease row on PostgreSQL, a file lock next to a SQLite file,
+    always-leader for an in-memory database or when election is disabled."""
+    election = config.leader_election
+    identity = identity or election.identity or default_identity()
+    path = config.store.sqlite_path
+    if path is not None:
+        if str(path) == ":memory:":
+            return AlwaysLeader(identity)
+        return FileLock(f"{path}.leader", identity)
+    if election.enabled is False:
+        return AlwaysLeader(identity)
+    from broker.store.postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore):  # an injected store of another kind
+        return AlwaysLeader(identity)
+    return PostgresLease(store, identity, election.lease_seconds)
+
+
+def _launching(
+    config: Config,
+    ledger: Ledger,
+    launcher: Launcher | None,
+    run_seconds: Callable[[Placement], float | None] | None,
+    kube: KubeMembers,
+) -> tuple[Launcher, ClusterLauncher | None]:
+    """The simulated clusters' nodes into ``ledger``; the launcher (dispatching to the
+    Kubernetes members' own when there are any)."""
+    per_cluster: dict[str, tuple[float, float]] = {}
+    for cc in config.clusters:
+        source = cc.source.simulated
+        nodes = []
+        if source is not None:
+            nodes = generate_nodes(source.node_shapes(), cc.name, source.scale)
+            per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
+        ledger.add_cluster(cc.to_cluster(), nodes)
+    default = launcher or SimulatedLauncher(per_cluster=per_cluster, run_seconds=run_seconds)
+    if not kube:
+        return default, None
+    dispatch = ClusterLauncher(default)
+    return dispatch, dispatch
+
+
+def _shared(
+    config: Config,
+    clock: Callable[[], float],
+    ledger: Ledger,
+    store: Store,
+    launcher: Launcher,
+    kube: KubeMembers,
+    leadership: Leadership,
+) -> Shared:
+    sched = config.scheduler
+    queue = JobQueue(
+        QueueSpec(q.name, q.policy, q.priority, q.weight, dict(q.quota) or None,
+                  q.borrow, q.reclaimable)
+        for q in config.queues
+    )  # fmt: skip
+    backoff = LifecycleSettings(
+        sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit
+    )
+    return Shared(
+        config=config, clock=clock, ledger=ledger, queue=queue,
+        lifecycle=Lifecycle(ledger, queue, backoff), policies=TenantPolicyBook(queue),
+        settings=SchedulerSettings(
+            sched.max_jobs_per_cycle, sched.starvation_seconds, sched.max_cycle_seconds
+        ),
+        store=store, launcher=launcher, kube=kube, pools=BurstPools(config, clock),
+        metrics=SchedulerMetrics(), leadership=leadership,
+    )  # fmt: skip
+
+
+class Options(TypedDict, total=False):
+    """What a caller (a test, the demo) may put in place of the config's defaults."""
+
+    launcher: Launcher | None  # default: the simulated clusters' launcher
+    clock: Callable[[], float]  # default: time.time
+    store: Store | None  # default: the config's store.url
+    run_seconds: Callable[[Placement], float | None] | None  # simulated run times
+    elector: Elector | None  # default: from the config (elector_for)
+    identity: str | None  # this replica's name in the election
+
+
+def build(config: Config, **options: Unpack[Options]) -> Parts:
+    clock = options.get("clock", time.time)
+    store = options.get("store") or open_store(config.store.url)
+    identity = options.get("identity")
+    election = config.leader_election
+
+    async def elected() -> None:  # recovery is built below, over the shared state
+        await recovery.elected()
+
+    async def deposed(why: str) -> None:
+        await recovery.deposed(why)
+
+    leadership = Leadership(
+        options.get("elector") or elector_for(config, store, identity),
+        Timings(election.lease_seconds, election.renew_seconds, election.stop_after_seconds),
+        elected,
+        deposed,
+    )
+    kube = KubeMembers(config.clusters, config.scheduler.stale_after_seconds, clock)
+    ledger = Ledger()
+    default, dispatch = _launching(
+        config, ledger, options.get("launcher"), options.get("run_seconds"), kube
+    )
+    shared = _shared(config, clock, ledger, store, default, kube, leadership)
+    binding = Binding(shared)
+    cycles = Cycles(shared, binding)
+    recovery = Recovery(shared, binding, cycles)
+    view = ReadModel(shared.ledger, shared.queue, shared.pools, kube, clock)
+    bus = EventBus()
+    mqtt = None
+    sources: list[MetricSource] = []
+    if config.events.mqtt is not None:
+        mqtt = MqttEvents(config, clock, shared.ledger, binding.on_capacity, view.clusters)
+        view.agents.append(mqtt.members.connected)
+        bus = TeeBus(tee=mqtt.on_job, capacity_changed=mqtt.capacity_changed)
+        sources.append(mqtt.metrics)
+    shared.store = PublishingStore(store, bus)  # last: every job change reaches the bus
+    return Parts(
+        shared, binding, cycles, recovery, Admission(shared, binding), view, bus, dispatch,
+        mqtt, sources,
+    )  # fmt: skip
+
+
+__all__ = ["Options", "Parts", "build", "elector_for"]

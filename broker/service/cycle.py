@@ -1,0 +1,195 @@
+"""Driving the scheduler: the loop of cycles, one cycle, and the placements it records.
+
+``Cycles.schedule_once`` is one cycle under the lock: roll back expired gangs, run the
+core's ``run_cycle`` (queues, quotas, fair share, preemption, holds, the shape memo), delete
+and record the preempted, record the admitted placements in one group commit, start their
+launches (``Binding``), and let the burst pools decide. A placement whose write is in doubt
+(the store went away) keeps its reservation until the store says whether it committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from broker.core.queue import Pending
+from broker.core.scheduler import CycleResult, run_cycle
+from broker.model import Placement
+from broker.service.binding import STORE_RETRY_SECONDS, Binding
+from broker.service.state import Shared, placement_json
+from broker.store import JobState, StoreError, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+_QUEUED: tuple[JobState, ...] = ("Queued",)
+# How long a woken scheduler lets more submissions arrive before it decides (a latency of a
+# few milliseconds traded for far fewer cycles under load).
+BATCH_SECONDS = 0.005
+
+
+class Cycles:
+    """The scheduling cycles of one service."""
+
+    def __init__(self, shared: Shared, binding: Binding) -> None:
+        self.s = shared
+        self.binding = binding
+        self.current: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        """Schedule every cycleSeconds, and soon after a submission: a wake-up waits
+        BATCH_SECONDS more so that a burst of submissions is decided in one cycle (one
+        snapshot, one group commit of its placements) instead of one cycle each."""
+        s = self.s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(s.wake.wait(), s.config.scheduler.cycle_seconds)
+                await asyncio.sleep(BATCH_SECONDS)
+            s.wake.clear()
+            if not s.leading:
+                continue  # a follower (or a leader whose lease is in doubt) places nothing
+            self.current = asyncio.ensure_future(self.schedule_once())
+            try:
+                await self.current
+            except asyncio.CancelledError:
+                if self.current.cancelled() and not _cancelling():
+                    continue  # the cycle was stopped on losing the lease; the loop goes on
+                raise
+            except Exception:
+                log.exception("scheduling cycle failed; retrying next cycle")
+            finally:
+                self.current = None
+
+    async def schedule_once(self, now: float | None = None) -> None:
+        """One cycle: roll back expired gangs, place what fits, start the launches. ``now``
+        is read inside the lock (tests pass it): a job submitted while the cycle waited for
+        the lock must not look placed before it was queued."""
+        s = self.s
+        async with s.lock:
+            if not s.leading:
+                return  # lost the lease while waiting for the lock
+            if now is None:
+                now = s.clock()
+            s.check_stale()
+            if s.pools:
+                self.binding.on_capacity(s.pools.due(now))
+            await self._expire(now)
+            result = self._decide(now)
+            await self._preempt(result, now)
+            await self._admit(result, now)
+            if s.pools:
+                waiting = [p.job for key in result.waiting if (p := s.queue.get(key))]
+                s.pools.tick(now, s.ledger, waiting)
+
+    async def _expire(self, now: float) -> None:
+        for launch in self.s.lifecycle.expired(now):
+            timeout = launch.pending.job.schedule_timeout_seconds
+            self.s.metrics.gang_timeouts.inc()
+            await self.binding.roll_back(
+                launch.placement, now, f"gang did not start within {timeout}s", "timeout"
+            )
+
+    def _decide(self, now: float) -> CycleResult:
+        s, metrics = self.s, self.s.metrics
+        hiding = s.pools.hiding(s.ledger.snapshot()) if s.pools else None
+        began = time.perf_counter()
+        result = run_cycle(
+            s.queue, s.ledger, s.policies, now, s.settings,
+            lifecycle=s.lifecycle, hiding=hiding, memo=s.unplaceable,
+        )  # fmt: skip
+        metrics.cycle.observe(time.perf_counter() - began)
+        metrics.skipped.inc(result.skipped)
+        if result.cut_short:
+            metrics.cut_short.inc()
+        for seconds, policy, placed in result.decisions:
+            if seconds is not None:
+                metrics.decision.observe(seconds)
+            metrics.placements.labels(policy, "placed" if placed else "unplaceable").inc()
+        return result
+
+    async def _preempt(self, result: CycleResult, now: float) -> None:
+        """Already released and requeued by the lifecycle: stop watching each victim,
+        delete every pod of it, record why."""
+        for victim, evicted in result.preempted:
+            self.s.metrics.preemptions.inc()
+            self.s.metrics.requeues.labels("preempted").inc()
+            self.binding.stop(victim.placement.job)
+            await self.binding.delete(victim.placement)
+            was: JobState = "Running" if victim.running else "Placed"
+            await self.binding.record(evicted, now, expect=was)
+
+    async def _admit(self, result: CycleResult, now: float) -> None:
+        """Record the cycle's placements together (the store makes them durable in one
+        group commit instead of one fsync each), then launch what was recorded."""
+        s = self.s
+        writes = [
+            s.store.transition(
+                p.job.tenant, p.job.name, "Placed",
+                f"placed on {pl.cluster} by {pl.policy or 'policy'}", now,
+                cluster=pl.cluster, placement=placement_json(pl), expect=_QUEUED,
+                attempts=p.attempts,
+            )
+            for p, pl in result.admitted
+        ]  # fmt: skip
+        written = await asyncio.gather(*writes, return_exceptions=True)
+        for (pending, placement), outcome in zip(result.admitted, written, strict=True):
+            key = pending.job.key
+            if isinstance(outcome, StoreUnavailable):
+                # In doubt: the write may have committed before the connection went. The
+                # reservation is held until the store answers again and says which.
+                log.warning("placement of %s in doubt: %s", key, outcome)
+                s.tasks.spawn(f"settle {key}", self._settle(pending, placement))
+            elif isinstance(outcome, BaseException):
+                # Cancelled meanwhile, or the store failed: give the capacity back.
+                s.ledger.forget(key)
+                s.queue.release(key)
+                log.warning("could not record placement of %s: %s", key, outcome)
+            else:
+                self._launch(pending, placement, now)
+
+    def _launch(self, pending: Pending, placement: Placement, now: float) -> None:
+        self.s.lifecycle.placed(pending, placement, now)
+        self.s.pools.placed(placement, now)
+        self.binding.start_launch(placement)
+
+    async def _settle(self, pending: Pending, placement: Placement) -> None:
+        """A placement whose write failed with StoreUnavailable, its reservation held:
+        once the store answers, launch it if the write committed after all (the job is
+        Placed there, so); give the capacity back and queue the job again if it is still
+        Queued; only give the capacity back otherwise (cancelled meanwhile). A replica that
+        stops leading drops it with the rest: the next leader rebuilds from the store."""
+        s, key, job = self.s, pending.job.key, pending.job
+        await asyncio.sleep(STORE_RETRY_SECONDS[0])
+        if not s.rebuilt:
+            return
+        retrying = self.binding.while_leading(StoreError, f"placement of {key} in doubt")
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    record = await s.store.get_job(job.tenant, job.name)
+        except StoreError:
+            return  # no longer leading: the next leader rebuilds from the store
+        stored = json.loads(json.dumps(placement_json(placement)))
+        async with s.lock:
+            if not s.rebuilt or s.ledger.reservations().get(key) is not placement:
+                return  # dropped meanwhile (the lease was lost)
+            if record is not None and record.state == "Placed" and record.placement == stored:
+                log.info("placement of %s was recorded after all; launching it", key)
+                self._launch(pending, placement, s.clock())
+                return
+            s.ledger.forget(key)
+            s.queue.release(key)
+            if record is not None and record.state == "Queued":
+                s.queue.push(pending)
+                s.wake.set()
+
+
+def _cancelling() -> bool:
+    """Whether the current task itself is being cancelled (not just something it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+__all__ = ["BATCH_SECONDS", "Cycles"]

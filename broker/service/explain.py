@@ -1,0 +1,88 @@
+"""Explain and plan: where a job would go now and, per cluster, why not.
+
+One function, ``plan_of``, for every caller: ``GET /v1/jobs/{name}/explain``, ``POST
+/v1/plan`` and ``fedbroker plan`` (which reads Kubernetes clusters directly). The policy is
+the one the scheduler would use for the job (its own, or its queue's for ``auto``); each
+cluster is asked about alone, so its reasons and largest gang are its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.model import CapacitySnapshot, ClusterCapacity, Job, Placement, Reason, Unplaceable
+from policies.framework import Policy, largest_fit
+
+
+class _Only:
+    """A snapshot showing one cluster only (to ask a policy about each cluster alone)."""
+
+    def __init__(self, view: ClusterCapacity, version: int) -> None:
+        self._clusters = {view.name: view}
+        self._version = version
+
+    @property
+    def clusters(self) -> Mapping[str, ClusterCapacity]:
+        return self._clusters
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainRow:
+    """One cluster's answer: does the job fit there alone, why not, the largest gang."""
+
+    cluster: str
+    fits: bool
+    reasons: tuple[Reason, ...]
+    largest_fit: int
+
+    def reasons_json(self) -> list[dict[str, str]]:
+        return [{"code": str(r.code), "message": r.message} for r in self.reasons]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "fits": self.fits,
+            "reasons": self.reasons_json(),
+            "largestFit": self.largest_fit,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The decision on the whole federation, and each cluster's own answer."""
+
+    job: Job
+    decision: Placement | Unplaceable
+    clusters: tuple[ExplainRow, ...]
+
+    @property
+    def placement(self) -> Placement | None:
+        return self.decision if isinstance(self.decision, Placement) else None
+
+
+def explain_rows(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> tuple[ExplainRow, ...]:
+    """Per cluster (sorted): does the job fit now, why not, and the largest gang it could
+    take."""
+    rows = []
+    for name in sorted(snapshot.clusters):
+        view = snapshot.clusters[name]
+        decision = policy.decide(job, _Only(view, snapshot.version))
+        reasons = decision.for_cluster(name) if isinstance(decision, Unplaceable) else ()
+        rows.append(
+            ExplainRow(name, isinstance(decision, Placement), reasons, largest_fit(job, view))
+        )
+    return tuple(rows)
+
+
+def plan_of(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> Plan:
+    """Dry run: ``policy``'s decision for ``job`` on ``snapshot``; nothing is reserved."""
+    return Plan(job, policy.decide(job, snapshot), explain_rows(job, policy, snapshot))
+
+
+__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of"]

@@ -1,0 +1,214 @@
+"""Recovery: state rebuilt from the store after a start or a takeover, and garbage collection.
+
+``Recovery`` owns what happens when this replica wins or loses the lease. Won: every active
+job of the store goes back into the queue as Queued (durability: simulated pods died with
+the process), except the Placed/Running jobs whose pods are read back from a Kubernetes
+member: their reservations are restored from those pods. Lost: stop placing at once and
+drop the state the next leader rebuilds. It also connects the Kubernetes members at start,
+keeps their staleness current, and deletes our objects that belong to no live job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+
+import aiohttp
+from kubernetes.aio.client import ApiClient
+
+from broker.core.ledger import ConflictError
+from broker.core.queue import gpu_milli_by_type
+from broker.model import Placement, PodBound, PodDeleted, PodPlacement
+from broker.ports import LaunchError, WatchError
+from broker.service.binding import Binding
+from broker.service.cycle import Cycles
+from broker.service.members import ClusterLauncher
+from broker.service.state import Shared, pending_of
+from broker.store import JobRecord
+
+log = logging.getLogger(__name__)
+
+Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
+_UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
+
+
+class Recovery:
+    """Takeover and loss of the lease, Kubernetes members' start and upkeep."""
+
+    def __init__(self, shared: Shared, binding: Binding, cycles: Cycles) -> None:
+        self.s = shared
+        self.binding = binding
+        self.cycles = cycles
+        self.found: Found | None = None  # read back at start, for the first election
+        self._pools: asyncio.Task[None] | None = None
+
+    async def elected(self) -> None:
+        """Won the lease: rebuild the queue and reservations from the store, then place.
+        (The first time, the pods read back at start are used.)"""
+        s = self.s
+        found, self.found = self.found, None
+        async with s.lock:
+            await self._rebuild(found)
+            s.rebuilt = True
+        if s.pools:
+            self._pools = s.tasks.keep("burst-pools", lambda: s.pools.run(s.lock))
+        s.wake.set()
+
+    async def deposed(self, why: str) -> None:
+        """Lost the lease: stop placing at once and drop what the next leader rebuilds."""
+        s = self.s
+        s.rebuilt = False
+        for task in (self.cycles.current, self._pools):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._pools = None
+        async with s.lock:
+            self._drop(why)
+
+    def _drop(self, why: str) -> None:
+        s = self.s
+        self.binding.drop()
+        for launch in s.lifecycle.launches():
+            s.lifecycle.finished(launch.placement.job, False, why)  # frees what it held
+        for job in list(s.ledger.reservations()):  # a cycle stopped half-way
+            s.ledger.forget(job)
+            s.queue.release(job)
+        for pending in s.queue.pending():
+            s.queue.remove(pending.job.key)
+
+    async def _rebuild(self, found: Found | None) -> None:
+        """Every active job of the store back into the queue (under the lock). The jobs the
+        store says are Placed or Running on a Kubernetes member get their reservations back
+        from our labelled pods instead of being requeued."""
+        s = self.s
+        self._drop("rebuilding")
+        if found is None:
+            found = await self._read_back()
+        now = s.clock()
+        for record in await s.store.active_jobs():
+            if record.state in ("Placed", "Running") and record.cluster in found:
+                pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
+                if pods and self._restore(record, pods, now):
+                    continue
+            if record.state != "Queued":
+                record = await s.store.transition(
+                    record.tenant, record.name, "Queued", "requeued after broker restart", now,
+                    expect=(record.state,), attempts=record.attempts,
+                )  # fmt: skip
+                s.metrics.requeues.labels("restart").inc()
+            s.queue.push(pending_of(record))
+        if s.kube:
+            await self._collect_garbage_locked()  # leftovers of jobs that were requeued
+
+    async def start_kube(self, dispatch: ClusterLauncher | None) -> None:
+        """Connect every Kubernetes member, list it into the ledger and read our pods back
+        (kept for the first election); then start the watchers and their upkeep. An
+        unreachable member stays stale (its jobs are requeued) until its watcher lists it."""
+        s = self.s
+        if dispatch is None:
+            return
+        await s.kube.connect(self.binding.on_capacity, self.binding.launch_spec, dispatch)
+        found: Found = {}
+        for name, member in s.kube.members.items():
+            try:
+                self.binding.on_capacity(await member.watcher.list_once())
+                found[name] = await member.launcher.read_back()
+            except (WatchError, *_UNREACHABLE) as exc:
+                log.warning("cluster %s unreachable at start: %s", name, type(exc).__name__)
+            s.tasks.keep(f"watch {name}", member.watcher.run)
+        s.check_stale()
+        self.found = found
+        s.tasks.keep("kube-upkeep", self._kube_upkeep)
+
+    async def _read_back(self) -> Found:
+        """Our pods on every reachable Kubernetes member."""
+        found: Found = {}
+        for name, member in self.s.kube.members.items():
+            try:
+                found[name] = await member.launcher.read_back()
+            except _UNREACHABLE as exc:
+                log.warning("cluster %s: cannot read our pods back: %s", name, type(exc).__name__)
+        return found
+
+    def _restore(self, record: JobRecord, pods: list[PodBound], now: float) -> bool:
+        """Rebuild a Placed/Running job's reservation from its pods read back (assume, and
+        confirm a Running one); False (nothing changed) when they do not make its gang."""
+        s, key = self.s, f"{record.tenant}/{record.name}"
+        stored = record.placement or {}
+        reserved = {str(p["pod"]): str(p["node"]) for p in stored.get("pods") or ()}
+        if len(pods) != len(reserved):
+            return False
+        bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
+        # A pod the cluster has not bound yet holds the node the broker reserved for it.
+        pods = [p if p.node else dataclasses.replace(p, node=reserved.get(p.pod, "")) for p in pods]
+        if not all(p.node for p in pods):
+            return False
+        cluster = pods[0].cluster
+        placement = Placement(
+            key, cluster,
+            tuple(PodPlacement(p.pod, p.node, p.gpus or (), p.resources) for p in pods),
+            str(stored.get("policy") or ""),
+        )  # fmt: skip
+        for pod in bound:  # they become the job's reservation instead
+            s.ledger.apply(PodDeleted(cluster, pod.pod))
+        try:
+            s.ledger.assume(placement)
+        except ConflictError as exc:
+            log.warning("cannot restore %s: %s; requeueing", key, exc)
+            for pod in bound:
+                s.ledger.apply(pod)
+            return False
+        pending = pending_of(record)
+        nodes = s.ledger.snapshot().clusters[cluster].nodes
+        types = {p.node: nodes[p.node].node.gpu_type for p in placement.pods}
+        s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
+        s.lifecycle.placed(pending, placement, now)
+        if record.state == "Running":
+            s.lifecycle.all_running(key, now)
+        else:  # resume waiting for the gang (creating what is missing is idempotent)
+            self.binding.start_launch(placement)
+        log.info("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))
+        return True
+
+    def workload_client(self, cluster: str) -> ApiClient | None:
+        """The API client of a Kubernetes member (a Cluster API pool labels its nodes)."""
+        member = self.s.kube.members.get(cluster)
+        return member.client if member is not None else None
+
+    async def _collect_garbage(self) -> None:
+        """Delete our objects that belong to no placed or running job (under the lock, so a
+        launch cannot create pods of a job the live set missed). The leader's job only: a
+        follower knows no live set."""
+        async with self.s.lock:
+            if self.s.rebuilt:
+                await self._collect_garbage_locked()
+
+    async def _collect_garbage_locked(self) -> None:
+        live = {launch.placement.job for launch in self.s.lifecycle.launches()}
+        for name, member in self.s.kube.members.items():
+            if self.s.kube.stale(name):
+                continue
+            try:
+                await member.launcher.collect_garbage(live)
+            except _UNREACHABLE as exc:
+                log.warning("cluster %s: garbage collection failed: %s", name, exc)
+
+    async def _kube_upkeep(self) -> None:
+        """Staleness every cycle, garbage collection every garbageCollectSeconds."""
+        cycle = self.s.config.scheduler.cycle_seconds
+        every = self.s.config.scheduler.garbage_collect_seconds
+        next_gc = time.monotonic() + every
+        while True:
+            await asyncio.sleep(cycle)
+            self.s.check_stale()
+            if time.monotonic() >= next_gc and self.s.leading:
+                next_gc = time.monotonic() + every
+                try:
+                    await self._collect_garbage()
+                except Exception:
+                    log.exception("garbage collection failed; retrying later")
+
+
+__all__ = ["Found", "Recovery"]

@@ -1,0 +1,132 @@
+"""The live broker's shared state: what admission, binding and recovery act on, and when.
+
+``Shared`` holds the ledger, the queue, the gang lifecycle, the store, the one lock every
+state change runs under, the scheduler's wake-up, the task supervisor and the single
+answer to "is this replica placing now" (``leading``: elected, state rebuilt, and the lease
+renewed recently enough). ``compose.build`` makes one per service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.config import Config
+from broker.core.ledger import Ledger
+from broker.core.lifecycle import Lifecycle
+from broker.core.queue import JobQueue, Pending
+from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes
+from broker.manifest import parse_manifest, pod_templates, to_job
+from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
+from broker.ports import Launcher
+from broker.service.leader import Leadership
+from broker.service.members import KubeMembers
+from broker.service.metrics import SchedulerMetrics
+from broker.service.pools import BurstPools
+from broker.service.tasks import Supervisor
+from broker.store import JobRecord, Store
+from policies.framework import Policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Shared:
+    config: Config
+    clock: Callable[[], float]
+    ledger: Ledger
+    queue: JobQueue
+    lifecycle: Lifecycle
+    policies: PolicyBook
+    settings: SchedulerSettings
+    store: Store
+    launcher: Launcher
+    kube: KubeMembers
+    pools: BurstPools
+    metrics: SchedulerMetrics
+    leadership: Leadership
+    tasks: Supervisor = field(default_factory=Supervisor)
+    unplaceable: UnplaceableShapes = field(default_factory=UnplaceableShapes)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # State rebuilt from the store under the lease we hold (set by recovery, cleared when
+    # the lease is lost); ``leading`` is the one question the rest asks.
+    rebuilt: bool = False
+
+    @property
+    def leading(self) -> bool:
+        """Placing now: elected, state rebuilt, and the lease renewed recently enough."""
+        return self.rebuilt and self.leadership.valid()
+
+    def check_stale(self) -> None:
+        """Mark Kubernetes members stale (no new placements) or trusted again."""
+        for cc in self.kube.configs:
+            stale = self.kube.stale(cc.name)
+            if self.ledger.snapshot().clusters[cc.name].stale != stale:
+                log.warning("cluster %s is %s", cc.name, "stale" if stale else "back")
+                self.ledger.set_stale(cc.name, stale)
+                self.wake.set()
+
+
+def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
+    """The queue entry of a stored job; its Job is rebuilt from the stored manifest unless
+    the caller (a fresh submission) already has it."""
+    if job is None:
+        manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
+        job = to_job(manifest, record.tenant, record.queue)
+    return Pending(
+        job,
+        record.seq,
+        record.created_at,
+        record.attempts,
+        record.not_before or 0.0,
+        pod_templates(record.manifest),
+    )
+
+
+class _TenantPods:
+    """A policy whose pod names carry the tenant (``team-a.train-worker-0``): the ledger
+    keys pods by cluster and name, and two tenants may both call a job ``train``. A dot
+    never occurs in a DNS label, so the names cannot collide."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self.name = policy.name
+
+    def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
+        decision = self._policy.decide(job, snapshot)
+        if isinstance(decision, Unplaceable):
+            return decision
+        pods = tuple(dataclasses.replace(p, pod=f"{job.tenant}.{p.pod}") for p in decision.pods)
+        return dataclasses.replace(decision, pods=pods)
+
+
+class TenantPolicyBook(PolicyBook):
+    def for_job(self, pending: Pending) -> Policy:
+        return _TenantPods(super().for_job(pending))
+
+
+def placement_json(placement: Placement) -> dict[str, Any]:
+    return {
+        "job": placement.job,
+        "cluster": placement.cluster,
+        "policy": placement.policy,
+        "pods": [
+            {"pod": p.pod, "node": p.node, "gpus": list(p.gpus),
+             "gpuMilli": p.resources.gpu_request_milli}
+            for p in placement.pods
+        ],
+    }  # fmt: skip
+
+
+__all__ = [
+    "Shared",
+    "TenantPolicyBook",
+    "pending_of",
+    "placement_json",
+]
