@@ -1,5 +1,5 @@
 """Who is calling: a bearer token resolved to its tenant (401 without one, 429 over the
-tenant's rate limit), and whose job a path names. Tokens are never logged."""
+tenant's rate limit), whose jobs it sees and whose job a path names. Tokens are never logged."""
 
 from __future__ import annotations
 
@@ -32,10 +32,15 @@ def tenant_of(request: web.Request) -> TenantConfig:
     return tenant
 
 
+def seen_by(tenant: TenantConfig) -> str | None:
+    """Whose jobs the caller sees: its own tenant's, or everyone's (None) for an admin."""
+    return None if tenant.admin else tenant.name
+
+
 def owner_of(request: web.Request, tenant: TenantConfig) -> str:
     """Whose job a path names: the caller's, or for an admin the ``tenant`` query's."""
     other = request.query.get("tenant")
     return other if tenant.admin and other else tenant.name
 
 
-__all__ = ["owner_of", "tenant_of"]
+__all__ = ["owner_of", "seen_by", "tenant_of"]

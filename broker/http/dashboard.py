@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from broker.http.auth import tenant_of
+from broker.http.auth import seen_by, tenant_of
 from broker.http.state import SERVICE
 
 STATIC = Path(__file__).with_name("static")
@@ -59,7 +59,7 @@ async def static(request: web.Request) -> web.FileResponse:
 async def nodes(request: web.Request) -> web.Response:
     """``/v1/nodes``, authenticated as the rest of ``/v1`` (the same tokens and rate limit)."""
     tenant = tenant_of(request)
-    rows = request.app[SERVICE].view.nodes(None if tenant.admin else tenant.name)
+    rows = request.app[SERVICE].view.nodes(seen_by(tenant))
     return web.json_response({"clusters": [row.as_json() for row in rows]})
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from broker.http.auth import owner_of, tenant_of
+from broker.http.auth import owner_of, seen_by, tenant_of
 from broker.http.state import METRICS, OPENAPI, SERVICE
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service.facade import Service
@@ -137,7 +137,7 @@ async def queues(request: web.Request) -> web.Response:
 
 async def pools(request: web.Request) -> web.Response:
     tenant = tenant_of(request)
-    return web.json_response(request.app[SERVICE].burst(None if tenant.admin else tenant.name))
+    return web.json_response(request.app[SERVICE].burst(seen_by(tenant)))
 
 
 def _role(service: Service) -> dict[str, Any]:

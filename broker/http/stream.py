@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.http.auth import tenant_of
+from broker.http.auth import seen_by, tenant_of
 from broker.http.state import EVENTS, SERVICE
 from broker.service.events import Event
 
@@ -30,7 +30,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     tenant = tenant_of(request)
     bus = request.app[EVENTS]
     service = request.app[SERVICE]
-    sub = bus.subscribe(None if tenant.admin else tenant.name)
+    sub = bus.subscribe(seen_by(tenant))
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                  "X-Accel-Buffering": "no"}
