@@ -17,7 +17,7 @@ from builders import Clock
 
 from adapters.simulated import SimulatedLauncher
 from broker.config import Config, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.service.facade import Service
 
 TOKENS = {"team-a": "tok-a", "team-b": "tok-b", "admin": "tok-admin"}

@@ -30,7 +30,8 @@ from test_api import (
 )
 
 from broker.config import Config, RateLimit, parse_config
-from broker.http.api import RateLimiter, make_app
+from broker.http.app import make_app
+from broker.http.ratelimit import RateLimiter
 from broker.service.events import EventBus
 from broker.service.facade import Service
 

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from builders import Clock
 
 from broker.config import Config, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.manifest import parse_manifest
 from broker.service.facade import Service
 

@@ -27,7 +27,7 @@ from test_leader import CONFIG, manifest
 from broker.cli.client import ClientError, call, retry_after_seconds
 from broker.cli.main import build_parser
 from broker.config import Config, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.service.facade import Service
 
 ROOT = Path(__file__).resolve().parent.parent

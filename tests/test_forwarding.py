@@ -22,7 +22,8 @@ from test_leader import CONFIG as LEADER_CONFIG
 from test_leader import manifest
 
 from broker.config import Config, parse_config
-from broker.http.api import FORWARDED_BY, make_app
+from broker.http.app import make_app
+from broker.http.forwarding import FORWARDED_BY
 from broker.service.facade import Service
 
 A = {"Authorization": "Bearer tok-a"}

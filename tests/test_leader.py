@@ -22,7 +22,7 @@ from builders import Clock
 from services import postgres_database
 
 from broker.config import Config, ConfigError, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.service.facade import Service
 from broker.service.leader import (
     LEASE_NAME,

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.simulated import SimulatedLauncher
 from broker.config import parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.manifest import parse_manifest
 from broker.model import MILLI_PER_GPU
 from broker.service.facade import Service

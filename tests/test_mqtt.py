@@ -34,7 +34,7 @@ from test_api import manifest
 from adapters.mqtt.publisher import Backoff, MqttSettings, Publisher
 from adapters.mqtt.reports import Usage, node_report, parse_node_report
 from broker.config import ConfigError, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.model import GpuType, Node, PodBound, PodDeleted, Resources
 from broker.ports import ReportError
 from broker.service.facade import Service

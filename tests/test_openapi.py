@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 from test_api import CONFIG, manifest
 
 from broker.config import parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.http.openapi import openapi_document
 from broker.service.facade import Service
 

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from broker.bench.decisions import max_rss_mib
 from broker.config import Config, parse_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
 

@@ -33,7 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from broker.config import Config, ConfigError, load_config
-from broker.http.api import make_app
+from broker.http.app import make_app
 from broker.model import Placement
 from broker.ports import KubeconfigError
 from broker.process import run_loop, settle_heap

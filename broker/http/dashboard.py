@@ -17,17 +17,12 @@ but the jobs holding reservations are: ``reservedFor`` lists the caller's own jo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
-from broker.config import TenantConfig
-from broker.service.facade import Service
-
-# The API's authentication (``broker.http.api._tenant``: bearer token -> tenant, 401 or 429),
-# passed in by ``make_app`` so this module never imports broker.http.api (which imports it).
-Authenticate = Callable[[web.Request], TenantConfig]
+from broker.http.auth import seen_by, tenant_of
+from broker.http.state import SERVICE
 
 STATIC = Path(__file__).with_name("static")
 # The only files served, by name: nothing else under static/ is reachable.
@@ -61,15 +56,15 @@ async def static(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / name, headers={**_HEADERS, "Content-Type": kind})
 
 
-def add_dashboard(app: web.Application, service: Service, authenticate: Authenticate) -> None:
-    """Serve the dashboard (``/``, ``/static/{file}``) and ``/v1/nodes`` on ``app``;
-    ``authenticate``: the API's own (the same tokens, tenants and rate limit)."""
+async def nodes(request: web.Request) -> web.Response:
+    """``/v1/nodes``, authenticated as the rest of ``/v1`` (the same tokens and rate limit)."""
+    tenant = tenant_of(request)
+    rows = request.app[SERVICE].view.nodes(seen_by(tenant))
+    return web.json_response({"clusters": [row.as_json() for row in rows]})
 
-    async def nodes(request: web.Request) -> web.Response:
-        tenant = authenticate(request)
-        rows = service.view.nodes(None if tenant.admin else tenant.name)
-        return web.json_response({"clusters": [row.as_json() for row in rows]})
 
+def add_dashboard(app: web.Application) -> None:
+    """Serve the dashboard (``/``, ``/static/{file}``) and ``/v1/nodes`` on ``app``."""
     app.router.add_get("/", page)
     app.router.add_get("/static/{file}", static)
     app.router.add_get("/v1/nodes", nodes)

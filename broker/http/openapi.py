@@ -2,7 +2,7 @@
 
 Generated, never hand-written JSON: the request body schema is the FederatedJob schema of
 broker.manifest (the very models that validate a submission), and the answers are
-described by the pydantic models below, which mirror what broker.http.api writes (the
+described by the pydantic models below, which mirror what broker.http.routes writes (the
 schemathesis test checks every answer against them). Components live under
 ``#/components/schemas/{model}``.
 """

@@ -1,0 +1,173 @@
+"""The ``/v1`` handlers (jobs, the dry run, the federation's views) and the probes,
+``/metrics`` and ``/openapi.json``: each reads the request, asks the service, answers JSON.
+
+A tenant sees only its own jobs, and another tenant's job answers 404 (never 403), so job
+names do not leak; only the tenant name is logged."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from broker.http.auth import owner_of, seen_by, tenant_of
+from broker.http.state import METRICS, OPENAPI, SERVICE
+from broker.manifest import FederatedJob, parse_manifest
+from broker.service.facade import Service
+from broker.store import JOB_STATES, JobRecord, JobState, Transition
+
+log = logging.getLogger(__name__)
+
+MAX_LIST_LIMIT = 1000
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() accepts "²", int() does not
+
+
+def job_json(record: JobRecord, history: list[Transition] | None = None) -> dict[str, Any]:
+    """A job as the API shows it: its manifest, namespaced to its tenant, and its status."""
+    manifest = record.manifest
+    status: dict[str, Any] = {
+        "state": record.state,
+        "cluster": record.cluster,
+        "reason": record.reason,
+        "queue": record.queue,
+        "attempts": record.attempts,
+        "notBefore": record.not_before,
+        "createdAt": record.created_at,
+        "updatedAt": record.updated_at,
+    }
+    if history is not None:
+        status["history"] = [
+            {"at": t.at, "state": t.state, "reason": t.reason, "cluster": t.cluster}
+            for t in history
+        ]
+    return {
+        "apiVersion": manifest.get("apiVersion"),
+        "kind": manifest.get("kind"),
+        "metadata": {**manifest.get("metadata", {}), "namespace": record.tenant},
+        "spec": manifest.get("spec", {}),
+        "status": status,
+    }
+
+
+async def _manifest(request: web.Request) -> FederatedJob:
+    body = await request.read()
+    return parse_manifest(body, request.headers.get("Content-Type"))
+
+
+async def submit(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    manifest = await _manifest(request)
+    record, created = await request.app[SERVICE].submit(tenant.name, manifest)
+    if created:
+        request.app[METRICS].submitted.labels(record.queue).inc()
+    log.info("job %s/%s %s", tenant.name, record.name, "created" if created else "resubmitted")
+    return web.json_response(job_json(record), status=201 if created else 200)
+
+
+def _int_param(
+    request: web.Request, name: str, default: int | None, lo: int, hi: int
+) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if not _DIGITS.fullmatch(raw) or not lo <= int(raw) <= hi:
+        raise web.HTTPBadRequest(reason=f"{name}: must be an integer in {lo}..{hi}")
+    return int(raw)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    query = request.query
+    state = query.get("state")
+    if state is not None and state not in JOB_STATES:
+        raise web.HTTPBadRequest(reason=f"state: must be one of {', '.join(JOB_STATES)}")
+    limit = _int_param(request, "limit", 100, 1, MAX_LIST_LIMIT) or 100
+    after = _int_param(request, "continue", None, 0, 2**62)
+    owner = query.get("tenant") if tenant.admin else tenant.name
+    states: JobState | None = next((s for s in JOB_STATES if s == state), None)
+    records = await request.app[SERVICE].store.list_jobs(
+        tenant=owner or None,
+        queue=query.get("queue") or None,
+        state=states,
+        cluster=query.get("cluster") or None,
+        limit=limit,
+        after_seq=after,
+    )
+    cursor = str(records[-1].seq) if len(records) == limit else None
+    return web.json_response({"items": [job_json(r) for r in records], "continue": cursor})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    owner = owner_of(request, tenant_of(request))
+    name = request.match_info["name"]
+    service = request.app[SERVICE]
+    record = await service.get(owner, name)
+    return web.json_response(job_json(record, await service.store.history(owner, name)))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    owner = owner_of(request, tenant_of(request))
+    record = await request.app[SERVICE].cancel(owner, request.match_info["name"])
+    return web.json_response(job_json(record))
+
+
+async def explain_job(request: web.Request) -> web.Response:
+    owner = owner_of(request, tenant_of(request))
+    return web.json_response(await request.app[SERVICE].explain(owner, request.match_info["name"]))
+
+
+async def plan(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    manifest = await _manifest(request)
+    return web.json_response(request.app[SERVICE].plan(tenant.name, manifest))
+
+
+async def clusters(request: web.Request) -> web.Response:
+    tenant_of(request)
+    return web.json_response({"clusters": request.app[SERVICE].clusters()})
+
+
+async def queues(request: web.Request) -> web.Response:
+    tenant_of(request)
+    return web.json_response({"queues": request.app[SERVICE].queues()})
+
+
+async def pools(request: web.Request) -> web.Response:
+    tenant = tenant_of(request)
+    return web.json_response(request.app[SERVICE].burst(seen_by(tenant)))
+
+
+def _role(service: Service) -> dict[str, Any]:
+    leadership = service.leadership
+    role = "leader" if service.leading else "follower"
+    return {"role": role, "identity": leadership.identity, "leader": leadership.holder}
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", **_role(request.app[SERVICE])})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready once state is rebuilt (the leader's, or a follower's: it serves reads) and
+    while the store answers (it cannot accept a job without it)."""
+    service = request.app[SERVICE]
+    if not service.ready:
+        return web.json_response({"status": "rebuilding state"}, status=503)
+    if not await service.store.ping():
+        return web.json_response({"status": "store unavailable"}, status=503)
+    return web.json_response({"status": "ready", **_role(service)})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(request.app[OPENAPI])
+
+
+__all__ = ["MAX_LIST_LIMIT", "job_json"]
