@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from broker.core.decide import decide
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Launch, Lifecycle, Outcome
 from broker.core.queue import JobQueue, Pending, gpu_milli_by_type
@@ -52,12 +53,6 @@ from broker.model import (
     Unplaceable,
 )
 from policies import Policy, make_policy
-from policies.precheck import may_fit
-
-_NO_ROOM = Reason(
-    ReasonCode.INSUFFICIENT_GPUS,
-    "not enough free GPUs of an allowed type in any cluster (see explain for each cluster)",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,18 +242,10 @@ def run_cycle(
                     on_decision(pending, why)
                 continue
         decided += 1
-        view = fresh(job, hidden)
-        if not starving and not may_fit(job, view):
-            # Visibly fits nowhere: no policy asked, no per-cluster reasons (explain has
-            # them). A starving gang is always decided: its hold needs the largest fits.
-            decision: Placement | Unplaceable = Unplaceable(job.key, (_NO_ROOM,))
-            result.decisions.append((None, policy.name, False))
-        else:
-            started = time.perf_counter()
-            decision = policy.decide(job, view)
-            result.decisions.append(
-                (time.perf_counter() - started, policy.name, isinstance(decision, Placement))
-            )
+        # A starving gang is always decided in full: its hold needs the largest fits.
+        made = decide(job, fresh(job, hidden), policy, precheck=not starving)
+        decision = made.decision
+        result.decisions.append((made.seconds, policy.name, isinstance(decision, Placement)))
         if isinstance(decision, Unplaceable) and lifecycle is not None:
             victims = choose_victims(pending, ledger, queue, lifecycle, policies, result.held)
             if victims is not None:
@@ -267,7 +254,7 @@ def run_cycle(
                     if outcome is not None:
                         result.preempted.append((victim, outcome))
                 snapshot = ledger.snapshot()
-                decision = policies.for_job(pending).decide(job, fresh(job, hidden))
+                decision = decide(job, fresh(job, hidden), policy, precheck=False).decision
         if isinstance(decision, Placement):
             # 3. Quota: what the placement would take, by GPU type, against the queue's.
             demand = gpu_milli_by_type(decision, node_types(snapshot, decision))
