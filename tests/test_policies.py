@@ -21,7 +21,8 @@ from builders import (
     single,
 )
 
-from broker.core.ledger import Ledger, Snapshot
+from broker.core.ledger import Ledger
+from broker.core.views import Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Decision,
