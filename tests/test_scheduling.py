@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from broker.core.ledger import Ledger
 from broker.core.lifecycle import Lifecycle, LifecycleSettings
 from broker.core.queue import JobQueue, Pending, QueueSpec, backoff_seconds
-from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
+from broker.core.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.core.shapes import UnplaceableShapes
 from broker.model import Job, NodeUpdated, ReasonCode
 
 
