@@ -102,6 +102,13 @@ def _bucket_remove(
         del keys[bisect.bisect_left(keys, key)]
 
 
+def _at_least(
+    buckets: dict[int, dict[str, None]], keys: list[int], least: int
+) -> Iterator[tuple[int, Collection[str]]]:
+    for i in range(bisect.bisect_left(keys, least), len(keys)):
+        yield keys[i], buckets[keys[i]].keys()
+
+
 def group_of(node: Node) -> NodeGroup:
     return (node.gpu_type, frozenset(t.key for t in node.taints if t.blocks))
 
@@ -140,11 +147,7 @@ class ClusterView:
         """Buckets of schedulable nodes of ``group`` with at least ``milli`` free GPU milli
         in total, fullest first: (free milli, node names)."""
         idx = self._groups.get(group)
-        if idx is None:
-            return
-        keys = idx.free_keys
-        for i in range(bisect.bisect_left(keys, milli), len(keys)):
-            yield keys[i], idx.by_free[keys[i]].keys()
+        return iter(()) if idx is None else _at_least(idx.by_free, idx.free_keys, milli)
 
     def by_whole_at_least(
         self, group: NodeGroup, whole: int
@@ -152,11 +155,7 @@ class ClusterView:
         """Buckets of schedulable nodes of ``group`` with at least ``whole`` completely free
         GPUs, fullest first: (whole free GPUs, node names)."""
         idx = self._groups.get(group)
-        if idx is None:
-            return
-        keys = idx.whole_keys
-        for i in range(bisect.bisect_left(keys, whole), len(keys)):
-            yield keys[i], idx.by_whole[keys[i]].keys()
+        return iter(()) if idx is None else _at_least(idx.by_whole, idx.whole_keys, whole)
 
     def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]:
         """(whole free GPUs, number of nodes) for each non-empty bucket: O(buckets)."""
