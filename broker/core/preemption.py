@@ -1,7 +1,7 @@
-"""Preemption: which running jobs a job that fits nowhere may evict (kube-scheduler's
-PostFilter, Kueue's preemption by simulated removal).
+"""Preemption: the running jobs a job that fits nowhere may evict to fit, if any.
 
-A job that fits nowhere may evict whole jobs of *reclaimable* queues with a lower priority
+As kube-scheduler's PostFilter and Kueue's preemption by simulated removal: a job that
+fits nowhere may evict whole jobs of *reclaimable* queues with a lower priority
 than its own, never part of a gang. Per cluster, victims are tried smallest first (then
 lowest priority, then newest) on a what-if snapshot until the job fits, then any victim not
 needed is dropped again; the cluster whose victims free the fewest GPUs wins. Clusters held
