@@ -155,7 +155,8 @@ class _Cycle:
     hiding: Callable[[Job], Mapping[str, Collection[str]]] | None
     memo: UnplaceableShapes | None
     result: CycleResult = field(default_factory=CycleResult)
-    floor: list[int | None] = field(default_factory=list)  # lowest_reclaimable, once known
+    floor: int | None = None  # lowest_reclaimable(), once known
+    floor_known: bool = False
 
     def eligible(self) -> list[Pending]:
         total, _ = federation_capacity(self.ledger.snapshot())
@@ -211,9 +212,9 @@ class _Cycle:
     def _may_preempt(self, job: Job) -> bool:
         if self.lifecycle is None:
             return False
-        if not self.floor:
-            self.floor.append(lowest_reclaimable(self.queue, self.lifecycle))
-        return self.floor[0] is not None and job.priority > self.floor[0]
+        if not self.floor_known:
+            self.floor, self.floor_known = lowest_reclaimable(self.queue, self.lifecycle), True
+        return self.floor is not None and job.priority > self.floor
 
     def _preempt_for(self, pending: Pending, policy: Policy) -> bool:
         """Evict the victims that let the job fit, if any set does; True if it did."""
