@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.model import (
-    MILLI_PER_GPU,
     CapacityEvent,
     Cluster,
     GpuType,
@@ -207,10 +206,6 @@ def generated_pod_mix(rng: random.Random) -> Resources:
 
 def gpus_of(nodes: Iterable[Node]) -> int:
     return sum(n.allocatable.gpus for n in nodes)
-
-
-def gpu_milli_of(nodes: Iterable[Node]) -> int:
-    return gpus_of(nodes) * MILLI_PER_GPU
 
 
 class SimulatedLauncher(Launcher, RunWatcher):

@@ -8,28 +8,12 @@ cluster is asked about alone, so its reasons and largest gang are its own.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.model import CapacitySnapshot, ClusterCapacity, Job, Placement, Reason, Unplaceable
+from broker.core import views
+from broker.model import CapacitySnapshot, Job, Placement, Reason, Unplaceable
 from policies.framework import Policy, largest_fit
-
-
-class _Only:
-    """A snapshot showing one cluster only (to ask a policy about each cluster alone)."""
-
-    def __init__(self, view: ClusterCapacity, version: int) -> None:
-        self._clusters = {view.name: view}
-        self._version = version
-
-    @property
-    def clusters(self) -> Mapping[str, ClusterCapacity]:
-        return self._clusters
-
-    @property
-    def version(self) -> int:
-        return self._version
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +56,7 @@ def explain_rows(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> tuple[
     rows = []
     for name in sorted(snapshot.clusters):
         view = snapshot.clusters[name]
-        decision = policy.decide(job, _Only(view, snapshot.version))
+        decision = policy.decide(job, views.only(snapshot, name))
         reasons = decision.for_cluster(name) if isinstance(decision, Unplaceable) else ()
         rows.append(
             ExplainRow(name, isinstance(decision, Placement), reasons, largest_fit(job, view))

@@ -20,7 +20,8 @@ from broker.config import Config
 from broker.core.ledger import Ledger
 from broker.core.lifecycle import Lifecycle
 from broker.core.queue import JobQueue, Pending
-from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes
+from broker.core.scheduler import PolicyBook, SchedulerSettings
+from broker.core.shapes import UnplaceableShapes
 from broker.manifest import parse_manifest, pod_templates, to_job
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.ports import Launcher
