@@ -20,7 +20,7 @@ Job changes come from the same place as ``/v1/events``: the service's store is w
 ``PublishingStore`` whose bus also hands every job event to MQTT (synchronously, into the
 bounded outbox: nothing waits on MQTT, a full outbox drops and counts).
 
-While the MQTT broker is unreachable (``tests/test_mqtt_outage.py``): the API, the
+While the MQTT broker is unreachable (``tests/service/test_mqtt_outage.py``): the API, the
 scheduler and readiness go on as before (MQTT is an optional sink); job events wait in the
 outbox, oldest first, and are sent after the reconnect, and once ``outboxSize`` of them
 wait the newer ones are dropped and counted (``fedbroker_mqtt_dropped_events_total``).

@@ -20,7 +20,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 PROMTOOL_TESTS = ROOT / "deploy" / "prometheus" / "tests"
 RUNBOOKS = ROOT / "docs" / "runbooks.md"

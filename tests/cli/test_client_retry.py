@@ -30,7 +30,7 @@ from broker.config import Config, parse_config
 from broker.http.app import make_app
 from broker.service.facade import Service
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-a"
 
 

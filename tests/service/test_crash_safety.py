@@ -42,7 +42,7 @@ from services import open_loop, postgres_database
 
 from broker.store import JobRecord, Store, open_store, sqlite_url
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TENANT, TENANT_TOKEN = "load", "tok-load"
 ADMIN_TOKEN = "tok-admin"
 

@@ -43,7 +43,7 @@ from broker.service.mqtt import MqttMembers
 MQTT_HOST = os.environ.get("FEDBROKER_TEST_MQTT_HOST", "127.0.0.1")
 MQTT_PORT = int(os.environ.get("FEDBROKER_TEST_MQTT_PORT", "1883"))
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = {"Authorization": "Bearer tok-a"}
 FAST = Backoff(base=0.05, cap=0.5)
 

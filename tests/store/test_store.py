@@ -39,7 +39,7 @@ from broker.store.migrations import MIGRATIONS, Migration
 from broker.store.postgres import PostgresStore
 from broker.store.sqlite import SqliteStore
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFEST: dict[str, Any] = {
     "apiVersion": "fedbroker.io/v1alpha1",
     "kind": "FederatedJob",

@@ -1,6 +1,6 @@
 """The API's extras: per-tenant rate limit, /v1/events (SSE), /metrics, /openapi.json.
 
-Same harness as tests/test_api.py (real Service, SQLite in tmp_path, simulated clusters,
+Same harness as tests/http/test_api.py (real Service, SQLite in tmp_path, simulated clusters,
 fake clocks); no sleeps: the rate limiter's clock is injected, the SSE stream is read line
 by line as the scheduler is driven with ``schedule_once``.
 """

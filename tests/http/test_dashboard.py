@@ -1,7 +1,7 @@
 """The live dashboard (``/``) and ``GET /v1/nodes``.
 
 ``/v1/nodes`` is checked in-process against the ledger (aiohttp TestClient over a Service,
-as tests/test_api.py). The page is checked end to end: ``fedbroker demo`` (with its
+as tests/http/test_api.py). The page is checked end to end: ``fedbroker demo`` (with its
 workload) in a subprocess, the page in headless Chromium through Playwright. Chromium is
 Debian's (``/usr/bin/chromium``, or FEDBROKER_CHROMIUM); without it the browser test skips,
 or fails under FEDBROKER_REQUIRE_SERVICES=1. FEDBROKER_SCREENSHOT=docs/dashboard.png also

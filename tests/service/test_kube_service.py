@@ -387,7 +387,7 @@ def test_kube_source_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_example_federation_config_is_valid() -> None:
-    example = Path(__file__).parent.parent / "deploy" / "examples" / "federation.yaml"
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "federation.yaml"
     config = parse_config(
         example.read_text(encoding="utf-8"), str(example), {"FEDBROKER_TOKEN_TEAM_A": "t"}
     )
@@ -434,7 +434,7 @@ def test_serve_with_a_broken_kubeconfig_exits_2_with_one_line(tmp_path: Path) ->
     )
     done = subprocess.run(
         [sys.executable, "-m", "broker.cli", "serve", "--config", str(path), "--port", "0"],
-        cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
         timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

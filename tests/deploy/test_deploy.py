@@ -28,7 +28,7 @@ import yaml
 
 from broker.config import Config, parse_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 GENERATOR = ROOT / "deploy" / "prometheusrule.py"

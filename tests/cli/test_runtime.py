@@ -30,7 +30,7 @@ from broker.config import demo_config
 from broker.manifest import parse_manifest
 from broker.service.facade import Service
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKENS = {"team-a": "tok-a", "team-b": "tok-b", "admin": "tok-admin"}
 TOKENS_ENV = "team-a=tok-a,team-b=tok-b,admin=tok-admin"
 DEADLINE_SECONDS = 30.0
