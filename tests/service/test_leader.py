@@ -334,7 +334,7 @@ async def check_follower(follower: Replica, leader: str) -> None:
 async def test_follower_rejects_writes_serves_reads_and_takes_over(
     backend: str, tmp_path: Path
 ) -> None:
-    # The identities are names, not reachable replicas: no forwarding (tests/http/test_forwarding.py).
+    # The identities are names, not reachable replicas: no forwarding (test_forwarding.py).
     no_forward = "leaderElection: {forwardWrites: false}\n"
     if backend == "sqlite":
         await _takeover(config_for(f"sqlite://{tmp_path / 'jobs.db'}", no_forward), pg_url=None)
