@@ -59,7 +59,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from adapters.simulated import SimulatedFederation, split_round_robin
-from broker.core.burst import BurstController, PoolStats
+from broker.core.burst import BurstController
+from broker.core.burst_books import PoolStats
 from broker.core.ledger import Ledger
 from broker.core.queue import QueueSpec
 from broker.core.scheduler import SchedulerSettings
