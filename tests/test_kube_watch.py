@@ -25,8 +25,8 @@ from adapters.kube.translate import (
     translate_pod,
 )
 from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, WatchError, is_stale
+from broker.bench.watch import bench_ledger_updates
 from broker.cli.main import main
-from broker.cli.plan import bench_ledger_updates
 from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Cluster, GpuType, PodBound, PodDeleted, Resources
 
