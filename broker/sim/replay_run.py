@@ -84,11 +84,15 @@ class ReplayRun:
     _stale: Counter[tuple[str, str]] = field(default_factory=Counter)
     _seq: int = 0
     unexamined: bool = False  # the last cycle left eligible jobs undecided
+    # Whether any queue is reclaimable: without one nothing can be preempted, and the
+    # cycle is spared the search for victims over every running job (same outcome).
+    reclaimable: bool = False
 
     def __post_init__(self) -> None:
         self.queue = JobQueue(self.queues)
         self.book = OnePolicy(self.queue, self.policy)
         self.lifecycle = Lifecycle(self.ledger, self.queue, LifecycleSettings())
+        self.reclaimable = any(spec.reclaimable for spec in self.queues)
 
     def integrate(self, t: float) -> None:
         """Allocation is constant between events, so the time-weighted means are exact."""
@@ -163,7 +167,7 @@ class ReplayRun:
         hiding = self.burst.hiding(self.ledger.snapshot()) if self.burst is not None else None
         result = run_cycle(
             self.queue, self.ledger, self.book, now, self.settings,
-            lifecycle=self.lifecycle, hiding=hiding, memo=self.memo,
+            lifecycle=self.lifecycle if self.reclaimable else None, hiding=hiding, memo=self.memo,
         )  # fmt: skip
         for victim, _ in result.preempted:
             self._evict(victim)
