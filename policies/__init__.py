@@ -3,7 +3,7 @@ seed. They import broker.model only (enforced by import-linter)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
@@ -15,19 +15,17 @@ POLICY_NAMES = ("auto", "gang", "binpack", "spread", "firstfit", "random", "fgd"
 
 
 class AutoPolicy:
-    """Gang for jobs of more than one pod, binpack for single pods; a queue may override."""
+    """Gang for jobs of more than one pod, binpack for single pods. (Which policy a queue
+    uses is the scheduler's ``PolicyBook``.)"""
 
     name = "auto"
 
-    def __init__(self, seed: int = 0, overrides: Mapping[str, str] | None = None) -> None:
+    def __init__(self) -> None:
         self._gang = GangPolicy()
         self._binpack = binpack()
-        self._overrides = {q: make_policy(p, seed) for q, p in (overrides or {}).items()}
 
     def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
-        policy = self._overrides.get(job.queue)
-        if policy is None:
-            policy = self._gang if job.total_pods > 1 else self._binpack
+        policy = self._gang if job.total_pods > 1 else self._binpack
         return policy.decide(job, snapshot)
 
 
@@ -37,7 +35,7 @@ def make_policy(
     """The policy called ``name``; ValueError names the known ones otherwise."""
     match name:
         case "auto":
-            return AutoPolicy(seed)
+            return AutoPolicy()
         case "gang":
             return GangPolicy()
         case "binpack":

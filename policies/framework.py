@@ -17,7 +17,6 @@ from broker.model import (
     MILLI_PER_GPU,
     CapacitySnapshot,
     ClusterCapacity,
-    GpuType,
     Job,
     NodeGroup,
     NodeState,
@@ -35,12 +34,6 @@ class Policy(Protocol):
     name: str
 
     def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable: ...
-
-
-class PostFilter(Protocol):
-    """Runs when nothing fits (kube-scheduler's PostFilter): burst planning, preemption."""
-
-    def post_filter(self, job: Job, snapshot: CapacitySnapshot, result: Unplaceable) -> None: ...
 
 
 # -- cluster filters --------------------------------------------------------------------
@@ -277,7 +270,3 @@ def unplaceable(
 
 def to_placement(job: Job, fit: ClusterFit, policy: str) -> Placement:
     return Placement(job.key, fit.cluster, fit.pods, policy)
-
-
-def gpu_types_of(groups: Iterable[NodeGroup]) -> set[GpuType | None]:
-    return {g[0] for g in groups}

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.core.ledger import ClusterView, Snapshot
+from broker.core.views import ClusterView, Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Cluster,

@@ -21,7 +21,8 @@ from builders import (
     placement as make_placement,
 )
 
-from broker.core.ledger import ConflictError, Ledger, Snapshot
+from broker.core.ledger import ConflictError, Ledger
+from broker.core.views import Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Cluster,

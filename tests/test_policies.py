@@ -21,7 +21,8 @@ from builders import (
     single,
 )
 
-from broker.core.ledger import Ledger, Snapshot
+from broker.core.ledger import Ledger
+from broker.core.views import Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Decision,
@@ -382,15 +383,13 @@ def test_a_gang_without_gpus_runs_on_cpu_nodes(name: str) -> None:
     assert p.cluster == "cpu"
 
 
-def test_auto_uses_binpack_for_one_pod_gang_for_more_and_honours_queue_overrides() -> None:
+def test_auto_uses_binpack_for_one_pod_and_gang_for_more() -> None:
     ledger = federation({"c": nodes("n", 4, gpus=8)})
-    auto = AutoPolicy(seed=1, overrides={"batch": "spread"})
+    auto = AutoPolicy()
     one = single("one")
     many = gang("many", pods=2, gpus=1)
-    overridden = job("q", pod_set("p", 1, gpus=1), queue="batch")
     assert as_placement(auto.decide(one, ledger.snapshot())).policy == "binpack"
     assert as_placement(auto.decide(many, ledger.snapshot())).policy == "gang"
-    assert as_placement(auto.decide(overridden, ledger.snapshot())).policy == "spread"
 
 
 def test_make_policy_names_the_known_policies_when_asked_for_another() -> None:

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from broker.core.ledger import Ledger
 from broker.core.lifecycle import Lifecycle, LifecycleSettings
 from broker.core.queue import JobQueue, Pending, QueueSpec, backoff_seconds
-from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
-from broker.model import Job, NodeUpdated, ReasonCode
+from broker.core.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.core.shapes import UnplaceableShapes
+from broker.model import Job, NodeUpdated, PolicyName, ReasonCode
 
 
 def queued(
@@ -120,6 +121,18 @@ def test_a_starving_gang_holds_its_closest_cluster() -> None:
     result = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings)
     assert result.held == {"a": "default/big"}
     assert [(p.job.name, pl.cluster) for p, pl in result.admitted] == [("late", "b")]
+
+
+def test_an_auto_job_takes_its_queues_policy_and_a_named_one_its_own() -> None:
+    book = PolicyBook(JobQueue([QueueSpec("default"), QueueSpec("batch", policy="spread")]))
+
+    def chosen(queue: str, policy: PolicyName) -> str:
+        job = dataclasses.replace(single("j"), policy=policy)
+        return book.for_job(queued(job, 0, queue=queue)).name
+
+    assert chosen("default", "auto") == "auto"
+    assert chosen("batch", "auto") == "spread"
+    assert chosen("default", "firstfit") == chosen("batch", "firstfit") == "firstfit"
 
 
 def test_quota_without_borrowing_refuses_with_a_reason() -> None:

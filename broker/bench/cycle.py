@@ -24,7 +24,8 @@ from typing import Any
 from broker.bench.decisions import build_federation, gang_jobs, max_rss_mib, single_pod_jobs
 from broker.config import SchedulerConfig
 from broker.core.queue import JobQueue, Pending, QueueSpec
-from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
+from broker.core.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.core.shapes import UnplaceableShapes
 from broker.model import Job
 from broker.process import settle_heap
 

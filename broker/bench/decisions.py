@@ -24,7 +24,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from broker.core.ledger import Ledger, Snapshot
+from broker.core.ledger import Ledger
+from broker.core.views import Snapshot
 from broker.model import (
     MILLI_PER_GPU,
     Cluster,

@@ -1,11 +1,12 @@
-"""The ledger: the one owner of capacity state in the federation.
+"""The ledger: the one owner of capacity state in the federation, and of reservations.
 
 It applies node and pod events from the clusters, records the broker's own decisions as
 *assumed* reservations (kube-scheduler's assume: the decision counts at once, before the
 launch is written), turns them into bound usage on ``confirm`` and drops them on
-``forget``. ``snapshot()`` hands the policies an immutable, indexed view in O(clusters):
-each cluster's view is frozen when a snapshot takes it and copied on the ledger's next
-write to that cluster only, so a decision never sees a half-applied change.
+``forget``. ``snapshot()`` hands the policies an immutable, indexed view in O(clusters)
+(``broker.core.views``): each cluster's view is frozen when a snapshot takes it and copied
+on the ledger's next write to that cluster only, so a decision never sees a half-applied
+change.
 
 Invariant kept here (and property-tested): for every node, bound + assumed requests never
 exceed allocatable in any resource. ``assume`` checks a whole placement before it applies
@@ -14,19 +15,16 @@ any of it, so a gang is reserved wholly or not at all.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
+from broker.core.views import ClusterView, Snapshot
 from broker.model import (
-    MILLI_PER_GPU,
     CapacityEvent,
     Cluster,
-    GpuType,
     Node,
     NodeDeleted,
-    NodeGroup,
     NodeState,
     NodeUpdated,
     Placement,
@@ -38,208 +36,6 @@ from broker.model import (
 
 class ConflictError(Exception):
     """A placement no longer fits the ledger (it was decided on an older snapshot)."""
-
-
-@dataclass(slots=True)
-class _GroupIndex:
-    """Per-group buckets: nodes by total free GPU milli, and by count of whole free GPUs.
-
-    Buckets are copied on write, one by one: a copy shares every bucket with the frozen
-    index it came from (``shared_*`` hold their keys) and copies a bucket the first time it
-    changes it. The ledger's first write after a snapshot then costs O(buckets), not
-    O(nodes), and the frozen index, which a snapshot may hold, never changes.
-    """
-
-    by_free: dict[int, dict[str, None]] = field(default_factory=dict)
-    free_keys: list[int] = field(default_factory=list)
-    by_whole: dict[int, dict[str, None]] = field(default_factory=dict)
-    whole_keys: list[int] = field(default_factory=list)
-    gpus_total: int = 0
-    free_milli: int = 0
-    nodes: int = 0
-    shared_free: set[int] = field(default_factory=set)
-    shared_whole: set[int] = field(default_factory=set)
-
-    def copy(self) -> _GroupIndex:
-        return _GroupIndex(
-            dict(self.by_free),
-            list(self.free_keys),
-            dict(self.by_whole),
-            list(self.whole_keys),
-            self.gpus_total,
-            self.free_milli,
-            self.nodes,
-            set(self.by_free),
-            set(self.by_whole),
-        )
-
-    def add(self, state: NodeState) -> None:
-        _bucket_add(self.by_free, self.free_keys, self.shared_free, state.free_milli, state.name)
-        _bucket_add(self.by_whole, self.whole_keys, self.shared_whole, state.whole_free, state.name)
-        self.gpus_total += len(state.gpu_free)
-        self.free_milli += state.free_milli
-        self.nodes += 1
-
-    def remove(self, state: NodeState) -> None:
-        _bucket_remove(self.by_free, self.free_keys, self.shared_free, state.free_milli, state.name)
-        _bucket_remove(
-            self.by_whole, self.whole_keys, self.shared_whole, state.whole_free, state.name
-        )
-        self.gpus_total -= len(state.gpu_free)
-        self.free_milli -= state.free_milli
-        self.nodes -= 1
-
-
-def _bucket_add(
-    buckets: dict[int, dict[str, None]], keys: list[int], shared: set[int], key: int, name: str
-) -> None:
-    bucket = buckets.get(key)
-    if bucket is None:
-        buckets[key] = bucket = {}
-        bisect.insort(keys, key)
-    elif key in shared:
-        shared.discard(key)
-        buckets[key] = bucket = dict(bucket)
-    bucket[name] = None
-
-
-def _bucket_remove(
-    buckets: dict[int, dict[str, None]], keys: list[int], shared: set[int], key: int, name: str
-) -> None:
-    bucket = buckets[key]
-    if key in shared:
-        shared.discard(key)
-        buckets[key] = bucket = dict(bucket)
-    del bucket[name]
-    if not bucket:
-        del buckets[key]
-        del keys[bisect.bisect_left(keys, key)]
-
-
-def group_of(node: Node) -> NodeGroup:
-    return (node.gpu_type, frozenset(t.key for t in node.taints if t.blocks))
-
-
-class ClusterView:
-    """One cluster's capacity, indexed. Read-only once a snapshot holds it."""
-
-    __slots__ = ("_free_milli", "_frozen", "_gpus_total", "_groups", "cluster", "nodes", "stale")
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
-        self.stale = False
-        self.nodes: dict[str, NodeState] = {}
-        self._groups: dict[NodeGroup, _GroupIndex] = {}
-        # Cluster-wide totals of the groups' own, kept so allocation() (which binpack's
-        # cluster order asks of every cluster in every decision) is O(1).
-        self._gpus_total = 0
-        self._free_milli = 0
-        self._frozen = False
-
-    # -- reading (policies) -------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return self.cluster.name
-
-    def groups(self) -> Iterable[NodeGroup]:
-        return self._groups.keys()
-
-    def gpu_types(self) -> set[GpuType | None]:
-        return {g[0] for g, idx in self._groups.items() if idx.nodes}
-
-    def by_free_at_least(
-        self, group: NodeGroup, milli: int
-    ) -> Iterator[tuple[int, Collection[str]]]:
-        """Buckets of schedulable nodes of ``group`` with at least ``milli`` free GPU milli
-        in total, fullest first: (free milli, node names)."""
-        idx = self._groups.get(group)
-        if idx is None:
-            return
-        keys = idx.free_keys
-        for i in range(bisect.bisect_left(keys, milli), len(keys)):
-            yield keys[i], idx.by_free[keys[i]].keys()
-
-    def by_whole_at_least(
-        self, group: NodeGroup, whole: int
-    ) -> Iterator[tuple[int, Collection[str]]]:
-        """Buckets of schedulable nodes of ``group`` with at least ``whole`` completely free
-        GPUs, fullest first: (whole free GPUs, node names)."""
-        idx = self._groups.get(group)
-        if idx is None:
-            return
-        keys = idx.whole_keys
-        for i in range(bisect.bisect_left(keys, whole), len(keys)):
-            yield keys[i], idx.by_whole[keys[i]].keys()
-
-    def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]:
-        """(whole free GPUs, number of nodes) for each non-empty bucket: O(buckets)."""
-        idx = self._groups.get(group)
-        if idx is None:
-            return []
-        return [(k, len(idx.by_whole[k])) for k in idx.whole_keys]
-
-    def gpus_total(self, group: NodeGroup | None = None) -> int:
-        if group is not None:
-            idx = self._groups.get(group)
-            return idx.gpus_total if idx else 0
-        return self._gpus_total
-
-    def free_milli(self, group: NodeGroup | None = None) -> int:
-        if group is not None:
-            idx = self._groups.get(group)
-            return idx.free_milli if idx else 0
-        return self._free_milli
-
-    def allocation(self) -> float:
-        """Share of the cluster's schedulable GPU capacity taken (0..1)."""
-        total = self.gpus_total() * MILLI_PER_GPU
-        return 0.0 if total == 0 else 1.0 - self.free_milli() / total
-
-    # -- writing (ledger only) ----------------------------------------------------------
-
-    def _copy(self) -> ClusterView:
-        view = ClusterView(self.cluster)
-        view.stale = self.stale
-        view.nodes = dict(self.nodes)
-        view._groups = {g: idx.copy() for g, idx in self._groups.items()}
-        view._gpus_total = self._gpus_total
-        view._free_milli = self._free_milli
-        return view
-
-    def _put(self, state: NodeState) -> None:
-        old = self.nodes.get(state.name)
-        if old is not None:
-            self._unindex(old)
-        self.nodes[state.name] = state
-        if state.node.schedulable:
-            group = group_of(state.node)
-            idx = self._groups.get(group)
-            if idx is None:
-                self._groups[group] = idx = _GroupIndex()
-            idx.add(state)
-            self._gpus_total += len(state.gpu_free)
-            self._free_milli += state.free_milli
-
-    def _drop(self, name: str) -> None:
-        self._unindex(self.nodes.pop(name))
-
-    def _unindex(self, old: NodeState) -> None:
-        if old.node.schedulable:
-            self._groups[group_of(old.node)].remove(old)
-            self._gpus_total -= len(old.gpu_free)
-            self._free_milli -= old.free_milli
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """An immutable view of every cluster, taken in O(clusters)."""
-
-    clusters: Mapping[str, ClusterView]
-    version: int
-
-    def node(self, cluster: str, node: str) -> NodeState:
-        return self.clusters[cluster].nodes[node]
 
 
 @dataclass(slots=True)

@@ -84,9 +84,6 @@ class Lifecycle:
         """Launches whose gang did not fully start in time (the caller deletes their pods)."""
         return [la for la in self._launches.values() if not la.running and la.deadline <= now]
 
-    def next_deadline(self) -> float | None:
-        return min((la.deadline for la in self._launches.values() if not la.running), default=None)
-
     def roll_back(self, job: str, now: float, reason: str) -> Outcome | None:
         """The gang's pods are deleted (or never made it): release everything it held and
         requeue it with backoff, or fail it once past its backoff limit."""

@@ -19,8 +19,6 @@ from typing import Any
 
 from broker.model import MILLI_PER_GPU, GpuType, Job, Placement
 
-FINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
-
 
 @dataclass(frozen=True, slots=True)
 class QueueSpec:
@@ -117,10 +115,6 @@ class JobQueue:
             return (-p.job.priority, -spec.priority, shares[spec.name], p.seq)
 
         return sorted((p for p in self._pending.values() if p.not_before <= now), key=key)
-
-    def next_eligible(self) -> float | None:
-        """When the earliest backed-off job becomes eligible (for the loop's wake-up)."""
-        return min((p.not_before for p in self._pending.values()), default=None)
 
     # -- fair share and quota -------------------------------------------------------------------
 

@@ -46,7 +46,8 @@ from broker.config import Config, TenantConfig
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Lifecycle, LifecycleSettings, Outcome
 from broker.core.queue import JobQueue, Pending, QueueSpec, gpu_milli_by_type
-from broker.core.scheduler import PolicyBook, SchedulerSettings, UnplaceableShapes, run_cycle
+from broker.core.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.core.shapes import UnplaceableShapes
 from broker.manifest import FederatedJob, parse_manifest, pod_templates, to_job
 from broker.model import (
     CapacityEvent,
