@@ -21,12 +21,8 @@ from adapters.simulated import SimulatedFederation
 from broker.core.ledger import Ledger
 from broker.core.lifecycle import Launch, Lifecycle, LifecycleSettings
 from broker.core.queue import JobQueue, Pending, QueueSpec
-from broker.core.scheduler import (
-    PolicyBook,
-    SchedulerSettings,
-    UnplaceableShapes,
-    run_cycle,
-)
+from broker.core.scheduler import PolicyBook, SchedulerSettings, run_cycle
+from broker.core.shapes import UnplaceableShapes
 from broker.model import (
     MILLI_PER_GPU,
     NodeUpdated,
