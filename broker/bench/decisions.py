@@ -4,7 +4,7 @@ This module owns the benchmark: it generates a synthetic federation (clusters of
 of mixed types with realistic CPU and memory), pre-fills it through the real
 ``Ledger.assume`` to about 60 % GPU allocation with a seeded mix of whole-GPU, multi-GPU and
 shared-GPU pods, and then times the core exactly as the scheduler drives it: one decision is
-``ledger.snapshot()`` + ``policy.decide()`` + ``ledger.assume()`` + ``ledger.forget()``, so
+``ledger.snapshot()`` + ``decide()`` + ``ledger.assume()`` + ``ledger.forget()``, so
 every decision sees the same federation. Single pods go through binpack, gangs of 8 pods x
 8 GPUs through the gang policy, on one thread (one CPU core). Building, measuring and the
 state fingerprint are separate functions so tests can check that the loop leaves no residue.
@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from broker.core.decide import decide
 from broker.core.ledger import Ledger
 from broker.core.views import Snapshot
 from broker.model import (
@@ -296,7 +297,9 @@ def measure(
 
 
 def _decide_once(ledger: Ledger, policy: Policy, job: Job) -> bool:
-    decision = policy.decide(job, ledger.snapshot())
+    """One decision through the core's path (``decide``: precheck, then the policy), then
+    assume and forget."""
+    decision = decide(job, ledger.snapshot(), policy).decision
     if not isinstance(decision, Placement):
         return False
     ledger.assume(decision)

@@ -12,19 +12,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.kube.translate import GpuConfig, translate_node, translate_pod
+from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher
 from adapters.kubeapi.kubeconfig import load_clients
 from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue, Pending, QueueSpec
 from broker.core.scheduler import PolicyBook
 from broker.manifest import ManifestError, parse_manifest, to_job
-from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job, NodeUpdated
+from broker.model import MILLI_PER_GPU, CapacityEvent, Cluster, Job
 from broker.ports import KubeconfigError
 from broker.service.explain import plan_of
 
@@ -210,61 +209,3 @@ def run_inspect(args: argparse.Namespace) -> int:
                 f"{n['gpus_used']:>6}  {'yes' if n['schedulable'] else 'no'}"
             )
     return 0
-
-
-def bench_ledger_updates(nodes: int = 500, pods: int = 100_000, seed: int = 0) -> float:
-    """Ledger updates per second from a stream of translated node/pod watch objects
-    (translation + Ledger.apply, one core). Returns events/s."""
-    import random
-
-    rng = random.Random(seed)
-    gpu = GpuConfig()
-    node_objs = [
-        {
-            "metadata": {"name": f"n{i}", "labels": {gpu.type_label: "A100"}},
-            "status": {
-                "allocatable": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti"},
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        }
-        for i in range(nodes)
-    ]
-    pod_objs = []
-    for i in range(pods):
-        node = f"n{rng.randrange(nodes)}"
-        pod_objs.append(
-            {
-                "metadata": {"name": f"p{i}", "namespace": "ml"},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [
-                        {
-                            "resources": {
-                                "requests": {"nvidia.com/gpu": "1", "cpu": "500m", "memory": "2Gi"}
-                            }
-                        }
-                    ],
-                },
-                "status": {"phase": "Running"},
-            }
-        )
-    ledger = Ledger()
-    ledger.add_cluster(Cluster("bench"))
-    start = time.perf_counter()
-    count = 0
-    for obj in node_objs:
-        ledger.apply(NodeUpdated("bench", translate_node(obj, gpu)))
-        count += 1
-    live: list[dict[str, Any]] = []
-    for obj in pod_objs:  # bind, and delete the oldest so nodes never fill up
-        ledger.apply(translate_pod("bench", obj, gpu))
-        live.append(obj)
-        count += 1
-        if len(live) > nodes * 4:
-            ledger.apply(translate_pod("bench", live.pop(0), gpu, deleted=True))
-            count += 1
-    return count / (time.perf_counter() - start)
-
-
-if __name__ == "__main__":
-    print(f"{bench_ledger_updates():,.0f} ledger updates/s (translate + apply)")

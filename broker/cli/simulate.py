@@ -81,7 +81,8 @@ _REPLAY_FLAGS: tuple[tuple[str, Callable[[str], Callable[[str], Any]], object, s
     ("--cycle-seconds", positive_float, 10.0,
      "replay: simulated seconds between scheduling cycles (also run on every event)"),
     ("--scan-misses", positive, 32,
-     "replay: a cycle stops after this many queued jobs in a row do not fit"),
+     "replay: decisions per scheduling cycle (the scheduler's maxJobsPerCycle; jobs of a "
+     "shape known not to fit are not counted)"),
 )  # fmt: skip
 _BURST_FLAGS: tuple[tuple[str, Callable[[str], Callable[[str], Any]], object, str], ...] = (
     ("--burst-max-nodes", positive, 32, "replay: the burst pool's maximum size in nodes"),

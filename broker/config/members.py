@@ -96,7 +96,7 @@ class KubeconfigRef(Section):
         return self
 
     def kubeconfig_source(self) -> Path | str | dict[str, Any]:
-        """What ``adapters.kube.kubeconfig.load_clients`` reads: the file, or the inline one."""
+        """What ``adapters.kubeapi.kubeconfig.load_clients`` reads: the file, or the inline one."""
         if self.kubeconfig is not None:
             return Path(self.kubeconfig)
         assert self.kubeconfig_inline is not None

@@ -8,31 +8,7 @@ pool's port (Cluster API ``/scale``, or a simulated pool), reporting failures wi
 ``failed``. The decision of which pool and how many nodes is the pure policy
 ``policies.burst.plan``.
 
-Per pool the controller tracks:
-
-* its desired size (``replicas``) as last set, so the same demand is never scaled twice:
-  a gang with a request in flight is not planned again, and nodes coming up that no gang
-  claims any more (their gang was placed elsewhere) are claimed first by the next plan;
-* *requests*: a gang, the nodes it needs, and the nodes that came up for it so far. Those
-  nodes are *held*: ``holds()`` tells the scheduler to hide them from every other job. A
-  request ends when its gang is no longer waiting (placed, cancelled); it fails when its
-  nodes have not all come up by the provisioning timeout: the nodes that never came are
-  scaled back, the gang waits on (it never left the queue), and the pool backs off
-  (doubling from ``failure_backoff_seconds``) so the next plan picks another pool;
-* the nodes it added (``ours``): nodes of the pool's cluster that were not there when the
-  controller started (or carry the pool's label). They serve only jobs allowed to burst
-  (``hiding``): a small pod that may not burst would keep a paid node alive. A node
-  counts once the ledger has it Ready, schedulable and with its GPUs. One that has had no
-  pod for ``scale_down_after_seconds`` and is not held is removed (``RemoveNode``: cordon,
-  mark the machine, replicas minus one), never below the pool's minimum. Nodes that were
-  there before are never touched.
-* nodes coming up that no gang claims any more are scaled back: at once when their gang
-  started elsewhere (unless a gang planning in the same cycle claims them), else once
-  unclaimed for the pool's ``burstAfterSeconds`` (after a restart, when requests are gone);
-* cost: billed node-seconds (nodes added and not yet removed, from the scale-up on), idle
-  node-seconds (added nodes up with no pod on them and not held for a gang: the cost
-  leak), and per job the node-seconds
-  of the nodes it waited for plus those it ran on.
+What it tracks per pool and per gang, and why, is told in ``broker.core.burst_books``.
 
 A pool owned by the cluster autoscaler (``owner``) is never scaled by the broker: the
 autoscaler reacts to pending pods on its own, and two controllers would fight.
@@ -42,22 +18,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
+from broker.core.burst_books import BurstEvent, Owner, PoolBook, PoolStats, Request, empty
 from broker.model import (
-    MILLI_PER_GPU,
     BurstPlan,
     BurstPool,
     CapacitySnapshot,
     Job,
-    NodeState,
     Placement,
     PoolState,
 )
 from policies.burst import NoBurst, plan
-
-Owner = Literal["fedbroker", "cluster-autoscaler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,77 +74,11 @@ POOL_LABEL = "fedbroker.io/burst-pool"
 Action = ScaleTo | RemoveNode | LabelNode
 
 
-@dataclass(slots=True)
-class _Request:
-    job: str
-    pool: str
-    nodes: int  # the gang's nodes from this pool, new and claimed
-    at: float
-    deadline: float
-    arrived: list[str] = field(default_factory=list)
-
-    @property
-    def missing(self) -> int:
-        return self.nodes - len(self.arrived)
-
-
-@dataclass(slots=True)
-class PoolStats:
-    scale_ups: int = 0
-    scale_downs: int = 0
-    nodes_added: int = 0
-    nodes_removed: int = 0
-    provision_failures: int = 0
-    node_seconds: float = 0.0
-    idle_node_seconds: float = 0.0
-
-    def node_hours(self) -> float:
-        return self.node_seconds / 3600.0
-
-    def idle_node_hours(self) -> float:
-        return self.idle_node_seconds / 3600.0
-
-
-@dataclass(slots=True)
-class _Pool:
-    spec: BurstPool
-    owner: Owner
-    burst_after: float
-    scale_down_after: float
-    provision_timeout: float
-    replicas: int
-    baseline: set[str]
-    ours: set[str] = field(default_factory=set)
-    removing: set[str] = field(default_factory=set)
-    idle_since: dict[str, float] = field(default_factory=dict)
-    failing_until: float = 0.0
-    unclaimed_since: float | None = None  # nodes coming up that no gang waits for
-    orphaned: int = 0  # of those, nodes whose gang started elsewhere or ended this tick
-    failures: int = 0
-    stats: PoolStats = field(default_factory=PoolStats)
-
-    @property
-    def billed(self) -> int:
-        """Nodes the broker asked for and has not given back yet (ready or coming up)."""
-        return max(0, self.replicas - len(self.baseline))
-
-
-@dataclass(frozen=True, slots=True)
-class BurstEvent:
-    """Something the operator should hear about (events stream, logs, alerts)."""
-
-    at: float
-    pool: str
-    kind: Literal["scale-up", "scale-down", "provision-timeout", "scale-failed"]
-    message: str
-    job: str | None = None
-
-
 class BurstController:
     def __init__(self, settings: BurstSettings) -> None:
         self.settings = settings
-        self._pools: dict[str, _Pool] = {}
-        self._requests: dict[str, _Request] = {}  # job -> its request
+        self._pools: dict[str, PoolBook] = {}
+        self._requests: dict[str, Request] = {}  # job -> its request
         self._since: dict[str, float] = {}  # job -> first seen waiting
         self._running: dict[str, tuple[float, int, float]] = {}  # job -> (at, nodes, $/h)
         self.job_node_seconds: dict[str, float] = {}
@@ -197,7 +103,7 @@ class BurstController:
         labelled with this pool: see ``POOL_LABEL``) are not the broker's to remove. Unset
         times default to the controller's settings."""
         settings = self.settings
-        self._pools[pool.name] = _Pool(
+        self._pools[pool.name] = PoolBook(
             pool,
             owner,
             _or(burst_after_seconds, settings.burst_after_seconds),
@@ -274,7 +180,7 @@ class BurstController:
             # Idle: up, no pod, and not held for a gang waiting for the rest of its nodes
             # (those are the gang's provisioning, charged to it, not a leak).
             idle = sum(
-                1 for n in pool.ours - held if (s := view.nodes.get(n)) is not None and _empty(s)
+                1 for n in pool.ours - held if (s := view.nodes.get(n)) is not None and empty(s)
             )
             pool.stats.idle_node_seconds += idle * dt
         for request in self._requests.values():
@@ -373,7 +279,7 @@ class BurstController:
     def _start(self, now: float, decision: BurstPlan, actions: list[Action]) -> None:
         pool = self._pools[decision.pool]
         deadline = now + pool.provision_timeout
-        self._requests[decision.job] = _Request(
+        self._requests[decision.job] = Request(
             decision.job, decision.pool, decision.total, now, deadline
         )
         if decision.nodes == 0:
@@ -399,7 +305,7 @@ class BurstController:
                 continue
             for name in sorted(pool.ours):
                 state = view.nodes.get(name)
-                if state is None or name in held or not _empty(state):
+                if state is None or name in held or not empty(state):
                     pool.idle_since.pop(name, None)
                     continue
                 since = pool.idle_since.setdefault(name, now)
@@ -450,7 +356,7 @@ class BurstController:
         )
 
     @staticmethod
-    def _coming(pool: _Pool) -> int:
+    def _coming(pool: PoolBook) -> int:
         return pool.replicas - len(pool.baseline) - len(pool.ours) - len(pool.removing)
 
     def placed(self, placement: Placement, now: float) -> None:
@@ -541,13 +447,3 @@ class BurstController:
 
 def _or(value: float | None, default: float) -> float:
     return default if value is None else value
-
-
-def _empty(state: NodeState) -> bool:
-    """No pod on the node: every GPU, all CPU and memory free."""
-    node = state.node
-    return (
-        state.free_milli == node.allocatable.gpus * MILLI_PER_GPU
-        and state.cpu_free == node.allocatable.cpu_milli
-        and state.memory_free == node.allocatable.memory_mib
-    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +26,8 @@ from adapters.capi import CapiPool
 from adapters.kubeapi.kubeconfig import load_clients
 from adapters.simulated import SimulatedPool
 from broker.config import BurstPoolConfig, Config
-from broker.core.burst import (
-    POOL_LABEL,
-    Action,
-    BurstController,
-    BurstSettings,
-    LabelNode,
-    RemoveNode,
-    ScaleTo,
-)
+from broker.core.burst import POOL_LABEL, Action, BurstController, BurstSettings, RemoveNode
+from broker.core.burst_actions import OnClock, carry_out
 from broker.core.ledger import Ledger
 from broker.manifest import cpu_millicores, memory_mebibytes
 from broker.model import (
@@ -50,26 +43,6 @@ from broker.model import (
 from broker.ports import KubeconfigError, ScaleError, ScalePool
 
 log = logging.getLogger(__name__)
-
-
-class _SimulatedPort:
-    """A ``SimulatedPool`` behind the async ``ScalePool`` port, on the service's clock."""
-
-    def __init__(self, pool: SimulatedPool, clock: Callable[[], float]) -> None:
-        self.pool = pool
-        self._clock = clock
-
-    async def scale_to(self, replicas: int) -> int:
-        return self.pool.scale_to(replicas, self._clock())
-
-    async def cancel_coming(self, count: int) -> int:
-        return self.pool.cancel_coming(count, self._clock())
-
-    async def remove_node(self, node: str) -> None:
-        self.pool.remove_node(node, self._clock())
-
-    async def label_node(self, node: str, labels: Mapping[str, str]) -> None:
-        self.pool.label_node(node, labels)
 
 
 def _node_of(pc: BurstPoolConfig) -> Resources:
@@ -127,7 +100,7 @@ class BurstPools:
                     failure_rate=pc.source.simulated.failure_rate, seed=pc.source.simulated.seed,
                 )  # fmt: skip
                 self.simulated.append(sim)
-                self.ports[pc.name] = _SimulatedPort(sim, self._clock)
+                self.ports[pc.name] = OnClock(sim, self._clock)
                 shape = _Shape(_node_of(pc), pc.gpu_type, pc.min_nodes, pc.max_nodes, 0)
             else:
                 found = await self._capi(pc, workload)
@@ -229,25 +202,12 @@ class BurstPools:
 
     async def _carry_out(self, action: Action, lock: asyncio.Lock) -> None:
         port = self.ports.get(action.pool)
-        if port is not None:
-            try:
-                if isinstance(action, ScaleTo) and action.delta < 0:
-                    # Only machines not up yet: never a node that may run pods.
-                    await port.cancel_coming(-action.delta)
-                elif isinstance(action, ScaleTo):
-                    await port.scale_to(action.replicas)
-                    log.info(
-                        "pool %s scaled to %d: %s", action.pool, action.replicas, action.reason
-                    )
-                elif isinstance(action, LabelNode):
-                    await port.label_node(action.node, {POOL_LABEL: action.pool})
-                else:
-                    await port.remove_node(action.node)
-                    log.info("pool %s: node %s removed", action.pool, action.node)
-            except (ScaleError, ValueError) as exc:
-                log.warning("pool %s: %s", action.pool, exc)
-                async with lock:
-                    self.controller.failed(action, self._clock(), str(exc))
+        if port is None:
+            return
+        failure = await carry_out(action, port, (ScaleError, ValueError))
+        if failure is not None:
+            async with lock:
+                self.controller.failed(action, self._clock(), failure)
 
     async def drain(self) -> None:
         """Wait until every queued action has been carried out (tests, shutdown)."""

@@ -1,8 +1,8 @@
 """The replay's workload: trace pods on a compressed clock, mixed with generated gangs.
 
 This module owns turning inputs into a time-ordered list of job arrivals, each with its run
-time, on the simulated clock, and the queue the arrived jobs wait in. Nothing here places
-anything; ``broker.sim.replay`` does that.
+time, on the simulated clock. Nothing here places anything; ``broker.sim.replay`` does that.
+An arrival's job carries its queue and priority (defaults: ``default``, 0).
 
 Trace pods. Each pod of an openb pod list becomes a one-pod job that arrives at
 ``creation_time / time_scale`` and runs for ``(deletion_time - creation_time) / time_scale``
@@ -36,7 +36,6 @@ Generated gangs (no public trace has multi-pod gangs; see ../shared/traces/READM
 
 from __future__ import annotations
 
-import bisect
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,30 +78,6 @@ class Workload:
             for ps in a.job.pod_sets
             for _ in range(ps.count)
         )
-
-
-class ArrivalQueue:
-    """Arrived jobs waiting to start, in (priority, FIFO) order: the *active* ones a
-    scheduling cycle may examine, and the *parked* ones that did not fit and wait for
-    capacity to be freed (Kueue's inadmissible workloads)."""
-
-    def __init__(self) -> None:
-        self._seq = 0
-        self.active: list[tuple[tuple[int, int], Arrival]] = []
-        self.parked: list[tuple[tuple[int, int], Arrival]] = []
-
-    def push(self, arrival: Arrival) -> None:
-        self._seq += 1
-        entry = ((-arrival.job.priority, self._seq), arrival)
-        bisect.insort(self.active, entry, key=lambda e: e[0])
-
-    def unpark_all(self) -> None:
-        if self.parked:
-            self.active = sorted(self.active + self.parked, key=lambda e: e[0])
-            self.parked = []
-
-    def waiting(self) -> list[Arrival]:
-        return [a for _, a in self.active + self.parked]
 
 
 def build_workload(

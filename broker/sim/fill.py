@@ -1,7 +1,7 @@
 """The trace simulator's fill protocol: the FGD paper's experiment, on the broker's own core.
 
 Each pod of the (tuned, shuffled) list arrives once and is placed at once through the same
-``ledger.snapshot() -> policy.decide() -> ledger.assume()`` path the service uses, or fails
+``ledger.snapshot() -> decide() -> ledger.assume()`` path the service uses, or fails
 for good; nothing departs. The protocol is spelled out in ../shared/traces/README.md and
 followed to the letter (tuning to 130 %, recording points, tie-breaking).
 """
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import IO
 
 from adapters.simulated import split_round_robin
+from broker.core.decide import decide
 from broker.core.ledger import Ledger
 from broker.model import MILLI_PER_GPU, Cluster, Job, Node, Placement, PodSet
 from broker.sim.traces import TracePod
@@ -96,7 +97,7 @@ def fill_once(
     arrived = allocated = placed = failed = 0
     for pod in tuned:
         job = Job(pod.name, (PodSet("pod", 1, pod.resources),), gpu_types=pod.gpu_types)
-        decision = policy.decide(job, ledger.snapshot())
+        decision = decide(job, ledger.snapshot(), policy).decision
         if isinstance(decision, Placement):
             ledger.assume(decision)
             ledger.confirm(decision.job)

@@ -25,8 +25,8 @@ from adapters.kube.translate import (
 from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, is_stale
 from adapters.kubeapi.kubeconfig import load_clients
 from adapters.kubeapi.quantity import parse_quantity
+from broker.bench.watch import bench_ledger_updates
 from broker.cli.main import main
-from broker.cli.plan import bench_ledger_updates
 from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Cluster, GpuType, PodBound, PodDeleted, Resources
 from broker.ports import KubeconfigError, WatchError

@@ -4,7 +4,6 @@ CLI's JSON and PNG output, and a short replay on the real openb inventory."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from collections.abc import Callable
@@ -219,16 +218,6 @@ def test_a_replay_is_deterministic_for_a_seed(
     nodes = generate_nodes(OPENB_MIX, "sim", scale=0.04)
     again = replay(nodes, timed_pods(300, seed=11), POLICIES, SMALL)
     assert again == small_run
-
-
-def test_the_free_capacity_precheck_changes_no_outcome() -> None:
-    nodes = generate_nodes(OPENB_MIX, "sim", scale=0.03)
-    pods = timed_pods(150, seed=2)
-    config = ReplayConfig(clusters=2, seed=2, jobs=80, time_scale=5.0, gang_load_pct=120.0)
-    with_check = replay(nodes, pods, ["gang", "binpack"], config)
-    without = replay(nodes, pods, ["gang", "binpack"], dataclasses.replace(config, precheck=False))
-    assert with_check == without
-    assert any(r.unstarted or (r.gang_wait_p99_s or 0) > 0 for r in with_check[1])
 
 
 # -- the command line -------------------------------------------------------------------

@@ -23,15 +23,12 @@ from broker.core.burst import BurstController
 from broker.core.ledger import Ledger
 from broker.model import MILLI_PER_GPU, GpuType, Job, Node, PodSet, Resources
 from broker.sim.arrivals import Arrival, Workload, build_workload
-from broker.sim.replay import (
+from broker.sim.replay import ReplayConfig, ReplayResult, replay, replay_policy
+from broker.sim.replay_burst import (
     BURST_CLUSTER,
     DEFAULT_BURST_POOL,
     DEFAULT_BURST_SETTINGS,
     BurstConfig,
-    ReplayConfig,
-    ReplayResult,
-    replay,
-    replay_policy,
 )
 from broker.sim.traces import TracePod
 
