@@ -11,7 +11,7 @@ computes them when asked).
 
 from __future__ import annotations
 
-from broker.model import CapacitySnapshot, ClusterCapacity, Job
+from broker.model import CapacitySnapshot, ClusterCapacity, Job, NodeGroup
 
 
 def may_fit(job: Job, snapshot: CapacitySnapshot) -> bool:
@@ -26,8 +26,20 @@ def may_fit_cluster(job: Job, view: ClusterCapacity) -> bool:
         return False
     for ps in job.pod_sets:
         per_pod = ps.resources.gpus
-        if per_pod:
-            fits = sum(n * (k // per_pod) for g in groups for k, n in view.whole_histogram(g))
-            if fits < ps.count:
-                return False
+        if per_pod and not _whole_nodes_for(view, groups, per_pod, ps.count):
+            return False
     return True
+
+
+def _whole_nodes_for(
+    view: ClusterCapacity, groups: list[NodeGroup], per_pod: int, count: int
+) -> bool:
+    """Whether nodes of ``groups`` have room for ``count`` pods of ``per_pod`` whole GPUs:
+    only buckets of at least ``per_pod`` free GPUs are read, and only until enough."""
+    fits = 0
+    for group in groups:
+        for whole, names in view.by_whole_at_least(group, per_pod):
+            fits += len(names) * (whole // per_pod)
+            if fits >= count:
+                return True
+    return False

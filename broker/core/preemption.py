@@ -23,7 +23,9 @@ from policies import Policy
 
 def lowest_reclaimable(queue: JobQueue, lifecycle: Lifecycle) -> int | None:
     """The lowest priority among running jobs of reclaimable queues (None: there are none):
-    only a job above it might preempt."""
+    only a job above it might preempt. Without a reclaimable queue, no walk at all."""
+    if not any(spec.reclaimable for spec in queue.queues()):
+        return None
     return min(
         (
             launch.pending.job.priority

@@ -18,8 +18,11 @@ in that cluster accumulates for the gang instead of being nibbled away. Holding 
 cycle and recomputed each cycle, so it ends by itself once the gang is placed.
 
 A job of a shape the memo (``broker.core.shapes``) knows to be unplaceable waits without
-a decision. A starving gang is always decided (its hold needs the largest fits), as is a
-job that might preempt (running jobs below its priority in a reclaimable queue).
+a decision. A starving gang is decided in full (its hold needs the largest fits) and its
+shape remembered apart, so a skipped starving gang still holds the cluster its remembered
+largest fits point to (the fits can only have shrunk since: the memo is dropped when room
+appears). A job that might preempt (running jobs below its priority in a reclaimable
+queue) is always decided.
 ``max_jobs_per_cycle`` bounds the decisions of a cycle; skipped jobs do not count.
 """
 
@@ -174,12 +177,17 @@ class _Cycle:
         waited = self.now - pending.enqueued_at
         starving = job.total_pods > 1 and waited >= self.settings.starvation_seconds
         shape: Hashable = None
-        if self.memo is not None and not starving and not self._may_preempt(job):
-            shape = shape_of(job, policy.name, hidden)
+        if self.memo is not None and not self._may_preempt(job):
+            # A starving gang's decision is remembered apart: made in full (no precheck),
+            # it carries the largest fits its hold is chosen by.
+            shape = (shape_of(job, policy.name, hidden), starving)
             known = self.memo.lookup(shape, self.ledger, self.result.held)
             if known is not None:
                 self.result.skipped += 1
-                self._wait(pending, Unplaceable(job.key, known.reasons, known.largest_fit))
+                why = Unplaceable(job.key, known.reasons, known.largest_fit)
+                self._wait(pending, why)
+                if starving:
+                    self._hold_for(job, why)
                 return 0
         # 2. Decide on a fresh snapshot (earlier admissions of this cycle are in it). A
         # starving gang is always decided in full: its hold needs the largest fits.

@@ -321,6 +321,39 @@ def test_an_assumption_keeps_the_memo_and_a_new_node_clears_it() -> None:
     assert [p.job.name for p, _ in result.admitted] == ["wide"]
 
 
+def test_a_starving_gang_is_remembered_and_still_holds_its_cluster() -> None:
+    # a: 2 of 3 nodes taken; b: 1 node. Two starving gangs of one shape, no room for either.
+    ledger = federation(
+        {
+            "a": ClusterSpec(nodes("a", 3, gpus=8), labels={"c": "a"}),
+            "b": ClusterSpec(nodes("b", 2, gpus=8), labels={"c": "b"}),
+        }
+    )
+    h = Harness(ledger, starvation=300.0)
+    for i, cluster in enumerate(["a", "a", "b"]):
+        filler = dataclasses.replace(single(f"fill{i}", gpus=8), cluster_selector={"c": cluster})
+        h.queue.push(queued(filler, i))
+    h.cycle(0.0)
+    h.queue.push(queued(gang("big1", pods=3, gpus=8), 10))
+    h.queue.push(queued(gang("big2", pods=3, gpus=8), 11))
+    memo = UnplaceableShapes()
+    first = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings, memo=memo)
+    # big2 has big1's shape: not decided, yet it holds the closest cluster big1 left.
+    assert (len(first.decisions), first.skipped) == (1, 1)
+    assert sorted(first.held) == ["a", "b"]
+    assert sorted(first.held.values()) == ["default/big1", "default/big2"]
+    again = run_cycle(h.queue, ledger, h.policies, 401.0, h.settings, memo=memo)
+    # Nothing changed: no decision, and the holds are those a full decision gave.
+    assert (len(again.decisions), again.skipped) == (0, 2)
+    assert again.held == first.held
+    assert again.waiting["default/big1"].largest_fit == first.waiting["default/big1"].largest_fit
+    # Room appears in a: the memo is dropped and big1 is placed there at once.
+    h.lifecycle.cancel("default/fill0")
+    h.lifecycle.cancel("default/fill1")
+    third = run_cycle(h.queue, ledger, h.policies, 402.0, h.settings, memo=memo)
+    assert [(p.job.name, pl.cluster) for p, pl in third.admitted] == [("big1", "a")]
+
+
 def test_skipped_jobs_do_not_use_up_the_decisions_of_a_cycle() -> None:
     ledger = federation({"c": nodes("n", 1, gpus=4)})
     h = Harness(ledger)
