@@ -87,6 +87,9 @@ class LaunchSpec:
     schedule_timeout_seconds: int = 600
     queue: str = "default"
     pod_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The tenant's Pod Security Standards level (privileged/baseline/restricted): the member
+    # namespace the gang goes into is labelled to enforce it.
+    pod_security: str = "baseline"
 
     @property
     def key(self) -> str:

@@ -1,5 +1,6 @@
 """Who may submit what: queues (policy, priority, fair-share weight, quota, borrowing,
-reclaimability) and tenants (their queues, their token, admin or not)."""
+reclaimability) and tenants (their queues, their token, admin or not, their Pod Security
+profile and service accounts)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from broker.config.section import Section, TokenRef
 from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
 
 QueuePolicy = Literal["gang", "binpack", "auto"]
+# Kubernetes' Pod Security Standards levels, as the Pod Security Admission labels spell them.
+PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
 
 
 class QueueConfig(Section):
@@ -32,6 +35,11 @@ class TenantConfig(Section):
     queues: list[DnsLabel] = Field(default_factory=list, max_length=256)
     token: TokenRef
     admin: bool = False
+    # The Pod Security Standards profile the tenant's pod templates are checked against
+    # (and its member namespaces labelled with); "privileged" only by the operator's config.
+    pod_security: PodSecurityLevel = "baseline"
+    # Service accounts the tenant's pods may name (in its own member namespace).
+    service_accounts: list[DnsLabel] = Field(default_factory=lambda: ["default"], max_length=64)
 
     @property
     def allowed_queues(self) -> frozenset[str]:
