@@ -6,6 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from broker.config import TenantConfig
+from broker.http.principal import PRINCIPAL, Principal
 from broker.http.state import CONFIG, LIMITER
 
 
@@ -21,6 +22,8 @@ def tenant_of(request: web.Request) -> TenantConfig:
             reason="Authorization: missing or invalid bearer token",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    roles = frozenset({"admin"} if tenant.admin else {"submit", "cancel", "read"})
+    request[PRINCIPAL] = Principal(f"token:{tenant.name}", tenant.name, roles)
     wait = request.app[LIMITER].retry_after(tenant.name)
     if wait is not None:
         limit = request.app[CONFIG].api.rate_limit_per_tenant
