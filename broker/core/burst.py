@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.core.burst_books import BurstEvent, Owner, PoolBook, PoolStats, Request, empty
+from broker.core.burst_rows import PoolRow, RequestRow
 from broker.model import (
     BurstPlan,
     BurstPool,
@@ -418,31 +419,36 @@ class BurstController:
                 out[job] = {cluster: frozenset(request.arrived)}
         return out
 
-    def requests(self) -> list[dict[str, object]]:
+    def requests(self) -> list[RequestRow]:
         return [
-            {"job": r.job, "pool": r.pool, "nodes": r.nodes, "arrived": len(r.arrived),
-             "requestedAt": r.at, "deadline": r.deadline}
+            RequestRow(r.job, r.pool, r.nodes, len(r.arrived), r.at, r.deadline)
             for r in self._requests.values()
-        ]  # fmt: skip
+        ]
 
-    def pool_rows(self, now: float) -> list[dict[str, object]]:
-        rows = []
-        for name, pool in sorted(self._pools.items()):
-            s = pool.stats
-            rows.append({
-                "pool": name, "cluster": pool.spec.cluster, "owner": pool.owner,
-                "gpuType": str(pool.spec.gpu_type), "replicas": pool.replicas,
-                "minNodes": pool.spec.min_nodes, "maxNodes": pool.spec.max_nodes,
-                "ready": len(pool.ours), "coming": max(0, self._coming(pool)),
-                "failing": now < pool.failing_until,
-                "scaleUps": s.scale_ups, "scaleDowns": s.scale_downs,
-                "nodesAdded": s.nodes_added, "provisionFailures": s.provision_failures,
-                "nodeHours": round(s.node_hours(), 4),
-                "idleNodeHours": round(s.idle_node_hours(), 4),
-                "cost": round(s.node_hours() * pool.spec.cost_per_node_hour, 4),
-                "costPerNodeHour": pool.spec.cost_per_node_hour,
-            })  # fmt: skip
-        return rows
+    def pool_rows(self, now: float) -> list[PoolRow]:
+        return [
+            PoolRow(
+                name,
+                pool.spec.cluster,
+                pool.owner,
+                str(pool.spec.gpu_type),
+                pool.replicas,
+                pool.spec.min_nodes,
+                pool.spec.max_nodes,
+                len(pool.ours),
+                max(0, self._coming(pool)),
+                now < pool.failing_until,
+                pool.stats.scale_ups,
+                pool.stats.scale_downs,
+                pool.stats.nodes_added,
+                pool.stats.provision_failures,
+                round(pool.stats.node_hours(), 4),
+                round(pool.stats.idle_node_hours(), 4),
+                round(pool.stats.node_hours() * pool.spec.cost_per_node_hour, 4),
+                pool.spec.cost_per_node_hour,
+            )  # fmt: skip
+            for name, pool in sorted(self._pools.items())
+        ]
 
 
 def _or(value: float | None, default: float) -> float:

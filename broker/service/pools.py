@@ -18,7 +18,6 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
@@ -28,6 +27,7 @@ from adapters.simulated import SimulatedPool
 from broker.config import BurstPoolConfig, Config
 from broker.core.burst import POOL_LABEL, Action, BurstController, BurstSettings, RemoveNode
 from broker.core.burst_actions import OnClock, carry_out
+from broker.core.burst_rows import PoolRow
 from broker.core.ledger import Ledger
 from broker.manifest import cpu_millicores, memory_mebibytes
 from broker.model import (
@@ -215,5 +215,5 @@ class BurstPools:
 
     # -- reads ----------------------------------------------------------------------------
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[PoolRow]:
         return self.controller.pool_rows(self._clock())

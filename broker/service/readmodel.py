@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.core.burst import POOL_LABEL
+from broker.core.burst_rows import PoolRow
 from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue
 from broker.model import MILLI_PER_GPU, ClusterCapacity
@@ -126,42 +127,6 @@ class NodeClusterRow:
             "cluster": self.cluster, "kind": self.kind, "stale": self.stale,
             "nodes": [n.as_json() for n in self.nodes],
         }  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRow:
-    """A burst pool as the controller counts it; ``as_json()`` is its row of ``/v1/pools``
-    (every field the controller reports, in its order)."""
-
-    pool: str
-    cluster: str
-    ready: int  # nodes the broker added that are up
-    coming: int  # nodes asked for, not up yet
-    failing: bool  # backing off after a failure
-    scale_ups: int
-    scale_downs: int
-    provision_failures: int
-    node_hours: float  # billed for nodes the broker added
-    idle_node_hours: float  # of those, up with no pod on them
-    cost: float
-    fields: Mapping[str, object]
-
-    @classmethod
-    def of(cls, row: Mapping[str, object]) -> PoolRow:
-        def number(key: str) -> float:
-            value = row[key]
-            assert isinstance(value, int | float), key
-            return float(value)
-
-        return cls(
-            str(row["pool"]), str(row["cluster"]), int(number("ready")), int(number("coming")),
-            bool(row["failing"]), int(number("scaleUps")), int(number("scaleDowns")),
-            int(number("provisionFailures")), number("nodeHours"), number("idleNodeHours"),
-            number("cost"), row,
-        )  # fmt: skip
-
-    def as_json(self) -> dict[str, object]:
-        return dict(self.fields)
 
 
 def reserved_milli(ledger: Ledger) -> dict[tuple[str, str], int]:
@@ -303,7 +268,7 @@ class ReadModel:
 
     def pools(self) -> list[PoolRow]:
         """Burst pools as the controller counts them (``/v1/pools``' ``pools``)."""
-        return [PoolRow.of(row) for row in self._pools.rows()]
+        return self._pools.rows()
 
     def burst(self, tenant: str | None) -> dict[str, Any]:
         """Burst pools, gangs waiting for burst nodes and burst cost per job (the body of
@@ -315,7 +280,7 @@ class ReadModel:
 
         return {
             "pools": [row.as_json() for row in self.pools()],
-            "requests": [r for r in controller.requests() if mine(str(r["job"]))],
+            "requests": [r.as_json() for r in controller.requests() if mine(r.job)],
             "jobs": [
                 {"job": job, "nodeHours": round(seconds / 3600.0, 4),
                  "cost": round(controller.job_cost.get(job, 0.0), 4)}

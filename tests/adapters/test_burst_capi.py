@@ -87,7 +87,7 @@ async def test_gang_scales_the_machine_deployment_once_and_runs_on_its_nodes(
     await service.start()
     try:
         [pool] = service.pools.rows()
-        assert (pool["gpuType"], pool["maxNodes"], pool["replicas"]) == ("A100", 4, 0)
+        assert (pool.gpu_type, pool.max_nodes, pool.replicas) == ("A100", 4, 0)
         burst = {"allowBurst": True, "gpuTypes": ["A100"]}
         await service.submit("team-a", manifest("big", gpus=8, count=3, placement=burst))
         await service.schedule_once()
@@ -129,6 +129,6 @@ async def test_gang_scales_the_machine_deployment_once_and_runs_on_its_nodes(
     try:
         await restarted.schedule_once()
         [pool] = restarted.pools.rows()
-        assert (pool["replicas"], pool["ready"], pool["coming"]) == (3, 3, 0)
+        assert (pool.replicas, pool.ready, pool.coming) == (3, 3, 0)
     finally:
         await restarted.close()

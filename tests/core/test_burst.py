@@ -233,7 +233,7 @@ def test_provisioning_timeout_scales_back_and_backs_off() -> None:
     assert w.sim.replicas == 0
     events = [e.kind for e in w.burst.events]
     assert events == ["scale-up", "provision-timeout"]
-    assert w.burst.pool_rows(w.now)[0]["failing"] is True
+    assert w.burst.pool_rows(w.now)[0].failing is True
     assert "default/g" in w.waiting  # requeued: still waiting, never placed
     for _ in range(50):  # within the backoff: no new scale-up from this pool
         w.cycle()
@@ -258,7 +258,7 @@ def test_a_failed_scale_up_is_undone_and_the_pool_backs_off() -> None:
     [up] = w.scale_actions
     w.burst.failed(up, w.now, "scale machinedeployment: HTTP 503 after 6 attempts")
     [row] = w.burst.pool_rows(w.now)
-    assert (row["replicas"], row["scaleUps"], row["nodesAdded"], row["failing"]) == (0, 0, 0, True)
+    assert (row.replicas, row.scale_ups, row.nodes_added, row.failing) == (0, 0, 0, True)
     assert w.burst.requests() == []
     assert [e.kind for e in w.burst.events] == ["scale-up", "scale-failed"]
     w.sim.scale_to(0, w.now)  # the API call never happened

@@ -103,7 +103,7 @@ async def test_gang_bursts_runs_and_the_nodes_go_away(tmp_path: Path) -> None:
         record = await service.get("team-a", "big")
         assert record.cluster == "cloud"
         [pool] = service.pools.rows()
-        assert (pool["scaleUps"], pool["nodesAdded"], pool["replicas"]) == (1, 3, 3)
+        assert (pool.scale_ups, pool.nodes_added, pool.replicas) == (1, 3, 3)
         assert service.pools.simulated[0].scale_calls == 1  # one scale-up in 100 cycles
         assert len(cloud_nodes(service)) == 3
 
@@ -115,8 +115,8 @@ async def test_gang_bursts_runs_and_the_nodes_go_away(tmp_path: Path) -> None:
         # Removed (replicas lowered) within scaleDownAfterSeconds + one cycle of the end;
         # the ledger hears of it at the next cycle.
         [pool] = service.pools.rows()
-        assert (pool["replicas"], pool["scaleDowns"], pool["ready"]) == (0, 3, 0)
-        assert pool["nodeHours"] > 0 and pool["cost"] > 0
+        assert (pool.replicas, pool.scale_downs, pool.ready) == (0, 3, 0)
+        assert pool.node_hours > 0 and pool.cost > 0
         assert service.pools.controller.job_cost["team-a/big"] > 0
     finally:
         await service.close()
@@ -132,7 +132,7 @@ async def test_gang_not_allowed_to_burst_waits(tmp_path: Path) -> None:
             await cycle(service, clock)
         assert (await service.get("team-a", "local")).state == "Queued"
         [pool] = service.pools.rows()
-        assert pool["scaleUps"] == 0 and service.pools.simulated[0].scale_calls == 0
+        assert pool.scale_ups == 0 and service.pools.simulated[0].scale_calls == 0
     finally:
         await service.close()
 
@@ -149,8 +149,8 @@ async def test_provisioning_timeout_requeues_scales_back_marks_failing(tmp_path:
             if sim.scale_calls == 2:
                 break
         [pool] = service.pools.rows()
-        assert (sim.replicas, pool["replicas"], pool["provisionFailures"]) == (0, 0, 1)
-        assert pool["failing"] is True
+        assert (sim.replicas, pool.replicas, pool.provision_failures) == (0, 0, 1)
+        assert pool.failing is True
         kinds = [e.kind for e in service.pools.controller.events]
         assert kinds == ["scale-up", "provision-timeout"]
         assert (await service.get("team-a", "stuck")).state == "Queued"
