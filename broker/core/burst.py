@@ -426,29 +426,17 @@ class BurstController:
         ]
 
     def pool_rows(self, now: float) -> list[PoolRow]:
-        return [
-            PoolRow(
-                name,
-                pool.spec.cluster,
-                pool.owner,
-                str(pool.spec.gpu_type),
-                pool.replicas,
-                pool.spec.min_nodes,
-                pool.spec.max_nodes,
-                len(pool.ours),
-                max(0, self._coming(pool)),
-                now < pool.failing_until,
-                pool.stats.scale_ups,
-                pool.stats.scale_downs,
-                pool.stats.nodes_added,
-                pool.stats.provision_failures,
-                round(pool.stats.node_hours(), 4),
-                round(pool.stats.idle_node_hours(), 4),
-                round(pool.stats.node_hours() * pool.spec.cost_per_node_hour, 4),
-                pool.spec.cost_per_node_hour,
-            )  # fmt: skip
-            for name, pool in sorted(self._pools.items())
-        ]
+        return [self._row(name, pool, now) for name, pool in sorted(self._pools.items())]
+
+    def _row(self, name: str, pool: PoolBook, now: float) -> PoolRow:
+        s, spec = pool.stats, pool.spec
+        return PoolRow(
+            name, spec.cluster, pool.owner, str(spec.gpu_type), pool.replicas, spec.min_nodes,
+            spec.max_nodes, len(pool.ours), max(0, self._coming(pool)), now < pool.failing_until,
+            s.scale_ups, s.scale_downs, s.nodes_added, s.provision_failures,
+            round(s.node_hours(), 4), round(s.idle_node_hours(), 4),
+            round(s.node_hours() * spec.cost_per_node_hour, 4), spec.cost_per_node_hour,
+        )  # fmt: skip
 
 
 def _or(value: float | None, default: float) -> float:
