@@ -4,9 +4,9 @@ As kube-scheduler's PostFilter and Kueue's preemption by simulated removal: a jo
 fits nowhere may evict whole jobs of *reclaimable* queues with a lower priority
 than its own, never part of a gang. Per cluster, victims are tried smallest first (then
 lowest priority, then newest) on a what-if snapshot until the job fits, then any victim not
-needed is dropped again; the cluster whose victims free the fewest GPUs wins. Clusters held
-for a starving gang are not considered. Evicting the victims (the lifecycle requeues them)
-and placing the job are the cycle's (``broker.core.scheduler``).
+needed is dropped again; the cluster whose victims free the fewest GPUs wins. Clusters with
+nodes held for a starving gang are not considered. Evicting the victims (the lifecycle
+requeues them) and placing the job are the cycle's (``broker.core.scheduler``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def choose_victims(
     ledger: Ledger,
     queue: JobQueue,
     lifecycle: Lifecycle,
-    held: Mapping[str, str],
+    held: Mapping[str, object],
 ) -> list[Launch] | None:
     """The fewest GPUs of whole lower-priority reclaimable jobs whose eviction lets the job
     fit, or None when no such set exists."""

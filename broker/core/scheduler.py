@@ -12,16 +12,17 @@ placed in the same cycle, so nothing else can take the freed capacity first.
 
 No head-of-line blocking, no starvation: a job that does not fit never stops the jobs
 behind it from being tried, so small jobs backfill around a waiting gang. Once a gang has
-waited longer than ``starvation_seconds``, the cluster where it comes closest to fitting is
-*held* for it: jobs behind it in the order may no longer be placed there, so capacity freed
-in that cluster accumulates for the gang instead of being nibbled away. Holding is per
-cycle and recomputed each cycle, so it ends by itself once the gang is placed.
+waited longer than ``starvation_seconds``, nodes are *held* for it in the cluster where it
+comes closest to fitting (``broker.core.holds``: just enough nodes to take the gang once
+empty): jobs behind it in the order decide without those nodes, so capacity freed there
+accumulates for the gang instead of being nibbled away, while the rest of the cluster stays
+open. Holding is per cycle and recomputed each cycle, so it ends once the gang is placed.
 
 A job of a shape the memo (``broker.core.shapes``) knows to be unplaceable waits without
 a decision. A starving gang is decided in full (its hold needs the largest fits) and its
-shape remembered apart, so a skipped starving gang still holds the cluster its remembered
-largest fits point to (the fits can only have shrunk since: the memo is dropped when room
-appears). A job that might preempt (running jobs below its priority in a reclaimable
+shape remembered apart, so a skipped starving gang still holds nodes in the cluster its
+remembered largest fits point to (the fits can only have shrunk since: the memo is dropped
+when room appears). A job that might preempt (running jobs below its priority in a reclaimable
 queue) is always decided.
 ``max_jobs_per_cycle`` bounds the decisions of a cycle; skipped jobs do not count.
 """
@@ -32,8 +33,8 @@ import time
 from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 
-from broker.core import views
 from broker.core.decide import decide
+from broker.core.holds import Holds, hidden_with, nodes_to_hold
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Launch, Lifecycle, Outcome
 from broker.core.preemption import choose_victims, lowest_reclaimable
@@ -65,7 +66,7 @@ class SchedulerSettings:
 class CycleResult:
     admitted: list[tuple[Pending, Placement]] = field(default_factory=list)
     waiting: dict[str, Unplaceable] = field(default_factory=dict)
-    held: dict[str, str] = field(default_factory=dict)  # cluster -> the gang it is held for
+    held: Holds = field(default_factory=dict)  # cluster -> node -> the gang it is held for
     preempted: list[tuple[Launch, Outcome]] = field(default_factory=list)
     conflicts: int = 0
     # (seconds the policy took, None when the precheck answered; policy name; placed?) per
@@ -160,6 +161,9 @@ class _Cycle:
     result: CycleResult = field(default_factory=CycleResult)
     floor: int | None = None  # lowest_reclaimable(), once known
     floor_known: bool = False
+    held_keys: set[tuple[str, str]] = field(default_factory=set)  # result.held, as pairs
+    # The snapshot without the held nodes, for the ledger version and holds it was made at.
+    held_view: tuple[int, int, CapacitySnapshot] | None = None
 
     def eligible(self) -> list[Pending]:
         total, _ = federation_capacity(self.ledger.snapshot())
@@ -181,7 +185,7 @@ class _Cycle:
             # A starving gang's decision is remembered apart: made in full (no precheck),
             # it carries the largest fits its hold is chosen by.
             shape = (shape_of(job, policy.name, hidden), starving)
-            known = self.memo.lookup(shape, self.ledger, self.result.held)
+            known = self.memo.lookup(shape, self.ledger, self.held_keys)
             if known is not None:
                 self.result.skipped += 1
                 why = Unplaceable(job.key, known.reasons, known.largest_fit)
@@ -204,18 +208,26 @@ class _Cycle:
             decision = refused
         elif self.memo is not None and shape is not None:
             # Unplaceable by the policy (not by quota, which changes with the queue's use).
-            self.memo.remember(shape, self.ledger, self.result.held, decision)
-        # 5. It waits; a gang that has waited too long gets its closest cluster held.
+            self.memo.remember(shape, self.ledger, self.held_keys, decision)
+        # 5. It waits; a gang that has waited too long gets nodes held in its closest cluster.
         self._wait(pending, decision)
         if starving:
             self._hold_for(job, decision)
         return 1
 
     def _view(self, hidden: Mapping[str, Collection[str]] | None) -> CapacitySnapshot:
-        """A fresh snapshot without the nodes ``hidden`` and the clusters held so far."""
-        snapshot = self.ledger.snapshot_hiding(hidden) if hidden else self.ledger.snapshot()
-        held = self.result.held
-        return views.without(snapshot, held) if held else snapshot
+        """A fresh snapshot without the nodes ``hidden`` and the nodes held so far."""
+        if not self.held_keys:
+            return self.ledger.snapshot_hiding(hidden) if hidden else self.ledger.snapshot()
+        if hidden:
+            return self.ledger.snapshot_hiding(hidden_with(self.result.held, hidden))
+        # Jobs decided one after another see the same held view until something changes.
+        version = self.ledger.snapshot().version
+        cached = self.held_view
+        if cached is None or cached[:2] != (version, len(self.held_keys)):
+            view = self.ledger.snapshot_hiding(self.result.held)
+            cached = self.held_view = (version, len(self.held_keys), view)
+        return cached[2]
 
     def _may_preempt(self, job: Job) -> bool:
         if self.lifecycle is None:
@@ -274,12 +286,20 @@ class _Cycle:
             self.on_decision(pending, why)
 
     def _hold_for(self, job: Job, why: Unplaceable) -> None:
-        """Hold the cluster where the starving gang comes closest to fitting, unless held."""
-        held = self.result.held
-        closest = max(
-            (c for c in why.largest_fit if c not in held),
-            key=lambda c: (why.largest_fit[c], c),
-            default=None,
-        )
-        if closest is not None and why.largest_fit[closest] > 0:
-            held[closest] = job.key
+        """Hold nodes for the starving gang in the cluster where it comes closest to fitting
+        (its largest fits were found without the nodes already held) among those that could
+        take it whole once their nodes empty."""
+        fits = why.largest_fit
+        snapshot = self.ledger.snapshot()
+        for cluster in sorted(fits, key=lambda c: (fits[c], c), reverse=True):
+            view = snapshot.clusters.get(cluster)
+            if fits[cluster] <= 0 or view is None:
+                break
+            mine = self.result.held.get(cluster, {})
+            chosen = nodes_to_hold(job, view, mine)
+            if chosen:
+                self.result.held[cluster] = mine
+                for node in chosen:
+                    mine[node] = job.key
+                    self.held_keys.add((cluster, node))
+                return

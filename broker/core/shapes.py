@@ -5,7 +5,8 @@ policy decision each, every cycle. ``UnplaceableShapes`` remembers the *shapes* 
 a decision depends on but the name) found unplaceable, as Armada skips jobs whose
 scheduling key already failed in a round: a job of a remembered shape waits without a
 decision, for as long as the federation has only lost room since (``Ledger.growth``
-unchanged: only assumptions happened) and no cluster held then is free now. The cycle
+unchanged: only assumptions happened) and no node held then (``broker.core.holds``) is
+free now. The cycle
 decides which jobs may be skipped (see ``broker.core.scheduler``).
 """
 
@@ -36,7 +37,7 @@ class UnplaceableShapes:
 
     ledger: Ledger | None = None  # whose growth it is (a rebuilt service has a new one)
     growth: int = -1
-    shapes: dict[Hashable, tuple[frozenset[str], Unplaceable]] = field(default_factory=dict)
+    shapes: dict[Hashable, tuple[frozenset[Hashable], Unplaceable]] = field(default_factory=dict)
 
     def _current(self, ledger: Ledger) -> bool:
         if ledger is self.ledger and ledger.growth == self.growth:
@@ -46,17 +47,19 @@ class UnplaceableShapes:
         return False
 
     def lookup(
-        self, shape: Hashable, ledger: Ledger, held: Mapping[str, str]
+        self, shape: Hashable, ledger: Ledger, held: Collection[Hashable]
     ) -> Unplaceable | None:
+        """The remembered refusal of ``shape``, unless room may have appeared since: the
+        ledger grew, or something ``held`` then (held nodes) is not held now."""
         if not self._current(ledger):
             return None
         known = self.shapes.get(shape)
-        if known is None or not all(cluster in held for cluster in known[0]):
-            return None  # a cluster hidden then is visible now: decide again
+        if known is None or not all(key in held for key in known[0]):
+            return None  # a node hidden then is visible now: decide again
         return known[1]
 
     def remember(
-        self, shape: Hashable, ledger: Ledger, held: Mapping[str, str], why: Unplaceable
+        self, shape: Hashable, ledger: Ledger, held: Collection[Hashable], why: Unplaceable
     ) -> None:
         self._current(ledger)
         self.shapes[shape] = (frozenset(held), why)

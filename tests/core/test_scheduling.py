@@ -116,11 +116,33 @@ def test_a_starving_gang_holds_its_closest_cluster() -> None:
     assert h.cycle(10.0) == ["default/early"]
     assert ledger.reservations()["default/early"].cluster == "a"
     h.lifecycle.cancel("default/early")
-    # Past it, a is held for the gang: the small job goes to b instead.
+    # Past it, a's nodes are held for the gang (all three: it needs them all): the small
+    # job goes to b instead.
     h.queue.push(queued(single("late", gpus=1), 12))
     result = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings)
-    assert result.held == {"a": "default/big"}
+    assert result.held == {"a": {f"a-{i}": "default/big" for i in range(3)}}
     assert [(p.job.name, pl.cluster) for p, pl in result.admitted] == [("late", "b")]
+
+
+def test_a_hold_takes_only_the_nodes_the_gang_needs() -> None:
+    # 8 nodes: 4 full, 2 with 2 GPUs free, 2 empty. A starving gang of 3 x 8 GPUs holds the
+    # 2 empty nodes and one of the others (3 nodes would take it once empty), nothing more:
+    # a small job behind it still lands on the fourth node.
+    ledger = federation({"c": nodes("n", 8, gpus=8)})
+    h = Harness(ledger, starvation=300.0)
+    for i, gpus in enumerate([8, 8, 8, 8, 6, 6]):
+        h.queue.push(queued(single(f"fill{i}", gpus=gpus), i))
+    h.cycle(0.0)
+    h.queue.push(queued(gang("big", pods=3, gpus=8), 10))
+    h.queue.push(queued(single("small", gpus=2), 11))
+    result = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings)
+    held = result.held["c"]
+    assert sorted(held.values()) == ["default/big"] * 3
+    free = {n: s.whole_free for n, s in ledger.snapshot().clusters["c"].nodes.items()}
+    [(pending, placement)] = result.admitted
+    assert pending.job.name == "small" and placement.cluster == "c"
+    [pod] = placement.pods
+    assert pod.node not in held and sorted(free[n] for n in held) == [2, 8, 8]
 
 
 def test_an_auto_job_takes_its_queues_policy_and_a_named_one_its_own() -> None:
@@ -322,15 +344,15 @@ def test_an_assumption_keeps_the_memo_and_a_new_node_clears_it() -> None:
 
 
 def test_a_starving_gang_is_remembered_and_still_holds_its_cluster() -> None:
-    # a: 2 of 3 nodes taken; b: 1 node. Two starving gangs of one shape, no room for either.
+    # a and b: 2 of 3 nodes taken. Two starving gangs of one shape, no room for either.
     ledger = federation(
         {
             "a": ClusterSpec(nodes("a", 3, gpus=8), labels={"c": "a"}),
-            "b": ClusterSpec(nodes("b", 2, gpus=8), labels={"c": "b"}),
+            "b": ClusterSpec(nodes("b", 3, gpus=8), labels={"c": "b"}),
         }
     )
     h = Harness(ledger, starvation=300.0)
-    for i, cluster in enumerate(["a", "a", "b"]):
+    for i, cluster in enumerate(["a", "a", "b", "b"]):
         filler = dataclasses.replace(single(f"fill{i}", gpus=8), cluster_selector={"c": cluster})
         h.queue.push(queued(filler, i))
     h.cycle(0.0)
@@ -338,10 +360,10 @@ def test_a_starving_gang_is_remembered_and_still_holds_its_cluster() -> None:
     h.queue.push(queued(gang("big2", pods=3, gpus=8), 11))
     memo = UnplaceableShapes()
     first = run_cycle(h.queue, ledger, h.policies, 400.0, h.settings, memo=memo)
-    # big2 has big1's shape: not decided, yet it holds the closest cluster big1 left.
+    # big2 has big1's shape: not decided, yet it holds nodes where it comes closest.
     assert (len(first.decisions), first.skipped) == (1, 1)
-    assert sorted(first.held) == ["a", "b"]
-    assert sorted(first.held.values()) == ["default/big1", "default/big2"]
+    holders = {c: set(nodes.values()) for c, nodes in first.held.items()}
+    assert sorted(holders.values()) == [{"default/big1"}, {"default/big2"}]
     again = run_cycle(h.queue, ledger, h.policies, 401.0, h.settings, memo=memo)
     # Nothing changed: no decision, and the holds are those a full decision gave.
     assert (len(again.decisions), again.skipped) == (0, 2)
