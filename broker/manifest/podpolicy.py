@@ -210,9 +210,9 @@ def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
         return pod_set
     req, found = pod_requests(spec, (*base, "template", "spec"))
     if found:
-        first = found[0]
+        first, path = found[0], field_path(found[0].path)
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise ManifestError(f"{field_path(first.path)}: {first.message}{more}")
+        raise ManifestError(f"{path}: {first.message}{more}", path)
     derived: dict[str, str | int] = {}
     for name, amount in sorted(req.effective.items()):
         stated = _stated(pod_set.resources, name)
@@ -222,13 +222,15 @@ def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
             path = field_path(req.blame(name, stated))
             raise ManifestError(
                 f"{path}: makes the pod's {name} request {_amount(amount)}, but the pod set's "
-                f"resources say {_amount(stated)} (every container counts)"
+                f"resources say {_amount(stated)} (every container counts)",
+                path,
             )
         elif amount < stated:
             path = field_path((*base, "resources", name))
             raise ManifestError(
                 f"{path}: is {_amount(stated)}, but the template's containers request "
-                f"{_amount(amount)} in all"
+                f"{_amount(amount)} in all",
+                path,
             )
     if not derived:
         return pod_set
@@ -238,7 +240,7 @@ def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
     except ValidationError as exc:
         path, message = first_error(exc)
         where = field_path((*base, "resources", path))
-        raise ManifestError(f"{where}: {message} (derived from the template)") from None
+        raise ManifestError(f"{where}: {message} (derived from the template)", where) from None
     return pod_set.model_copy(update={"resources": resources})
 
 
