@@ -63,13 +63,13 @@ def edit(*changes: tuple[str, object]) -> dict[str, Any]:
             if index:
                 parts.append(int(index.rstrip("]")))
         node: Any = template
-        for part in parts[:-1]:
-            if isinstance(part, int):
-                while len(node) <= part:
+        for key in parts[:-1]:
+            if isinstance(key, int):
+                while len(node) <= key:
                     node.append({})
-                node = node[part]
+                node = node[key]
             else:
-                node = node.setdefault(part, {} if not isinstance(part, int) else [])
+                node = node.setdefault(key, {})
         last = parts[-1]
         if value is DELETE:
             del node[last]
@@ -84,7 +84,7 @@ C0 = "spec.containers[0]"
 SC0 = f"{C0}.securityContext"
 PSC = "spec.securityContext"
 SECRET = "fedbroker-broker-token"
-RESTRICTED_INIT = {"name": "init", "image": "x", "securityContext": {
+RESTRICTED_INIT: dict[str, Any] = {"name": "init", "image": "x", "securityContext": {
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}  # fmt: skip
 SECOND_GPU_CONTAINER = {**RESTRICTED_INIT, "name": "side",
                         "resources": {"limits": {"nvidia.com/gpu": 8}}}  # fmt: skip
@@ -105,8 +105,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
         ("spec.automountServiceAccountToken", True),
         ("spec.volumes", [{"name": "t", "secret": {"secretName": SECRET}}])),
      "spec.volumes[0].secret.secretName", "reserved for the broker", ALL),
-    ("the broker's Secret projected", edit(
-        ("spec.volumes", [{"name": "t", "projected": {"sources": [{"secret": {"name": SECRET}}]}}])),
+    ("the broker's Secret projected", edit(("spec.volumes", [
+        {"name": "t", "projected": {"sources": [{"secret": {"name": SECRET}}]}}])),
      "spec.volumes[0].projected.sources[0].secret.name", "reserved for the broker", ALL),
     ("a token for another audience", edit(("spec.volumes", [{"name": "t", "projected": {
         "sources": [{"serviceAccountToken": {"audience": "fedbroker", "path": "t"}}]}}])),
@@ -116,7 +116,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
      f"{C0}.env[0].valueFrom.secretKeyRef.name", "reserved", ALL),
     ("the broker's Secret as envFrom", edit((f"{C0}.envFrom", [{"secretRef": {"name": SECRET}}])),
      f"{C0}.envFrom[0].secretRef.name", "reserved", ALL),
-    ("the broker's Secret to pull images", edit(("spec.imagePullSecrets", [{"name": "fedbroker-pull"}])),
+    ("the broker's Secret to pull images",
+     edit(("spec.imagePullSecrets", [{"name": "fedbroker-pull"}])),
      "spec.imagePullSecrets[0].name", "reserved", ALL),
     ("fedbroker.io label", edit(("metadata.labels", {"fedbroker.io/tenant": "team-b"})),
      "metadata.labels.fedbroker.io/tenant", "broker's", ALL),
@@ -138,7 +139,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
      "spec.initContainers[0].resources.limits.nvidia.com/gpu", "request 2", ALL),
     ("overhead over the pod set", edit(("spec.overhead", {"cpu": "250m"})),
      "spec.overhead.cpu", "request 2.25", ALL),
-    ("an uncounted MIG slice", edit((f"{C0}.resources.limits", {**RESOURCES, "nvidia.com/mig-1g.5gb": 1})),
+    ("an uncounted MIG slice",
+     edit((f"{C0}.resources.limits", {**RESOURCES, "nvidia.com/mig-1g.5gb": 1})),
      f"{C0}.resources.limits.nvidia.com/mig-1g.5gb", "not a resource the broker counts", ALL),
     ("DRA claims for a container", edit((f"{C0}.resources.claims", [{"name": "gpu"}])),
      f"{C0}.resources.claims", "not counted", ALL),
@@ -181,9 +183,11 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
      f"{PSC}.seccompProfile.type", "seccomp", BASELINE),
     ("unsafe sysctl", edit((f"{PSC}.sysctls", [{"name": "kernel.msgmax", "value": "1"}])),
      f"{PSC}.sysctls[0].name", "safe set", BASELINE),
-    ("probe to a host", edit((f"{C0}.livenessProbe", {"httpGet": {"host": "10.0.0.1", "port": 80}})),
+    ("probe to a host",
+     edit((f"{C0}.livenessProbe", {"httpGet": {"host": "10.0.0.1", "port": 80}})),
      f"{C0}.livenessProbe.httpGet.host", "name a host", BASELINE),
-    ("hook to a host", edit((f"{C0}.lifecycle", {"preStop": {"tcpSocket": {"host": "node", "port": 22}}})),
+    ("hook to a host",
+     edit((f"{C0}.lifecycle", {"preStop": {"tcpSocket": {"host": "node", "port": 22}}})),
      f"{C0}.lifecycle.preStop.tcpSocket.host", "name a host", BASELINE),
     ("privileged as text", edit((f"{SC0}.privileged", "true")), f"{SC0}.privileged",
      "must be a boolean", BASELINE),
@@ -283,7 +287,8 @@ SA_ROWS = [
     ((), ["trainer"], "spec.serviceAccountName"),  # runs as "default", not listed
     ((("spec.automountServiceAccountToken", False),), ["trainer"], None),
     ((("spec.automountServiceAccountToken", True),), ["default"], None),
-    ((("spec.automountServiceAccountToken", "yes"),), ["default"], "spec.automountServiceAccountToken"),
+    ((("spec.automountServiceAccountToken", "yes"),), ["default"],
+     "spec.automountServiceAccountToken"),
 ]  # fmt: skip
 
 
@@ -324,7 +329,7 @@ def container(name: str, requests: dict[str, Any] | None = None,
     return {"name": name, "image": "x", "resources": resources, **extra}
 
 
-SIDECAR = {"restartPolicy": "Always"}
+SIDECAR: dict[str, Any] = {"restartPolicy": "Always"}
 REQUESTS: list[tuple[str, dict[str, Any], dict[str, Fraction]]] = [
     ("nothing asked", {"containers": [{"name": "a"}]}, {}),
     ("containers add up", {"containers": [container("a", {"cpu": "1"}),

@@ -119,8 +119,8 @@ async def test_the_tenants_level_decides(api: Client) -> None:
 
 
 async def test_resources_left_out_are_derived_from_the_template_and_stored(api: Client) -> None:
-    spec = {"containers": [main(resources={"limits": {"nvidia.com/gpu": 2, "cpu": "4"}}),
-                           main(name="log", resources={"requests": {"memory": "1Gi"}})]}  # fmt: skip
+    gpus = main(resources={"limits": {"nvidia.com/gpu": 2, "cpu": "4"}})
+    spec = {"containers": [gpus, main(name="log", resources={"requests": {"memory": "1Gi"}})]}
     response = await api.post("/v1/jobs", json=job("derived", spec), headers=A)
     assert response.status == 201, await response.text()
     stored = await (await api.get("/v1/jobs/derived", headers=A)).json()
