@@ -235,13 +235,12 @@ class GangObjects:
             amounts.clear()
             amounts.update(renamed)
             declared.update(renamed)
-        first = pod_spec["containers"][0]
-        res = first["resources"] = dict(first.get("resources") or {})
-        for part in ("requests", "limits"):
-            res[part] = {**(res.get(part) or {})}
-            for name, value in self.resource_list(resources).items():
-                if name not in declared:
-                    res[part][name] = value
+        ours = {k: v for k, v in self.resource_list(resources).items() if k not in declared}
+        if ours:
+            first = pod_spec["containers"][0]
+            res = first["resources"] = dict(first.get("resources") or {})
+            for part in ("requests", "limits"):
+                res[part] = {**(res.get(part) or {}), **ours}
 
     def pod_body(self, pod: PodPlacement, spec: LaunchSpec) -> dict[str, Any]:
         """The pod from its pod set's template, with our labels, the broker's resources

@@ -166,3 +166,10 @@ async def test_a_pinned_launch_carries_the_users_and_the_brokers_constraints(
     ]
     assert all(PIN in term["matchFields"] for term in terms) and len(terms) == 2
     assert pod["affinity"]["podAntiAffinity"] == ANTI
+
+
+def test_a_template_that_gives_every_resource_is_sent_as_written() -> None:
+    given = {"limits": {"nvidia.com/gpu": 2, "cpu": "4", "memory": "8Gi"}}
+    template = {"spec": {"containers": [{"name": "a", "resources": copy.deepcopy(given)}]}}
+    body = objects("pin").pod_body(POD, spec(template))["spec"]
+    assert body["containers"][0]["resources"] == given
