@@ -434,3 +434,61 @@ def test_a_template_without_requests_keeps_the_pod_sets_resources() -> None:
     template = {"spec": {"containers": [{"name": "main", "image": "trainer:1.0"}]}}
     manifest = federated(template)
     assert admit_templates(manifest, "baseline", ACCOUNTS) is manifest
+
+
+# --- the profiles are cumulative: privileged <= baseline <= restricted -------------------
+
+maybe_bool = st.sampled_from([None, False, True])
+security_contexts = st.fixed_dictionaries(
+    {},
+    optional={
+        "privileged": maybe_bool,
+        "runAsNonRoot": maybe_bool,
+        "allowPrivilegeEscalation": maybe_bool,
+        "runAsUser": st.sampled_from([0, 1000]),
+        "procMount": st.sampled_from(["Default", "Unmasked"]),
+        "seccompProfile": st.fixed_dictionaries(
+            {"type": st.sampled_from(["RuntimeDefault", "Localhost", "Unconfined"])}
+        ),
+        "capabilities": st.fixed_dictionaries(
+            {},
+            optional={
+                "add": st.lists(st.sampled_from(["CHOWN", "NET_BIND_SERVICE", "SYS_ADMIN"])),
+                "drop": st.lists(st.sampled_from(["ALL", "NET_RAW"])),
+            },
+        ),
+    },
+)
+volumes = st.lists(
+    st.sampled_from([
+        {"name": "v", "emptyDir": {}},
+        {"name": "v", "nfs": {"server": "s", "path": "/"}},
+        {"name": "v", "hostPath": {"path": "/"}},
+        {"name": "v", "secret": {"secretName": "fedbroker-x"}},
+    ]),
+    max_size=3,
+)  # fmt: skip
+containers = st.fixed_dictionaries(
+    {"name": st.just("c")}, optional={"securityContext": security_contexts}
+)
+pod_specs = st.fixed_dictionaries(
+    {"containers": st.lists(containers, min_size=1, max_size=3)},
+    optional={
+        "hostNetwork": maybe_bool,
+        "hostPID": maybe_bool,
+        "nodeName": st.just("n"),
+        "serviceAccountName": st.sampled_from(["default", "fedbroker-broker"]),
+        "securityContext": security_contexts,
+        "volumes": volumes,
+        "os": st.fixed_dictionaries({"name": st.sampled_from(["linux", "windows"])}),
+    },
+)  # fmt: skip
+
+
+@given(pod_specs)
+def test_each_level_refuses_all_that_a_laxer_one_refuses(spec: dict[str, Any]) -> None:
+    refused = [
+        {v.path for v in template_violations({"spec": spec}, level, frozenset({"default"}), ())}
+        for level in LEVELS
+    ]
+    assert refused[0] <= refused[1] <= refused[2]
