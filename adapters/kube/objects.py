@@ -220,17 +220,15 @@ class GangObjects:
         them add up to the pod set's, GPU names translated to this cluster's); a resource
         the template gives nowhere goes to the first container, requests = limits."""
         declared: set[str] = set()
-        lists: list[dict[str, Any]] = []
+        maps: list[dict[str, Any]] = []
         for kind in ("containers", "initContainers"):
             for container in pod_spec.get(kind) or ():
                 res = container.get("resources")
                 if isinstance(res, dict):
-                    lists += [
-                        res[p] for p in ("requests", "limits") if isinstance(res.get(p), dict)
-                    ]
+                    maps += [res[p] for p in ("requests", "limits") if isinstance(res.get(p), dict)]
         if isinstance(pod_spec.get("overhead"), dict):
-            lists.append(pod_spec["overhead"])
-        for amounts in lists:
+            maps.append(pod_spec["overhead"])
+        for amounts in maps:
             renamed = {self._cluster_name(k): v for k, v in amounts.items()}
             amounts.clear()
             amounts.update(renamed)
@@ -259,8 +257,7 @@ class GangObjects:
         annotations[ANNOTATION_POD] = pod.pod
         annotations[ANNOTATION_GPUS] = ",".join(str(g) for g in pod.gpus)
 
-        pod_spec.setdefault("containers", None)
-        pod_spec["containers"] = pod_spec["containers"] or [
+        pod_spec["containers"] = pod_spec.get("containers") or [
             {"name": "main", "image": self.default_image}
         ]
         self._place_resources(pod_spec, pod.resources)
