@@ -78,8 +78,9 @@ class LaunchSpec:
 
     ``job`` is the bare job name (the ``<job>`` of ``<job>-<podset>-<index>``); ``min_member``
     0 means all pods of the placement. ``pod_templates`` maps a pod set name to a Kubernetes
-    pod template (``{"metadata": {...}, "spec": {...}}``, API JSON field names); the broker's
-    resources replace the first container's requests and limits."""
+    pod template (``{"metadata": {...}, "spec": {...}}``, API JSON field names), already
+    admitted by the tenant's template policy: each container keeps its own requests and
+    limits, and the resources it gives nowhere go to the first container."""
 
     tenant: str
     job: str

@@ -28,6 +28,9 @@ LABEL_POD_SET = "fedbroker.io/pod-set"
 ANNOTATION_GPUS = "fedbroker.io/gpus"  # GPU indexes the broker picked, comma-separated
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+# GPU names a template may use (the manifest's), translated to each cluster's own names.
+WHOLE_GPU_NAMES = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
+SHARED_GPU_NAME = "fedbroker.io/gpu-milli"
 
 
 class KubeLaunchError(LaunchError):
@@ -79,14 +82,25 @@ def pod_group_name(spec: LaunchSpec) -> str:
     return spec.job
 
 
-def _pinned_to(node: str) -> dict[str, Any]:
-    """Required node affinity to one node by name (``pin`` mode)."""
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
-        }
-    }
+def pinned_to(node: str, affinity: object = None) -> dict[str, Any]:
+    """The user's affinity ANDed with required node affinity to one node by name (``pin``
+    mode): node selector terms are ORed and a term's requirements ANDed, so the pin joins
+    EVERY user term (an empty user term matches nothing and stays so); the user's preferred
+    node affinity and pod (anti-)affinity are kept as given."""
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    out = dict(affinity) if isinstance(affinity, Mapping) else {}
+    node_affinity = out.get("nodeAffinity")
+    node_affinity = dict(node_affinity) if isinstance(node_affinity, Mapping) else {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    required = dict(required) if isinstance(required, Mapping) else {}
+    terms = required.get("nodeSelectorTerms")
+    terms = [t for t in terms if isinstance(t, Mapping)] if isinstance(terms, list) else []
+    required["nodeSelectorTerms"] = [
+        {**t, "matchFields": [*(t.get("matchFields") or []), pin]} if t else t for t in terms
+    ] or [{"matchFields": [pin]}]
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    out["nodeAffinity"] = node_affinity
+    return out
 
 
 class GangObjects:
@@ -189,9 +203,49 @@ class GangObjects:
             out[self.shared_gpu_resource] = str(resources.gpu_milli)
         return out
 
+    def _cluster_name(self, name: str) -> str:
+        """A template's resource name in this cluster's terms (its GPU resource names)."""
+        if name in WHOLE_GPU_NAMES:
+            return self.gpu_resource
+        if name == SHARED_GPU_NAME:
+            if self.shared_gpu_resource is None:
+                raise KubeLaunchError(
+                    f"a shared-GPU pod needs a shared GPU resource name in cluster {self.cluster}"
+                )
+            return self.shared_gpu_resource
+        return name
+
+    def _place_resources(self, pod_spec: dict[str, Any], resources: Resources) -> None:
+        """Every container keeps the requests and limits its template gave (admission made
+        them add up to the pod set's, GPU names translated to this cluster's); a resource
+        the template gives nowhere goes to the first container, requests = limits."""
+        declared: set[str] = set()
+        maps: list[dict[str, Any]] = []
+        for kind in ("containers", "initContainers"):
+            for container in pod_spec.get(kind) or ():
+                res = container.get("resources")
+                if isinstance(res, dict):
+                    maps += [res[p] for p in ("requests", "limits") if isinstance(res.get(p), dict)]
+        if isinstance(pod_spec.get("overhead"), dict):
+            maps.append(pod_spec["overhead"])
+        for amounts in maps:
+            renamed = {self._cluster_name(k): v for k, v in amounts.items()}
+            amounts.clear()
+            amounts.update(renamed)
+            declared.update(renamed)
+        ours = {k: v for k, v in self.resource_list(resources).items() if k not in declared}
+        if ours:
+            first = pod_spec["containers"][0]
+            res = first["resources"] = dict(first.get("resources") or {})
+            for part in ("requests", "limits"):
+                res[part] = {**(res.get(part) or {}), **ours}
+
     def pod_body(self, pod: PodPlacement, spec: LaunchSpec) -> dict[str, Any]:
-        """The pod from its pod set's template, with the broker's resources in the first
-        container, our labels, and its gang's PodGroup (delegate) or node (pin)."""
+        """The pod from its pod set's template, with our labels, the broker's resources
+        (see ``_place_resources``), and its gang's PodGroup (delegate) or node (pin, ANDed
+        with the user's affinity). The user's nodeSelector and tolerations stay as given:
+        the broker adds none of its own, and a nodeSelector contradicting the pin only
+        keeps the pod pending, it never moves it."""
         name = pod_name(pod, spec)
         template = spec.pod_templates.get(pod_set_of(name, spec), {})
         template_meta = cast(Mapping[str, Any], template.get("metadata") or {})
@@ -203,16 +257,17 @@ class GangObjects:
         annotations[ANNOTATION_POD] = pod.pod
         annotations[ANNOTATION_GPUS] = ",".join(str(g) for g in pod.gpus)
 
-        containers: list[dict[str, Any]] = pod_spec.get("containers") or [
+        pod_spec["containers"] = pod_spec.get("containers") or [
             {"name": "main", "image": self.default_image}
         ]
-        amounts = self.resource_list(pod.resources)
-        containers[0]["resources"] = {"requests": dict(amounts), "limits": dict(amounts)}
-        pod_spec["containers"] = containers
+        self._place_resources(pod_spec, pod.resources)
         pod_spec.setdefault("restartPolicy", "Never")
+        # The template policy refuses both; never let a stored template place a pod itself.
+        pod_spec.pop("nodeName", None)
+        pod_spec.pop("schedulerName", None)
 
         if self.mode == "pin":
-            pod_spec["affinity"] = _pinned_to(pod.node)
+            pod_spec["affinity"] = pinned_to(pod.node, pod_spec.get("affinity"))
         else:
             group = pod_group_name(spec)
             if self.flavor == "coscheduling":

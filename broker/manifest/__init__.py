@@ -4,7 +4,9 @@ This package owns what a user may submit (DESIGN.md, "Job manifest"): the field 
 bounds that keep one bad manifest from hurting the broker (invariant 7) and Kubernetes
 quantity parsing (``fields``), the pydantic wire models whose aliases are the camelCase
 names (``models``), reading JSON or YAML into them (``parsing``), pydantic's errors as ONE
-line naming the field path (``errors``), and ``to_job``, the only bridge to
+line naming the field path (``errors``), the template policy every pod template passes
+before its job is stored (``podpolicy``, with the Pod Security Standards in ``podsecurity``
+and every container's requests in ``podrequests``), and ``to_job``, the only bridge to
 ``broker.model`` (``translation``). The API validates requests and generates its OpenAPI
 schema from these same models. Import from the package: its names below are the API.
 """
@@ -24,6 +26,8 @@ from broker.manifest.fields import (
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
 from broker.manifest.parsing import parse_manifest
+from broker.manifest.podpolicy import PolicyViolation, admit_templates, template_violations
+from broker.manifest.podrequests import Violation, pod_requests
 from broker.manifest.translation import pod_templates, to_job
 
 __all__ = [
@@ -39,6 +43,9 @@ __all__ = [
     "Labels",
     "ManifestError",
     "MemoryQuantity",
+    "PolicyViolation",
+    "Violation",
+    "admit_templates",
     "cpu_millicores",
     "field_path",
     "first_error",
@@ -46,6 +53,8 @@ __all__ = [
     "memory_mebibytes",
     "parse_manifest",
     "parse_quantity",
+    "pod_requests",
     "pod_templates",
+    "template_violations",
     "to_job",
 ]

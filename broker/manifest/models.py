@@ -86,7 +86,9 @@ class ResourcesSpec(WireModel):
 class PodSetSpec(WireModel):
     name: DnsLabel
     count: int = Field(ge=1, le=MAX_PODS_PER_SET)
-    resources: ResourcesSpec
+    # Left out (or partly), the resources are derived from the template's containers when
+    # the tenant's template policy admits the job (broker.manifest.podpolicy).
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     # Free-form pod template, handed to the cluster as is; only checked to be plain JSON so
     # storing and echoing it can never fail later (YAML can hold dates, sets and bytes).
     template: dict[str, Any] = Field(default_factory=dict)

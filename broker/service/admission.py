@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from broker.config import TenantConfig
-from broker.manifest import FederatedJob, to_job
+from broker.manifest import FederatedJob, PolicyViolation, admit_templates, to_job
 from broker.model import Job
 from broker.service.binding import Binding
 from broker.service.state import Shared, pending_of
@@ -63,20 +63,31 @@ class Admission:
         return tenant
 
     def job_for(self, tenant_name: str, manifest: FederatedJob) -> Job:
-        """The Job a tenant's manifest becomes, or Forbidden (namespace, queue)."""
+        """The Job a tenant's manifest becomes, or Forbidden (namespace, queue, template)."""
+        return self.admitted(tenant_name, manifest)[1]
+
+    def admitted(self, tenant_name: str, manifest: FederatedJob) -> tuple[FederatedJob, Job]:
+        """The manifest as it is stored (pod set resources derived from the templates where
+        it gave none) and its Job; Forbidden for a namespace, queue or pod template the
+        tenant may not use, ManifestError for requests that do not add up. Nothing is
+        stored before this passes."""
         tenant = self.tenant(tenant_name)
         namespace = manifest.metadata.namespace
         if namespace is not None and namespace != tenant.name:
             raise Forbidden(f"metadata.namespace: {namespace!r} is not your tenant {tenant.name!r}")
+        try:
+            manifest = admit_templates(manifest, tenant.pod_security, tenant.service_accounts)
+        except PolicyViolation as exc:
+            raise Forbidden(str(exc)) from None
         job = to_job(manifest, tenant.name, tenant.default_queue)
         if job.queue not in tenant.allowed_queues:
             allowed = ", ".join(sorted(tenant.allowed_queues))
             raise Forbidden(f"spec.queue: tenant may not use queue {job.queue!r} ({allowed})")
-        return job
+        return manifest, job
 
     async def submit(self, tenant: str, manifest: FederatedJob) -> tuple[JobRecord, bool]:
         s = self.s
-        job = self.job_for(tenant, manifest)
+        manifest, job = self.admitted(tenant, manifest)
         if not s.leading:
             raise self.not_leader()
         # The commit runs outside the service lock, so submissions do not wait for a

@@ -1,0 +1,247 @@
+"""The template policy: what a tenant's pod templates may hold, checked before a job is
+stored (pure, no I/O; DESIGN.md invariant 8).
+
+``admit_templates`` runs, for every pod set, the tenant's Pod Security Standards level
+(``podsecurity``) and the broker's own rules, which hold on every level, ``privileged`` too:
+
+* the broker places and schedules: no ``nodeName``, ``schedulerName``, ``priorityClassName``
+  or ``priority`` (a member's priority classes could preempt other tenants' pods), no DRA
+  ``resourceClaims`` (devices the placement never counted);
+* service accounts: ``serviceAccountName``/``serviceAccount`` only from the tenant's list; a
+  pod naming none runs as its namespace's ``default``, so when ``default`` is not listed it
+  must name a listed one or set ``automountServiceAccountToken: false``;
+* nothing reaches the node or the broker: no ``hostPath`` volume, no projected service
+  account token for a foreign audience (only the member's API server), no reference to a
+  Secret named ``fedbroker-*`` (the broker's own names) from a volume, an env var or an
+  image pull secret;
+* no label or annotation of the broker's (``fedbroker.io/...``, ``*.fedbroker.io/...``).
+
+A refusal is a ``PolicyViolation`` naming the full field path from the manifest root. Then
+every container's requests are counted (``podrequests``) and must equal the pod set's
+``resources``; a resource the pod set leaves out is derived from the template. A mismatch is
+a ``ManifestError`` naming the field that makes the total wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from typing import Any
+
+from pydantic import ValidationError
+
+from broker.manifest.errors import ManifestError, field_path, first_error, show
+from broker.manifest.fields import parse_quantity
+from broker.manifest.models import FederatedJob, PodSetSpec, ResourcesSpec
+from broker.manifest.podrequests import (
+    AMD_GPU,
+    CPU,
+    GPU,
+    GPU_MILLI,
+    MEMORY,
+    Path,
+    Violation,
+    pod_requests,
+)
+from broker.manifest.podsecurity import Fields, Level, Pod, check
+
+BROKER_DOMAIN = "fedbroker.io"
+BROKER_SECRET_PREFIX = "fedbroker"
+_FIELDS = {GPU: "nvidia_gpu", AMD_GPU: "amd_gpu", GPU_MILLI: "gpu_milli", CPU: "cpu",
+           MEMORY: "memory"}  # fmt: skip
+_PLACED_BY_BROKER = {
+    "nodeName": "the broker places pods: nodeName is not allowed",
+    "schedulerName": "the broker sets the scheduler: schedulerName is not allowed",
+    "priorityClassName": "the broker orders jobs: member priority classes are not allowed",
+    "priority": "the broker orders jobs: member priorities are not allowed",
+    "resourceClaims": "resource claims (DRA) are not counted by the broker",
+}
+
+
+class PolicyViolation(ManifestError):
+    """A template the tenant may not run (its level or the broker's rules); ``str()`` is the
+    first violation's path and problem, ``violations`` all of them."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        first = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        path = field_path(first.path)
+        super().__init__(f"{path}: {first.message}{more}", path)
+        self.violations = violations
+
+
+def template_violations(
+    template: Mapping[str, Any], level: Level, service_accounts: frozenset[str], base: Path
+) -> list[Violation]:
+    """Every violation of a pod template at ``base`` (its path from the manifest root), the
+    first per field path, in the order found."""
+    f = Fields()
+    pod = Pod.read(template, base, f)
+    check(pod, level, f)
+    _broker_rules(pod, f, service_accounts)
+    first: dict[Path, Violation] = {}
+    for v in f.found:
+        first.setdefault(v.path, v)
+    return list(first.values())
+
+
+def admit_templates(
+    manifest: FederatedJob, level: Level, service_accounts: Iterable[str]
+) -> FederatedJob:
+    """The manifest with every pod set's resources checked against (or derived from) its
+    template; raises ``PolicyViolation`` or ``ManifestError`` naming the field."""
+    accounts = frozenset(service_accounts)
+    pod_sets: list[PodSetSpec] = []
+    for i, pod_set in enumerate(manifest.spec.pod_sets):
+        base: Path = ("spec", "podSets", i)
+        violations = template_violations(pod_set.template, level, accounts, (*base, "template"))
+        if violations:
+            raise PolicyViolation(violations)
+        pod_sets.append(_reconciled(pod_set, base))
+    if pod_sets == list(manifest.spec.pod_sets):
+        return manifest
+    spec = manifest.spec.model_copy(update={"pod_sets": pod_sets})
+    return manifest.model_copy(update={"spec": spec})
+
+
+# -- the broker's rules ------------------------------------------------------------------
+
+
+def _reserved_key(key: object) -> bool:
+    prefix, slash, _ = key.partition("/") if isinstance(key, str) else ("", "", "")
+    return bool(slash) and (prefix == BROKER_DOMAIN or prefix.endswith("." + BROKER_DOMAIN))
+
+
+def _broker_secret(f: Fields, obj: object, key: str, path: Path) -> None:
+    name = f.string(obj, key, path)
+    if name is not None and name.startswith(BROKER_SECRET_PREFIX):
+        f.refuse((*path, key), f"Secret {show(name)} is reserved for the broker")
+
+
+def _broker_rules(pod: Pod, f: Fields, accounts: frozenset[str]) -> None:
+    spec, at = pod.spec, pod.spec_path
+    for key, message in _PLACED_BY_BROKER.items():
+        if spec.get(key) is not None:
+            f.refuse((*at, key), message)
+    _service_accounts(pod, f, accounts)
+    for kind in ("labels", "annotations"):
+        for key in f.mapping(pod.meta, kind, pod.meta_path) or {}:
+            if _reserved_key(key):
+                f.refuse((*pod.meta_path, kind, key), f"{BROKER_DOMAIN} {kind} are the broker's")
+    for volume, path in f.mappings(spec, "volumes", at):
+        _volume(volume, path, f)
+    for secret, path in f.mappings(spec, "imagePullSecrets", at):
+        _broker_secret(f, secret, "name", path)
+    for c in pod.containers:
+        for env, path in f.mappings(c.body, "env", c.path):
+            source = f.mapping(env, "valueFrom", path)
+            ref = f.mapping(source, "secretKeyRef", (*path, "valueFrom"))
+            _broker_secret(f, ref, "name", (*path, "valueFrom", "secretKeyRef"))
+        for env, path in f.mappings(c.body, "envFrom", c.path):
+            _broker_secret(f, f.mapping(env, "secretRef", path), "name", (*path, "secretRef"))
+
+
+def _service_accounts(pod: Pod, f: Fields, accounts: frozenset[str]) -> None:
+    spec, at = pod.spec, pod.spec_path
+    listed = ", ".join(sorted(accounts)) or "none"
+    named = False
+    for key in ("serviceAccountName", "serviceAccount"):
+        account = f.string(spec, key, at)
+        if account is not None:
+            named = True
+            if account not in accounts:
+                f.refuse((*at, key), f"service account {show(account)} is not one of the "
+                         f"tenant's ({listed})")  # fmt: skip
+    automount = f.boolean(spec, "automountServiceAccountToken", at)
+    if not named and "default" not in accounts and automount is not False:
+        f.refuse(
+            (*at, "serviceAccountName"),
+            f"name one of the tenant's service accounts ({listed}) "
+            "or set automountServiceAccountToken: false",
+        )
+
+
+def _volume(volume: Mapping[str, Any], path: Path, f: Fields) -> None:
+    if volume.get("hostPath") is not None:
+        f.refuse((*path, "hostPath"), "hostPath volumes reach the node: not allowed")
+    _broker_secret(f, f.mapping(volume, "secret", path), "secretName", (*path, "secret"))
+    projected = f.mapping(volume, "projected", path)
+    for source, at in f.mappings(projected, "sources", (*path, "projected")):
+        _broker_secret(f, f.mapping(source, "secret", at), "name", (*at, "secret"))
+        token = f.mapping(source, "serviceAccountToken", at)
+        if f.string(token, "audience", (*at, "serviceAccountToken")):
+            f.refuse(
+                (*at, "serviceAccountToken", "audience"),
+                "service account tokens for other audiences than the member's API server "
+                "are not allowed",
+            )
+
+
+# -- every container's requests ------------------------------------------------------------
+
+
+def _stated(resources: ResourcesSpec, name: str) -> Fraction | None:
+    value = getattr(resources, _FIELDS[name])
+    return None if value is None else parse_quantity(value)
+
+
+def _amount(q: Fraction) -> str:
+    return str(q.numerator) if q.denominator == 1 else f"{float(q):g}"
+
+
+def _quantity(name: str, q: Fraction) -> str | int:
+    """A derived amount in the pod set's terms (whole GPUs, millicores, binary units)."""
+    if name in (GPU, AMD_GPU, GPU_MILLI):
+        return q.numerator
+    if name == CPU:
+        return _amount(q) if q.denominator == 1 else f"{math.ceil(q * 1000)}m"
+    size = math.ceil(q)
+    for suffix, unit in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
+    """The pod set with resources the template agrees with, derived where it gave none."""
+    spec = pod_set.template.get("spec")
+    if not isinstance(spec, Mapping):
+        return pod_set
+    req, found = pod_requests(spec, (*base, "template", "spec"))
+    if found:
+        first, path = found[0], field_path(found[0].path)
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ManifestError(f"{path}: {first.message}{more}", path)
+    derived: dict[str, str | int] = {}
+    for name, amount in sorted(req.effective.items()):
+        stated = _stated(pod_set.resources, name)
+        if stated is None:
+            derived[name] = _quantity(name, amount)
+        elif amount > stated:
+            path = field_path(req.blame(name, stated))
+            raise ManifestError(
+                f"{path}: makes the pod's {name} request {_amount(amount)}, but the pod set's "
+                f"resources say {_amount(stated)} (every container counts)",
+                path,
+            )
+        elif amount < stated:
+            path = field_path((*base, "resources", name))
+            raise ManifestError(
+                f"{path}: is {_amount(stated)}, but the template's containers request "
+                f"{_amount(amount)} in all",
+                path,
+            )
+    if not derived:
+        return pod_set
+    values = {**pod_set.resources.model_dump(by_alias=True, exclude_none=True), **derived}
+    try:
+        resources = ResourcesSpec.model_validate(values)
+    except ValidationError as exc:
+        path, message = first_error(exc)
+        where = field_path((*base, "resources", path))
+        raise ManifestError(f"{where}: {message} (derived from the template)", where) from None
+    return pod_set.model_copy(update={"resources": resources})
+
+
+__all__ = ["PolicyViolation", "admit_templates", "template_violations"]

@@ -1,0 +1,188 @@
+"""A pod template's effective request, counted as Kubernetes counts it, and every
+``resources`` field of the template checked on the way (pure, no I/O).
+
+Every container's requests count (DESIGN.md invariant 8): the effective request of a pod is
+the larger of (a) the sum of its regular containers plus its sidecars (init containers with
+``restartPolicy: Always``, KEP-753) and (b) each init container plus the sidecars started
+before it, and then ``overhead`` is added. A container's request defaults to its limit, as
+the API server defaults it. GPU-like resources are whole numbers and, when both are given,
+requests equal limits (Kubernetes refuses anything else for extended resources).
+
+Only the resources the broker counts, plus the node-local ones it leaves to the member
+(``ephemeral-storage``, ``hugepages-*``), may be asked for; any other extended resource (a
+MIG slice, an RDMA device, a DRA claim) would reach hardware the placement never counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from broker.manifest.errors import show
+from broker.manifest.fields import parse_quantity
+
+Path = tuple[str | int, ...]
+
+GPU = "nvidia.com/gpu"
+AMD_GPU = "amd.com/gpu"
+GPU_MILLI = "fedbroker.io/gpu-milli"
+CPU = "cpu"
+MEMORY = "memory"
+# The resources the placement counts, in the pod set's ``resources`` names.
+COUNTED = (GPU, AMD_GPU, GPU_MILLI, CPU, MEMORY)
+_WHOLE = frozenset({GPU, AMD_GPU, GPU_MILLI})  # extended resources: integers, no overcommit
+_NODE_LOCAL = ("ephemeral-storage",)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One thing wrong with a template, at its full field path from the manifest root."""
+
+    path: Path
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Term:
+    """One container's part of the effective request: its amount and where it was given."""
+
+    amount: Fraction
+    path: Path
+
+
+@dataclass(slots=True)
+class Requests:
+    """A template's effective request per counted resource it declares, and how it got there
+    (kept to name the field that makes a total wrong)."""
+
+    effective: dict[str, Fraction] = field(default_factory=dict)
+    running: dict[str, list[_Term]] = field(default_factory=dict)  # containers + sidecars
+    init_peaks: dict[str, list[_Term]] = field(default_factory=dict)  # init + earlier sidecars
+    overhead: dict[str, _Term] = field(default_factory=dict)
+
+    def blame(self, resource: str, limit: Fraction) -> Path:
+        """The field that first takes ``resource`` above ``limit``: an init container whose
+        peak does, else the container at which the running sum does, else the overhead."""
+        running = self.running.get(resource, [])
+        total = sum((t.amount for t in running), Fraction(0))
+        peaks = [t for t in self.init_peaks.get(resource, []) if t.amount > max(total, limit)]
+        if peaks:
+            return max(peaks, key=lambda t: t.amount).path
+        so_far = Fraction(0)
+        for term in running:
+            so_far += term.amount
+            if so_far > limit:
+                return term.path
+        over = self.overhead.get(resource)
+        return over.path if over is not None else (running[-1].path if running else ())
+
+
+def _allowed(name: str) -> bool:
+    return name in COUNTED or name in _NODE_LOCAL or name.startswith("hugepages-")
+
+
+def _amounts(
+    raw: object, path: Path, found: list[Violation]
+) -> dict[str, tuple[Fraction, Path]] | None:
+    """A requests/limits/overhead map as ``name -> (amount, path)``; problems to ``found``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        found.append(Violation(path, "must be a mapping"))
+        return None
+    out: dict[str, tuple[Fraction, Path]] = {}
+    for name, value in raw.items():
+        at = (*path, name)
+        if not _allowed(name):
+            found.append(Violation(at, f"{show(name)} is not a resource the broker counts"))
+            continue
+        try:
+            amount = parse_quantity(value)
+        except ValueError as exc:
+            found.append(Violation(at, str(exc)))
+            continue
+        if amount < 0:
+            found.append(Violation(at, "must not be negative"))
+        elif name in _WHOLE and amount.denominator != 1:
+            found.append(Violation(at, "must be a whole number"))
+        else:
+            out[name] = (amount, at)
+    return out
+
+
+def _container_requests(
+    container: Mapping[str, Any], path: Path, found: list[Violation]
+) -> dict[str, tuple[Fraction, Path]]:
+    """A container's requests, defaulted from its limits, with the path each came from."""
+    raw = container.get("resources")
+    at = (*path, "resources")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        found.append(Violation(at, "must be a mapping"))
+        return {}
+    if raw.get("claims"):
+        found.append(Violation((*at, "claims"), "resource claims (DRA) are not counted"))
+    limits = _amounts(raw.get("limits"), (*at, "limits"), found) or {}
+    requests = _amounts(raw.get("requests"), (*at, "requests"), found) or {}
+    for name, (amount, where) in requests.items():
+        limit = limits.get(name)
+        if limit is None:
+            continue
+        if name in _WHOLE and amount != limit[0]:
+            found.append(Violation(where, f"must equal limits.{name} (it is not overcommitted)"))
+        elif amount > limit[0]:
+            found.append(Violation(where, f"must not exceed limits.{name}"))
+    return {**limits, **requests}
+
+
+def _containers(
+    spec: Mapping[str, Any], kind: str, base: Path, found: list[Violation]
+) -> Iterator[tuple[Mapping[str, Any], Path]]:
+    items = spec.get(kind)
+    if items is None:
+        return
+    if not isinstance(items, list):
+        found.append(Violation((*base, kind), "must be a list"))
+        return
+    for i, item in enumerate(items):
+        if isinstance(item, Mapping):
+            yield item, (*base, kind, i)
+        else:
+            found.append(Violation((*base, kind, i), "must be a mapping"))
+
+
+def pod_requests(spec: Mapping[str, Any], base: Path) -> tuple[Requests, list[Violation]]:
+    """The effective request of a pod spec (at ``base``, e.g. ``...template.spec``) per
+    counted resource it declares anywhere, and the problems found in its resources."""
+    found: list[Violation] = []
+    req = Requests()
+    sidecars: dict[str, Fraction] = {}
+    for container, path in _containers(spec, "containers", base, found):
+        for name, (amount, at) in _container_requests(container, path, found).items():
+            req.running.setdefault(name, []).append(_Term(amount, at))
+    for container, path in _containers(spec, "initContainers", base, found):
+        sidecar = container.get("restartPolicy") == "Always"
+        for name, (amount, at) in _container_requests(container, path, found).items():
+            before = sidecars.get(name, Fraction(0))
+            if sidecar:  # runs alongside everything after it
+                sidecars[name] = before + amount
+                req.running.setdefault(name, []).append(_Term(amount, at))
+            req.init_peaks.setdefault(name, []).append(_Term(before + amount, at))
+    overhead = _amounts(spec.get("overhead"), (*base, "overhead"), found) or {}
+    for name, (amount, at) in overhead.items():
+        req.overhead[name] = _Term(amount, at)
+    for name in {*req.running, *req.init_peaks, *req.overhead}:
+        if name not in COUNTED:
+            continue
+        running = sum((t.amount for t in req.running.get(name, [])), Fraction(0))
+        peak = max((t.amount for t in req.init_peaks.get(name, [])), default=Fraction(0))
+        over = req.overhead[name].amount if name in req.overhead else Fraction(0)
+        req.effective[name] = max(running, peak) + over
+    return req, found
+
+
+__all__ = ["COUNTED", "CPU", "GPU", "GPU_MILLI", "MEMORY", "Path", "Requests", "Violation",
+           "pod_requests"]  # fmt: skip
