@@ -17,7 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from adapters.kube.translate import ANNOTATION_POD, GpuConfig, pod_resources
+from adapters.kube.translate import (
+    ANNOTATION_GPUS,
+    ANNOTATION_POD,
+    GpuConfig,
+    own_gpus,
+    pod_resources,
+)
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
@@ -29,7 +35,6 @@ LABEL_TENANT = "fedbroker.io/tenant"
 LABEL_JOB = "fedbroker.io/job"
 LABEL_POD_SET = "fedbroker.io/pod-set"
 TENANT_PLACEHOLDER = "{tenant}"
-ANNOTATION_GPUS = "fedbroker.io/gpus"  # GPU indexes the broker picked, comma-separated
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 
@@ -254,13 +259,11 @@ class GangObjects:
         """A pod of ours as the ledger's ``PodBound`` (node ``""`` while it is unbound)."""
         meta = pod["metadata"]
         annotations = cast(Mapping[str, str], meta.get("annotations") or {})
-        gpus_text = annotations.get(ANNOTATION_GPUS)
-        gpus = tuple(int(g) for g in gpus_text.split(",") if g) if gpus_text is not None else None
         spec = pod.get("spec") or {}
         return PodBound(
             self.cluster,
             annotations.get(ANNOTATION_POD, meta["name"]),
             str(spec.get("nodeName") or ""),
             pod_resources(spec, self._gpu),
-            gpus,
+            own_gpus(pod),
         )
