@@ -88,7 +88,11 @@ async def test_each_tenant_launches_into_its_own_namespace_with_its_pod_security
         await service.schedule_once()
         for tenant in ("team-a", "team-b"):
             namespace = f"fedbroker-{tenant}"
-            await until(lambda ns=namespace: pod(k8s, ns, "train-worker-0") is not None)
+
+            def started(ns: str = namespace) -> bool:
+                return pod(k8s, ns, "train-worker-0") is not None
+
+            await until(started)
             pod(k8s, namespace, "train-worker-0").patch(
                 {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
             )
