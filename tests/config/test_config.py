@@ -3,12 +3,17 @@ stay out of errors and reprs, and the built-in demo keeps its contract names."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from adapters.simulated import generate_nodes
-from broker.config import ConfigError, demo_config, load_config, parse_config
+from broker.config import ConfigError, KubeSource, demo_config, load_config, parse_config
+from broker.config.members import RESERVED_NAMESPACES
 from broker.model import Cluster
 
 FULL = """\
@@ -343,3 +348,35 @@ def test_namespace_pattern_gives_each_tenant_its_namespace(
     assert source is not None
     assert source.namespace_for(tenant) == namespace
     assert source.namespace_problem(tenant) is None
+
+
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+SHAPE = r"([a-z0-9][-a-z0-9]*)?\{tenant\}([-a-z0-9]*[a-z0-9])?"  # what may be accepted
+TENANTS = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+# Patterns of that shape (some too long: up to 82 characters besides {tenant}), and text.
+SHAPED = r"([a-z0-9][-a-z0-9]{0,40})?\{tenant\}([-a-z0-9]{0,40}[a-z0-9])?"
+PATTERNS = st.one_of(
+    st.from_regex(SHAPED, fullmatch=True), st.text(alphabet="az09-_.{}tenA \n", max_size=24)
+)
+
+
+@given(pattern=PATTERNS, tenant=TENANTS)
+def test_an_accepted_pattern_gives_a_tenant_a_dns_label_or_names_the_problem(
+    pattern: str, tenant: str
+) -> None:
+    fits = re.fullmatch(SHAPE, pattern) is not None and len(pattern) - len("{tenant}") <= 62
+    try:
+        source = KubeSource.model_validate(
+            {"kubeconfig": "k", "context": "x", "namespacePattern": pattern}
+        )
+    except ValidationError:
+        assert not fits, pattern
+        return
+    assert fits, pattern
+    name = source.namespace_for(tenant)
+    problem = source.namespace_problem(tenant)
+    if problem is None:
+        assert re.fullmatch(DNS_LABEL, name) and len(name) <= 63, name
+        assert name not in RESERVED_NAMESPACES
+    else:
+        assert len(name) > 63 or name in RESERVED_NAMESPACES, problem
