@@ -3,8 +3,14 @@
 ``KubeLauncher`` implements the live ports ``broker.ports.Launcher`` (``launch(placement)``
 returns once every pod of the gang runs and raises ``KubeLaunchError``, a ``LaunchError``,
 on failure; ``delete(placement)`` removes every object of the gang), ``RunWatcher``
-(``finished``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) against one
-namespace of one cluster, with the official client's asyncio API (``kubernetes.aio``).
+(``finished``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
+namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
+
+Each tenant's gangs go into its own namespace (the pattern with ``{tenant}`` replaced,
+``adapters.kube.objects``), which is made to exist with the Pod Security labels of the
+tenant's level (``LaunchSpec.pod_security``) before the first object goes in
+(``adapters.kube.tenancy``: once per launcher, again after a create answered 404). Reading
+back and garbage collection list our objects across all namespaces.
 
 Two modes:
 
@@ -40,10 +46,12 @@ from adapters.kube.objects import (
     KubeLaunchError,
     Mode,
     job_key,
+    namespace_of,
     pod_group_name,
     pod_name,
 )
-from adapters.kubeapi.calls import ApiCalls, describe
+from adapters.kube.tenancy import TenantNamespaces
+from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.model import Placement, PodBound, PodPlacement
 from broker.ports import GangRecovery, Launcher, LaunchSpec, RunWatcher
 
@@ -53,7 +61,8 @@ HTTP_CONFLICT = 409
 
 
 class KubeLauncher(Launcher, RunWatcher, GangRecovery):
-    """Launches, confirms, deletes and garbage-collects gangs in one namespace of a cluster.
+    """Launches, confirms, deletes and garbage-collects gangs in the tenant namespaces of a
+    cluster (``namespace_pattern``: ``{tenant}`` is replaced by the tenant's name).
 
     ``retry_wait`` (tenacity wait strategy) and ``sleep`` (the poll pause of
     ``wait_running``) are injected so tests run without real delays."""
@@ -61,7 +70,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     def __init__(
         self,
         api_client: ApiClient,
-        namespace: str,
+        namespace_pattern: str,
         mode: Mode,
         podgroup_flavor: Flavor = "coscheduling",
         origin: str = "fedbroker",
@@ -80,14 +89,14 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.objects = GangObjects(
-            namespace, mode, podgroup_flavor, origin, cluster=cluster,
+            namespace_pattern, mode, podgroup_flavor, origin, cluster=cluster,
             gpu_resource=gpu_resource, shared_gpu_resource=shared_gpu_resource,
             scheduler_name=scheduler_name, default_image=default_image,
         )  # fmt: skip
         calls = ApiCalls(attempts=attempts, error=KubeLaunchError, log=log, wait=retry_wait,
                          timeout=request_timeout)  # fmt: skip
         self.api = NamespaceApi(api_client, self.objects, calls)
-        self.namespace = namespace
+        self.namespaces = TenantNamespaces(self.api.core, calls, origin)
         self.mode: Mode = mode
         self.cluster = cluster
         self.attempts = attempts
@@ -121,40 +130,65 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         """Delete every object of the gang: its pods (by name and by job label) and its
         PodGroup. Objects already gone are fine; objects without our origin are left alone."""
         spec = self.spec(placement, spec)
+        namespace = self.objects.namespace(spec.tenant)
         names = {pod_name(p, spec) for p in placement.pods}
         names.update(
             p["metadata"]["name"] for p in await self.api.our_pods() if job_key(p) == spec.key
         )
         for name in sorted(names):
-            await self._delete_pod(name, owner=spec)
+            await self._delete_pod(namespace, name, owner=spec)
         if self.mode == "delegate":
-            await self._delete_pod_group(pod_group_name(spec), owner=spec)
-        log.info("deleted gang %s in %s/%s", spec.key, self.cluster, self.namespace)
+            await self._delete_pod_group(namespace, pod_group_name(spec), owner=spec)
+        log.info("deleted gang %s in %s/%s", spec.key, self.cluster, namespace)
 
     # -- create ------------------------------------------------------------------------------
 
     async def create(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Create the PodGroup (delegate mode) and the pods; objects that already exist with
-        our labels count as created."""
+        """Make the tenant's namespace exist, then create the PodGroup (delegate mode) and
+        the pods; objects that already exist with our labels count as created."""
         spec = self.spec(placement, spec)
+        await self._ensure_namespace(spec)
         if self.mode == "delegate":
             await self._ensure_pod_group(placement, spec)
         for pod in placement.pods:
             await self._ensure_pod(pod, spec)
-        where = f"{self.cluster}/{self.namespace}"
+        where = f"{self.cluster}/{self.objects.namespace(spec.tenant)}"
         log.info(
             "created gang %s (%d pods, %s) in %s", spec.key, len(placement.pods), self.mode, where
         )
 
+    async def _ensure_namespace(self, spec: LaunchSpec) -> None:
+        namespace = self.objects.namespace(spec.tenant)
+        await self.namespaces.ensure(namespace, spec.tenant, spec.pod_security)
+
+    async def _create_in_namespace(
+        self, spec: LaunchSpec, what: str, create: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``create``, and once more if it answered 404: the namespace was deleted since it
+        was ensured, so it is ensured again first. Other ``ApiException``s propagate."""
+        try:
+            await create()
+            return
+        except ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                raise
+        namespace = self.objects.namespace(spec.tenant)
+        log.warning("%s: 404 Not Found; ensuring namespace %s again", what, namespace)
+        self.namespaces.forget(namespace)
+        await self._ensure_namespace(spec)
+        await create()
+
     async def _ensure_pod(self, pod: PodPlacement, spec: LaunchSpec) -> None:
         body = self.objects.pod_body(pod, spec)
-        name = body["metadata"]["name"]
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            await self.api.create_pod(body)
+            await self._create_in_namespace(
+                spec, f"create pod {namespace}/{name}", lambda: self.api.create_pod(body)
+            )
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
                 raise KubeLaunchError(f"create pod {name}: {describe(exc)}") from exc
-            existing = await self.api.read_pod(name)
+            existing = await self.api.read_pod(namespace, name)
             if existing is None or not self.objects.ours(existing, spec):
                 raise KubeLaunchError(
                     f"pod {name} already exists and does not belong to {spec.key}"
@@ -163,9 +197,13 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def _ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
         body = self.objects.pod_group_body(placement, spec)
-        name = body["metadata"]["name"]
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            await self.api.create_pod_group(body)
+            await self._create_in_namespace(
+                spec,
+                f"create PodGroup {namespace}/{name}",
+                lambda: self.api.create_pod_group(body),
+            )
             return
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
@@ -173,7 +211,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         # AlreadyExists: adopt it if ours, and bring its spec up to date (optimistic update:
         # a 409 Conflict there means someone changed it meanwhile; re-read and try again).
         for _ in range(self.attempts):
-            existing = await self.api.read_pod_group(name)
+            existing = await self.api.read_pod_group(namespace, name)
             if existing is None or not self.objects.ours(existing, spec):
                 raise KubeLaunchError(
                     f"PodGroup {name} already exists and does not belong to {spec.key}"
@@ -185,7 +223,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             version = (existing.get("metadata") or {}).get("resourceVersion")
             patch = {"metadata": {"resourceVersion": version}, "spec": body["spec"]}
             try:
-                await self.api.patch_pod_group(name, patch)
+                await self.api.patch_pod_group(namespace, name, patch)
                 log.info("PodGroup %s adopted and updated", name)
                 return
             except ApiException as exc:
@@ -215,7 +253,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             if all(phase == "Running" for phase in phases.values()):
                 return
             if self.mode == "delegate":
-                group = await self.api.read_pod_group(pod_group_name(spec))
+                namespace = self.objects.namespace(spec.tenant)
+                group = await self.api.read_pod_group(namespace, pod_group_name(spec))
                 if group is not None and (group.get("status") or {}).get("phase") == "Running":
                     return
             await self._sleep(self.poll_seconds)
@@ -223,7 +262,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> bool:
         """Wait for a running gang to end: True once every pod Succeeded, False as soon as
         one Failed or vanished (deleted behind our back). Polls every ``run_poll_seconds``
-        on a listing shared by every gang waiting in this namespace; an API error is logged
+        on a listing shared by every gang waiting in this cluster; an API error is logged
         and polled again (an unreachable cluster does not end a job)."""
         spec = self.spec(placement, spec)
         expected = {pod_name(p, spec) for p in placement.pods}
@@ -244,22 +283,22 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     # -- the GangRecovery port ---------------------------------------------------------------
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
-        """Delete our objects whose job (``tenant/name``) is not in ``live_jobs``; returns
-        what was deleted as ``kind/name``."""
+        """Delete our objects, in every tenant namespace, whose job (``tenant/name``) is not
+        in ``live_jobs``; returns what was deleted as ``kind/namespace/name``."""
         deleted: list[str] = []
         for pod in await self.api.our_pods():
             if job_key(pod) not in live_jobs:
-                name = pod["metadata"]["name"]
-                await self._delete_pod(name, owner=None)
-                deleted.append(f"Pod/{name}")
+                namespace, name = namespace_of(pod), pod["metadata"]["name"]
+                await self._delete_pod(namespace, name, owner=None)
+                deleted.append(f"Pod/{namespace}/{name}")
         if self.mode == "delegate":
             for group in await self.api.our_pod_groups():
                 if job_key(group) not in live_jobs:
-                    name = group["metadata"]["name"]
-                    await self._delete_pod_group(name, owner=None)
-                    deleted.append(f"PodGroup/{name}")
+                    namespace, name = namespace_of(group), group["metadata"]["name"]
+                    await self._delete_pod_group(namespace, name, owner=None)
+                    deleted.append(f"PodGroup/{namespace}/{name}")
         if deleted:
-            log.info("garbage-collected %d objects in %s", len(deleted), self.namespace)
+            log.info("garbage-collected %d objects in %s", len(deleted), self.cluster)
         return deleted
 
     async def read_back(self) -> dict[str, list[PodBound]]:
@@ -276,20 +315,23 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     # -- deleting what is ours ---------------------------------------------------------------
 
-    async def _delete_pod(self, name: str, *, owner: LaunchSpec | None) -> None:
-        """Delete a pod; with ``owner``, only if it carries that job's labels (another
-        tenant's job of the same name has pods of the same names)."""
+    async def _delete_pod(self, namespace: str, name: str, *, owner: LaunchSpec | None) -> None:
+        """Delete a pod; with ``owner``, only if it carries that job's labels (with one
+        namespace for all tenants, another tenant's job of the same name has pods of the
+        same names)."""
         if owner is not None:
-            existing = await self.api.read_pod(name)
+            existing = await self.api.read_pod(namespace, name)
             if existing is None:
                 return
             if not self.objects.ours(existing, owner):
-                log.warning("not deleting pod %s: it is not %s's", name, owner.key)
+                log.warning("not deleting pod %s/%s: it is not %s's", namespace, name, owner.key)
                 return
-        await self.api.delete_pod(name)
+        await self.api.delete_pod(namespace, name)
 
-    async def _delete_pod_group(self, name: str, *, owner: LaunchSpec | None) -> None:
-        existing = await self.api.read_pod_group(name)
+    async def _delete_pod_group(
+        self, namespace: str, name: str, *, owner: LaunchSpec | None
+    ) -> None:
+        existing = await self.api.read_pod_group(namespace, name)
         if existing is None:
             return
         if owner is not None:
@@ -297,9 +339,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         else:
             mine = self.objects.has_origin(existing)
         if not mine:
-            log.warning("not deleting PodGroup %s: it is not ours to delete", name)
+            log.warning("not deleting PodGroup %s/%s: it is not ours to delete", namespace, name)
             return
-        await self.api.delete_pod_group(name)
+        await self.api.delete_pod_group(namespace, name)
 
     async def _delete_quietly(self, placement: Placement, spec: LaunchSpec) -> None:
         try:

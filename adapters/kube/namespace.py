@@ -1,9 +1,13 @@
-"""The launcher's requests to one namespace: pods and PodGroups, read, listed, created, deleted.
+"""The launcher's requests for pods and PodGroups: read, created and deleted in the tenant
+namespace an object names, listed across every namespace by our origin label.
 
 Every request goes through ``adapters.kubeapi.calls.ApiCalls`` (bounded retries, a
 per-request timeout; other failures raise ``KubeLaunchError`` with the HTTP status only,
-never the client configuration). Listings are filtered by our origin label here as well as
-by the server, and one listing is shared by every caller waiting at the same time.
+never the client configuration). Listings span all namespaces (one LIST per kind, whatever
+the number of tenants) and are filtered here by our origin label and by the namespace the
+object's tenant maps to (``GangObjects.in_its_namespace``): an object labelled ours in any
+other namespace is never read back nor deleted. One pod listing is shared by every caller
+waiting at the same time.
 """
 
 from __future__ import annotations
@@ -19,13 +23,12 @@ from adapters.kubeapi.calls import ApiCalls
 
 
 class NamespaceApi:
-    """Pods and PodGroups of one namespace, as plain dicts (API JSON field names)."""
+    """Pods and PodGroups of the tenant namespaces, as plain dicts (API JSON field names)."""
 
     def __init__(self, api_client: ApiClient, objects: GangObjects, calls: ApiCalls) -> None:
         self.core = CoreV1Api(api_client)
         self.custom = CustomObjectsApi(api_client)
         self.objects = objects
-        self.namespace = objects.namespace
         self.calls = calls
         self._listing: asyncio.Future[list[dict[str, Any]]] | None = None
 
@@ -34,35 +37,36 @@ class NamespaceApi:
 
     # -- pods --------------------------------------------------------------------------------
 
-    async def read_pod(self, name: str) -> dict[str, Any] | None:
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         pod = await self.calls.maybe(
-            f"read pod {name}", lambda: self.core.read_namespaced_pod(name, self.namespace)
+            f"read pod {namespace}/{name}", lambda: self.core.read_namespaced_pod(name, namespace)
         )
         return None if pod is None else self._dict(pod)
 
     async def create_pod(self, body: Mapping[str, Any]) -> None:
-        """Create a pod; ``ApiException`` (409 AlreadyExists among them) propagates."""
+        """Create a pod in the namespace its body names; ``ApiException`` (409 AlreadyExists,
+        404 for a namespace gone, among them) propagates."""
+        meta = body["metadata"]
         await self.calls.call(
-            f"create pod {body['metadata']['name']}",
-            lambda: self.core.create_namespaced_pod(self.namespace, V1Pod.from_dict(body)),  # type: ignore[arg-type]
+            f"create pod {meta['namespace']}/{meta['name']}",
+            lambda: self.core.create_namespaced_pod(meta["namespace"], V1Pod.from_dict(body)),  # type: ignore[arg-type]
         )
 
-    async def delete_pod(self, name: str) -> None:
+    async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod; one already gone is fine."""
         await self.calls.maybe(
-            f"delete pod {name}", lambda: self.core.delete_namespaced_pod(name, self.namespace)
+            f"delete pod {namespace}/{name}",
+            lambda: self.core.delete_namespaced_pod(name, namespace),
         )
 
     async def our_pods(self) -> list[dict[str, Any]]:
-        """Pods with our origin label (filtered here too, not only by the server)."""
+        """Our pods in every tenant namespace (filtered here too, not only by the server)."""
         pods = await self.calls.checked(
             "list pods",
-            lambda: self.core.list_namespaced_pod(
-                self.namespace, label_selector=self.objects.selector
-            ),
+            lambda: self.core.list_pod_for_all_namespaces(label_selector=self.objects.selector),
         )
         items = self._dict(pods).get("items") or []
-        return [p for p in items if self.objects.has_origin(p)]
+        return [p for p in items if self.objects.in_its_namespace(p)]
 
     async def shared_listing(self) -> list[dict[str, Any]]:
         """Our pods, listed once for every caller waiting at the same time: a thousand gangs
@@ -84,58 +88,59 @@ class NamespaceApi:
 
     # -- PodGroups ---------------------------------------------------------------------------
 
-    async def read_pod_group(self, name: str) -> dict[str, Any] | None:
+    async def read_pod_group(self, namespace: str, name: str) -> dict[str, Any] | None:
         kind = self.objects.kind
         obj = await self.calls.maybe(
-            f"read PodGroup {name}",
+            f"read PodGroup {namespace}/{name}",
             lambda: self.custom.get_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, name
+                kind.group, kind.version, namespace, kind.plural, name
             ),
         )
         return None if obj is None else cast(dict[str, Any], obj)
 
     async def create_pod_group(self, body: dict[str, Any]) -> None:
-        """Create a PodGroup; ``ApiException`` (409 AlreadyExists among them) propagates."""
+        """Create a PodGroup in the namespace its body names; ``ApiException`` (409
+        AlreadyExists among them) propagates."""
         kind = self.objects.kind
+        meta = body["metadata"]
         await self.calls.call(
-            f"create PodGroup {body['metadata']['name']}",
+            f"create PodGroup {meta['namespace']}/{meta['name']}",
             lambda: self.custom.create_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, body
+                kind.group, kind.version, meta["namespace"], kind.plural, body
             ),
         )
 
-    async def patch_pod_group(self, name: str, patch: dict[str, Any]) -> None:
+    async def patch_pod_group(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """Merge-patch a PodGroup; ``ApiException`` (409 Conflict among them) propagates."""
         kind = self.objects.kind
         await self.calls.call(
-            f"update PodGroup {name}",
+            f"update PodGroup {namespace}/{name}",
             lambda: self.custom.patch_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, name, patch,
+                kind.group, kind.version, namespace, kind.plural, name, patch,
                 _content_type="application/merge-patch+json",
             ),
         )  # fmt: skip
 
-    async def delete_pod_group(self, name: str) -> None:
+    async def delete_pod_group(self, namespace: str, name: str) -> None:
         """Delete a PodGroup; one already gone is fine."""
         kind = self.objects.kind
         await self.calls.maybe(
-            f"delete PodGroup {name}",
+            f"delete PodGroup {namespace}/{name}",
             lambda: self.custom.delete_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural, name
+                kind.group, kind.version, namespace, kind.plural, name
             ),
         )
 
     async def our_pod_groups(self) -> list[dict[str, Any]]:
-        """PodGroups with our origin label; none when the CRD is not installed (404)."""
+        """Our PodGroups in every tenant namespace; none when the CRD is not installed (404)."""
         kind = self.objects.kind
         listed = await self.calls.maybe(
             "list PodGroups",
-            lambda: self.custom.list_namespaced_custom_object(
-                kind.group, kind.version, self.namespace, kind.plural,
-                label_selector=self.objects.selector,
+            lambda: self.custom.list_custom_object_for_all_namespaces(
+                kind.group, kind.version, kind.plural, label_selector=self.objects.selector
             ),
-        )  # fmt: skip
+        )
         if listed is None:
             return []
         items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
-        return [g for g in items if self.objects.has_origin(g)]
+        return [g for g in items if self.objects.in_its_namespace(g)]

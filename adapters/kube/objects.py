@@ -1,7 +1,10 @@
-"""The Kubernetes objects of a gang: names, labels, PodGroup and Pod bodies (pure).
+"""The Kubernetes objects of a gang: names, namespaces, labels, PodGroup and Pod bodies (pure).
 
-Every object carries the labels ``fedbroker.io/origin``, ``fedbroker.io/tenant`` and
-``fedbroker.io/job``; only objects carrying our origin are ever adopted or deleted. A pod is
+A gang's objects go into its tenant's namespace: the launcher's namespace pattern with
+``{tenant}`` replaced by the tenant's name (``fedbroker-{tenant}`` by default), so jobs of
+one name in two tenants never share object names. Every object carries the labels
+``fedbroker.io/origin``, ``fedbroker.io/tenant`` and ``fedbroker.io/job``; only objects
+carrying our origin (in their tenant's namespace) are ever adopted or deleted. A pod is
 named ``<job>-<podset>-<index>`` (the placement's pod name without the service's
 ``<tenant>.`` prefix) and annotated with the ledger's pod name and the GPU indexes the
 broker picked, so a restarted broker reads its reservations back.
@@ -14,7 +17,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from adapters.kube.translate import ANNOTATION_POD, GpuConfig, pod_resources
+from adapters.kube.translate import (
+    ANNOTATION_GPUS,
+    ANNOTATION_POD,
+    GpuConfig,
+    own_gpus,
+    pod_resources,
+)
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
@@ -25,7 +34,7 @@ LABEL_ORIGIN = "fedbroker.io/origin"
 LABEL_TENANT = "fedbroker.io/tenant"
 LABEL_JOB = "fedbroker.io/job"
 LABEL_POD_SET = "fedbroker.io/pod-set"
-ANNOTATION_GPUS = "fedbroker.io/gpus"  # GPU indexes the broker picked, comma-separated
+TENANT_PLACEHOLDER = "{tenant}"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 # GPU names a template may use (the manifest's), translated to each cluster's own names.
@@ -58,6 +67,10 @@ POD_GROUP_KINDS: Mapping[Flavor, PodGroupKind] = {
 def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     meta = obj.get("metadata") or {}
     return cast(Mapping[str, str], meta.get("labels") or {})
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("namespace") or "")
 
 
 def job_key(obj: Mapping[str, Any]) -> str:
@@ -104,12 +117,12 @@ def pinned_to(node: str, affinity: object = None) -> dict[str, Any]:
 
 
 class GangObjects:
-    """Builds and recognises one launcher's objects (its namespace, mode, PodGroup flavour,
-    origin and GPU resource names)."""
+    """Builds and recognises one launcher's objects (its namespace pattern, mode, PodGroup
+    flavour, origin and GPU resource names)."""
 
     def __init__(
         self,
-        namespace: str,
+        namespace_pattern: str,
         mode: Mode,
         flavor: Flavor,
         origin: str,
@@ -124,7 +137,7 @@ class GangObjects:
             raise ValueError(f"unknown launch mode {mode!r}")
         if flavor not in POD_GROUP_KINDS:
             raise ValueError(f"unknown PodGroup flavour {flavor!r}")
-        self.namespace = namespace
+        self.namespace_pattern = namespace_pattern
         self.mode: Mode = mode
         self.flavor: Flavor = flavor
         self.kind = POD_GROUP_KINDS[flavor]
@@ -136,6 +149,11 @@ class GangObjects:
         self.default_image = default_image
         self._gpu = GpuConfig((gpu_resource,), shared_resource=shared_gpu_resource)
 
+    def namespace(self, tenant: str) -> str:
+        """The tenant's namespace: the pattern with ``{tenant}`` replaced (a pattern without
+        it is one namespace for every tenant)."""
+        return self.namespace_pattern.replace(TENANT_PLACEHOLDER, tenant)
+
     # -- recognising ours --------------------------------------------------------------------
 
     @property
@@ -144,6 +162,16 @@ class GangObjects:
 
     def has_origin(self, obj: Mapping[str, Any]) -> bool:
         return labels_of(obj).get(LABEL_ORIGIN) == self.origin
+
+    def in_its_namespace(self, obj: Mapping[str, Any]) -> bool:
+        """Ours, and in the namespace of the tenant it is labelled with: what a listing
+        across namespaces keeps (an object elsewhere is never read back, nor deleted)."""
+        tenant = labels_of(obj).get(LABEL_TENANT)
+        return (
+            self.has_origin(obj)
+            and bool(tenant)
+            and namespace_of(obj) == self.namespace(str(tenant))
+        )
 
     def ours(self, obj: Mapping[str, Any], spec: LaunchSpec) -> bool:
         """Carries our origin and this job's labels."""
@@ -181,7 +209,7 @@ class GangObjects:
             "kind": "PodGroup",
             "metadata": {
                 "name": pod_group_name(spec),
-                "namespace": self.namespace,
+                "namespace": self.namespace(spec.tenant),
                 "labels": self.labels(spec),
             },
             "spec": pg_spec,
@@ -276,7 +304,7 @@ class GangObjects:
                 annotations[VOLCANO_ANNOTATION] = group
             if self.scheduler_name:
                 pod_spec["schedulerName"] = self.scheduler_name
-        metadata = {"name": name, "namespace": self.namespace, "labels": labels,
+        metadata = {"name": name, "namespace": self.namespace(spec.tenant), "labels": labels,
                     "annotations": annotations}  # fmt: skip
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
@@ -286,13 +314,11 @@ class GangObjects:
         """A pod of ours as the ledger's ``PodBound`` (node ``""`` while it is unbound)."""
         meta = pod["metadata"]
         annotations = cast(Mapping[str, str], meta.get("annotations") or {})
-        gpus_text = annotations.get(ANNOTATION_GPUS)
-        gpus = tuple(int(g) for g in gpus_text.split(",") if g) if gpus_text is not None else None
         spec = pod.get("spec") or {}
         return PodBound(
             self.cluster,
             annotations.get(ANNOTATION_POD, meta["name"]),
             str(spec.get("nodeName") or ""),
             pod_resources(spec, self._gpu),
-            gpus,
+            own_gpus(pod),
         )

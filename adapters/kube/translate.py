@@ -64,6 +64,7 @@ def node_name(obj: Obj) -> str:
 
 
 ANNOTATION_POD = "fedbroker.io/pod"  # on the broker's own pods: the ledger's pod name
+ANNOTATION_GPUS = "fedbroker.io/gpus"  # on them too: GPU indexes the broker picked, "0,1"
 
 
 def pod_key(obj: Obj) -> str:
@@ -77,6 +78,23 @@ def pod_key(obj: Obj) -> str:
         if isinstance(own, str) and own:
             return own
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def own_gpus(obj: Obj) -> tuple[int, ...] | None:
+    """The GPU indexes the broker picked for one of its own pods (``ANNOTATION_GPUS``), so
+    the ledger books the pod on those GPUs and not on whichever are free when it is listed:
+    a restarted broker then restores each gang's reservation onto the same GPUs, whatever
+    order the pods are listed in. None for another's pod or an unreadable annotation."""
+    annotations = _meta(obj).get("annotations")
+    if not isinstance(annotations, Mapping) or not annotations.get(ANNOTATION_POD):
+        return None
+    text = annotations.get(ANNOTATION_GPUS)
+    if not isinstance(text, str):
+        return None
+    try:
+        return tuple(int(g) for g in text.split(",") if g)
+    except ValueError:
+        return None
 
 
 def translate_node(obj: Obj, gpu: GpuConfig = DEFAULT_GPU) -> Node:
@@ -184,4 +202,4 @@ def translate_pod(
     node = spec.get("nodeName")
     if deleted or not node or phase in TERMINAL_PHASES:
         return PodDeleted(cluster, pod_key(obj))
-    return PodBound(cluster, pod_key(obj), str(node), pod_resources(spec, gpu))
+    return PodBound(cluster, pod_key(obj), str(node), pod_resources(spec, gpu), own_gpus(obj))

@@ -51,6 +51,7 @@ class Config(Section):
                         ["clusters", i, "source", "mqtt"], "needs events.mqtt (the MQTT broker)"
                     )
         _known_queues(self)
+        _tenant_namespaces(self)
         return self
 
     def queue(self, name: str) -> QueueConfig | None:
@@ -130,6 +131,17 @@ def _known_queues(config: Config) -> None:
         for j, name in enumerate(tenant.queues):
             if name not in queues:
                 raise FieldError(["tenants", i, "queues", j], f"no queue named {name!r}")
+
+
+def _tenant_namespaces(config: Config) -> None:
+    """Every Kubernetes member's namespace pattern gives a usable namespace for every tenant."""
+    for i, cc in enumerate(config.clusters):
+        if cc.source.kube is None:
+            continue
+        for tenant in config.tenants:
+            problem = cc.source.kube.namespace_problem(tenant.name)
+            if problem is not None:
+                raise FieldError(["clusters", i, "source", "kube", "namespacePattern"], problem)
 
 
 def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> Config:

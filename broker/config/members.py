@@ -4,6 +4,7 @@ from (simulated, Cluster API); each source is a union keyed by its one key."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -26,6 +27,33 @@ from broker.manifest import (
 from broker.model import Cluster, ClusterKind
 
 MAX_SIMULATED_NODES = 50_000  # per cluster: far above the trace inventories, still in memory
+
+TENANT_PLACEHOLDER = "{tenant}"
+# Namespaces a tenant's pods must never go into: Kubernetes' own, the broker's own in a
+# member cluster (deploy/kustomize/member-cluster: its ServiceAccount and token Secret), and
+# fedbroker-jobs, where member clusters set up before per-tenant namespaces keep that token.
+RESERVED_NAMESPACES = frozenset(
+    {"default", "kube-system", "kube-public", "kube-node-lease", "fedbroker", "fedbroker-jobs"}
+)
+_PATTERN_HEAD = re.compile(r"([a-z0-9][-a-z0-9]*)?")
+_PATTERN_TAIL = re.compile(r"([-a-z0-9]*[a-z0-9])?")
+
+
+def _namespace_pattern(pattern: str) -> str:
+    """DNS-1123 label characters around exactly one ``{tenant}``: every tenant name (itself
+    a DNS-1123 label) then gives a DNS-1123 label, if short enough (checked per tenant)."""
+    head, *tails = pattern.split(TENANT_PLACEHOLDER)
+    if (
+        len(tails) != 1
+        or not _PATTERN_HEAD.fullmatch(head)
+        or not _PATTERN_TAIL.fullmatch(tails[0])
+        or len(head) + len(tails[0]) > 62
+    ):
+        raise ValueError(
+            "must be lowercase letters, digits and '-' around exactly one '{tenant}' "
+            "(e.g. 'fedbroker-{tenant}'), at most 62 characters besides it"
+        )
+    return pattern
 
 
 class OneOf(Section):
@@ -107,9 +135,10 @@ class KubeSource(KubeconfigRef):
     """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
     (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
     kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
-    pods; gangs are launched into ``namespace``."""
+    pods; gangs are launched into their tenant's namespace, ``namespacePattern`` with
+    ``{tenant}`` replaced by the tenant's name (created by the broker if missing)."""
 
-    namespace: DnsLabel = "fedbroker-jobs"
+    namespace_pattern: str = Field(default="fedbroker-{tenant}", max_length=80)
     gpu_resources: list[str] = Field(
         default_factory=lambda: ["nvidia.com/gpu", "amd.com/gpu"], min_length=1, max_length=16
     )
@@ -125,6 +154,34 @@ class KubeSource(KubeconfigRef):
     # requestTimeoutSeconds.
     watch_inactivity_seconds: float = Field(default=90.0, gt=0, le=3600)
     request_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_fixed_namespace(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "namespace" in data:
+            raise FieldError(
+                ["namespace"],
+                "replaced by namespacePattern: one namespace per tenant, created by the broker "
+                "(default 'fedbroker-{tenant}')",
+            )
+        return data
+
+    @field_validator("namespace_pattern")
+    @classmethod
+    def _pattern(cls, pattern: str) -> str:
+        return _namespace_pattern(pattern)
+
+    def namespace_for(self, tenant: str) -> str:
+        return self.namespace_pattern.replace(TENANT_PLACEHOLDER, tenant)
+
+    def namespace_problem(self, tenant: str) -> str | None:
+        """Why the tenant's namespace would be unusable (too long, reserved), or None."""
+        name = self.namespace_for(tenant)
+        if len(name) > 63:
+            return f"gives {name!r} for tenant {tenant!r}: longer than 63 characters"
+        if name in RESERVED_NAMESPACES:
+            return f"gives {name!r} for tenant {tenant!r}: a namespace reserved for the system"
+        return None
 
     @field_validator("gpu_resources")
     @classmethod

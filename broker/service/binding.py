@@ -39,10 +39,14 @@ class Binding:
         self.runs: dict[str, asyncio.Task[None]] = {}
 
     def launch_spec(self, placement: Placement) -> LaunchSpec:
+        """What the launcher needs besides the placement; the Pod Security level is the
+        tenant's (its member namespace is labelled to enforce it)."""
         tenant, _, name = placement.job.partition("/")
+        config = self.s.config.tenant(tenant)
+        level = config.pod_security if config is not None else "baseline"
         launch = self.s.lifecycle.get(placement.job)
         if launch is None:
-            return LaunchSpec(tenant=tenant, job=name)
+            return LaunchSpec(tenant=tenant, job=name, pod_security=level)
         job = launch.pending.job
         return LaunchSpec(
             tenant=tenant,
@@ -51,6 +55,7 @@ class Binding:
             schedule_timeout_seconds=job.schedule_timeout_seconds,
             queue=job.queue,
             pod_templates=launch.pending.pod_templates,
+            pod_security=level,
         )
 
     def start_launch(self, placement: Placement) -> None:

@@ -98,7 +98,7 @@ class KubeMembers:
             )  # fmt: skip
             launcher = KubeLauncher(
                 client,
-                source.namespace,
+                source.namespace_pattern,
                 source.launch_mode,
                 source.pod_group,
                 cluster=cc.name,

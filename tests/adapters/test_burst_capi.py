@@ -12,6 +12,7 @@ from typing import Any
 
 import kmock as kmocklib
 import pytest
+from kmock_namespaces import NamespacedEmulator
 from test_capi import MD, NAME, NS, SCALE, add_pool, replicas, serve_scale
 from test_kube_service import CANARY, kubeconfig_doc, manifest, our_pod, until
 
@@ -20,6 +21,8 @@ from broker.service.facade import Service
 
 Emulator = kmocklib.KubernetesEmulator
 NODES = kmocklib.resource("", "v1", "nodes")
+
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)  # the gang's tenant namespace is made
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}

@@ -1,6 +1,9 @@
-"""KubeLauncher against kmock (a Kubernetes API mock over real HTTP) with the real
-``kubernetes.aio`` client. No client monkey-patching: pods are moved to Running or Failed by
-a fake kubelet, the launcher's injected poll pause, which edits kmock's stored objects."""
+"""KubeLauncher against kmock (a Kubernetes API mock over real HTTP, with Namespaces:
+``tests/kmock_namespaces.py``) with the real ``kubernetes.aio`` client. No client
+monkey-patching: pods are moved to Running or Failed by a fake kubelet, the launcher's
+injected poll pause, which edits kmock's stored objects. Tenant ``acme``'s objects go into
+namespace ``team-acme`` (pattern ``team-{tenant}``); tests/adapters/test_kube_tenants.py has
+the namespaces themselves."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, cast
 
 import kmock as kmocklib
 import pytest
+from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
 
@@ -25,14 +29,17 @@ from adapters.kube.objects import (
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
+
 CANARY = "canary-token-3f9e1c0d7b"
-NS = "team"
+PATTERN = "team-{tenant}"
+NS = "team-acme"
 PODS = kmocklib.resource("", "v1", "pods")
 COSCHED = kmocklib.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 VOLCANO = kmocklib.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
 GPU = Resources(gpus=4, cpu_milli=8000, memory_mib=32768)
 
-Emulator = kmocklib.KubernetesEmulator
+Emulator = NamespacedEmulator
 
 
 @pytest.fixture
@@ -91,12 +98,13 @@ def launcher(
     k8s: Emulator,
     mode: Mode = "delegate",
     flavor: Flavor = "coscheduling",
+    pattern: str = PATTERN,
     **kwargs: Any,
 ) -> KubeLauncher:
     kwargs.setdefault("sleep", kubelet(k8s))
     return KubeLauncher(
         api,
-        NS,
+        pattern,
         mode,
         flavor,
         cluster="east",
@@ -281,7 +289,7 @@ async def test_cancel_and_gc_leave_nothing_of_ours(api: ApiClient, k8s: Emulator
         "theirs",
     ]
     deleted = await kube.collect_garbage({"acme/c"})
-    assert sorted(deleted) == ["Pod/b-worker-0", "Pod/b-worker-1", "PodGroup/b"]
+    assert sorted(deleted) == [f"Pod/{NS}/b-worker-0", f"Pod/{NS}/b-worker-1", f"PodGroup/{NS}/b"]
     assert sorted(stored(k8s, PODS)) == ["c-worker-0", "c-worker-1", "theirs"]
     assert sorted(stored(k8s, COSCHED)) == ["c", "theirs"]
     await kube.collect_garbage(set())
@@ -333,7 +341,9 @@ async def test_canary_token_never_logged_nor_in_errors(
 async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
     api: ApiClient, k8s: Emulator, mode: Mode
 ) -> None:
-    await launcher(api, k8s, mode=mode).launch(placement())  # acme/train runs
+    """With a pattern without ``{tenant}`` (one namespace for all: the adapter allows it,
+    the config does not), the labels still keep one tenant from adopting another's pods."""
+    await launcher(api, k8s, mode=mode, pattern=NS).launch(placement())  # acme/train runs
     before = stored(k8s, PODS), stored(k8s, COSCHED)
     other = KubeLauncher(
         api,

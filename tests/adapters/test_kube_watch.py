@@ -409,6 +409,26 @@ def test_translate_node_and_pod() -> None:
     assert translate_pod("a", pod_obj("p", "n1", phase="Failed")) == PodDeleted("a", "ml/p")
 
 
+@pytest.mark.parametrize(
+    ("annotations", "gpus"),
+    [
+        ({"fedbroker.io/pod": "t.j-w-0", "fedbroker.io/gpus": "2,3"}, (2, 3)),
+        ({"fedbroker.io/pod": "t.j-w-0", "fedbroker.io/gpus": ""}, ()),
+        ({"fedbroker.io/pod": "t.j-w-0"}, None),
+        ({"fedbroker.io/pod": "t.j-w-0", "fedbroker.io/gpus": "x,1"}, None),
+        ({"fedbroker.io/gpus": "2,3"}, None),  # not one of the broker's pods
+        ({}, None),
+    ],
+)
+def test_the_broker_pods_gpu_indexes_are_read_back(
+    annotations: dict[str, str], gpus: tuple[int, ...] | None
+) -> None:
+    obj = pod_obj("p", "n1", gpus=2)
+    obj["metadata"]["annotations"] = annotations
+    event = translate_pod("a", obj)
+    assert isinstance(event, PodBound) and event.gpus == gpus
+
+
 def test_bench_runs() -> None:
     assert bench_ledger_updates(nodes=20, pods=2000) > 0
 

@@ -3,12 +3,17 @@ stay out of errors and reprs, and the built-in demo keeps its contract names."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from adapters.simulated import generate_nodes
-from broker.config import ConfigError, demo_config, load_config, parse_config
+from broker.config import ConfigError, KubeSource, demo_config, load_config, parse_config
+from broker.config.members import RESERVED_NAMESPACES
 from broker.model import Cluster
 
 FULL = """\
@@ -115,6 +120,15 @@ def test_defaults_follow_the_design() -> None:
 QUEUES = "queues: [{name: a}, {name: b}]\n"
 TENANT = "tenants:\n- {name: t, defaultQueue: a, token: {value: s3cr3t-token-value}}\n"
 SIM = "source: {simulated: {shapes: [{gpuType: A100, gpus: 8, cpu: '64', memory: 1Ti, count: 2}]}}"
+KUBE = "clusters: [{{name: c, source: {{kube: {{kubeconfig: k, context: x, {}}}}}}}]\n"
+PIN = KUBE.format("launchMode: pin")
+
+
+def tenant_named(name: str) -> str:
+    return QUEUES + f"tenants: [{{name: {name}, defaultQueue: a, token: {{value: x}}}}]"
+
+
+PATTERN = "clusters[0].source.kube.namespacePattern"
 
 ERRORS: list[tuple[str, str, str]] = [
     ("queues:\n- {name: a}\n- {name: b, quota: {A100: -1}}\n",
@@ -180,6 +194,22 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[1].token", "same token as tenant 't'"),
     (QUEUES + TENANT + "- {name: t, defaultQueue: b, token: {value: other}}",
      "tenants[1].name", "duplicate name 't'"),
+    (KUBE.format("namespace: fedbroker-jobs"), "clusters[0].source.kube.namespace",
+     "replaced by namespacePattern: one namespace per tenant"),
+    (KUBE.format("namespacePattern: team"), PATTERN, "around exactly one '{tenant}'"),
+    (KUBE.format("namespacePattern: '{tenant}-{tenant}'"), PATTERN, "exactly one"),
+    (KUBE.format("namespacePattern: 'Fed-{tenant}'"), PATTERN, "lowercase letters"),
+    (KUBE.format("namespacePattern: '-{tenant}'"), PATTERN, "lowercase letters"),
+    (KUBE.format("namespacePattern: '{tenant}-'"), PATTERN, "lowercase letters"),
+    (KUBE.format("namespacePattern: 'fed_{tenant}'"), PATTERN, "lowercase letters"),
+    (KUBE.format("namespacePattern: \"fed-{tenant}\\n\""), PATTERN, "lowercase letters"),
+    (KUBE.format("namespacePattern: '{tenant}" + "-x" * 32 + "'"), PATTERN, "at most 62"),
+    (KUBE.format("namespacePattern: 5"), PATTERN, "must be a string"),
+    (PIN + tenant_named("t" * 54), PATTERN, "longer than 63 characters"),
+    (KUBE.format("namespacePattern: '{tenant}'") + tenant_named("default"), PATTERN,
+     "gives 'default' for tenant 'default'"),
+    (PIN + tenant_named("jobs"), PATTERN,
+     "gives 'fedbroker-jobs' for tenant 'jobs': a namespace reserved"),
     ("api: {port: '8080'}", "api.port", "must be an integer"),
     ("api: {port: 70000}", "api.port", "<= 65535"),
     ("api: {bodyLimitBytes: 10}", "api.bodyLimitBytes", ">= 1024"),
@@ -297,3 +327,56 @@ def test_demo_clusters_are_laptop_sized_real_shapes_without_h100(tmp_path: Path)
 def test_demo_needs_every_token(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="admin"):
         demo_config(tmp_path, {"team-a": "x", "team-b": "y"})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "tenant", "namespace"),
+    [
+        (None, "team-a", "fedbroker-team-a"),  # the default
+        ("gpu-{tenant}-jobs", "ml", "gpu-ml-jobs"),
+        ("{tenant}", "team-a", "team-a"),
+        ("{tenant}", "t" * 63, "t" * 63),
+        (None, "t" * 53, "fedbroker-" + "t" * 53),
+    ],
+)
+def test_namespace_pattern_gives_each_tenant_its_namespace(
+    pattern: str | None, tenant: str, namespace: str
+) -> None:
+    key = "launchMode: pin" if pattern is None else f"namespacePattern: '{pattern}'"
+    config = parse_config(KUBE.format(key) + tenant_named(tenant), "ns.yaml", {})
+    source = config.clusters[0].source.kube
+    assert source is not None
+    assert source.namespace_for(tenant) == namespace
+    assert source.namespace_problem(tenant) is None
+
+
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+SHAPE = r"([a-z0-9][-a-z0-9]*)?\{tenant\}([-a-z0-9]*[a-z0-9])?"  # what may be accepted
+TENANTS = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)
+# Patterns of that shape (some too long: up to 82 characters besides {tenant}), and text.
+SHAPED = r"([a-z0-9][-a-z0-9]{0,40})?\{tenant\}([-a-z0-9]{0,40}[a-z0-9])?"
+PATTERNS = st.one_of(
+    st.from_regex(SHAPED, fullmatch=True), st.text(alphabet="az09-_.{}tenA \n", max_size=24)
+)
+
+
+@given(pattern=PATTERNS, tenant=TENANTS)
+def test_an_accepted_pattern_gives_a_tenant_a_dns_label_or_names_the_problem(
+    pattern: str, tenant: str
+) -> None:
+    fits = re.fullmatch(SHAPE, pattern) is not None and len(pattern) - len("{tenant}") <= 62
+    try:
+        source = KubeSource.model_validate(
+            {"kubeconfig": "k", "context": "x", "namespacePattern": pattern}
+        )
+    except ValidationError:
+        assert not fits, pattern
+        return
+    assert fits, pattern
+    name = source.namespace_for(tenant)
+    problem = source.namespace_problem(tenant)
+    if problem is None:
+        assert re.fullmatch(DNS_LABEL, name) and len(name) <= 63, name
+        assert name not in RESERVED_NAMESPACES
+    else:
+        assert len(name) > 63 or name in RESERVED_NAMESPACES, problem

@@ -38,7 +38,9 @@ KUBERNETES_VERSION = "1.30"  # the oldest minor still supported upstream when th
 NAMESPACE = "fedbroker"
 BROKER_TARGETS = ("base", "overlays/sqlite", "overlays/postgres")
 MEMBER_TARGET = "member-cluster"
-TARGETS = (*BROKER_TARGETS, MEMBER_TARGET)
+BURST_MEMBER_TARGET = "member-cluster-burst"  # member-cluster plus nodes patch
+MEMBER_TARGETS = (MEMBER_TARGET, BURST_MEMBER_TARGET)
+TARGETS = (*BROKER_TARGETS, *MEMBER_TARGETS)
 REPLICAS = {"base": 2, "overlays/postgres": 2, "overlays/sqlite": 1}
 
 MONITORING = "monitoring.coreos.com/v1"
@@ -201,7 +203,7 @@ def test_the_validator_rejects_unknown_fields(rendered: dict[str, list[Doc]]) ->
 @pytest.mark.parametrize("target", TARGETS)
 def test_only_known_custom_kinds(rendered: dict[str, list[Doc]], target: str) -> None:
     custom = sorted(d["kind"] for d in rendered[target] if d["apiVersion"] == MONITORING)
-    expected = [] if target == MEMBER_TARGET else ["PrometheusRule", "ServiceMonitor"]
+    expected = [] if target in MEMBER_TARGETS else ["PrometheusRule", "ServiceMonitor"]
     assert custom == expected
 
 
@@ -414,30 +416,71 @@ def _grants(docs: list[Doc], subject: tuple[str, str]) -> Iterator[tuple[str | N
         yield (namespace if binding["kind"] == "RoleBinding" else None), roles[key]
 
 
-def test_member_cluster_rbac_covers_what_the_broker_calls(
-    rendered: dict[str, list[Doc]],
-) -> None:
-    member = rendered[MEMBER_TARGET]
-    account = _one(member, "ServiceAccount")["metadata"]
+def _member_grants(docs: list[Doc]) -> tuple[tuple[str, str], list[Doc], list[str | None]]:
+    """The member ServiceAccount (namespace, name), its cluster-wide rules, and the
+    namespaces of its namespaced grants (None for none)."""
+    account = _one(docs, "ServiceAccount")["metadata"]
     subject = (account["namespace"], account["name"])
-    grants = list(_grants(member, subject))
+    grants = list(_grants(docs, subject))
     cluster_rules = [r for ns, rules in grants if ns is None for r in rules]
-    # Capacity (list+watch of nodes and pods everywhere) and burst nodes (label, cordon).
-    for resource, verbs in (("nodes", "get list watch patch"), ("pods", "list watch")):
+    return subject, cluster_rules, [ns for ns, _ in grants if ns is not None]
+
+
+@pytest.mark.parametrize("target", MEMBER_TARGETS)
+def test_member_cluster_rbac_covers_what_the_broker_calls(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    member = rendered[target]
+    _, rules, namespaced = _member_grants(member)
+    assert not namespaced, "tenant namespaces appear at run time: every grant is cluster-wide"
+    # Capacity: list+watch of nodes and pods everywhere.
+    for resource, verbs in (("nodes", "get list watch"), ("pods", "get list watch")):
         for verb in verbs.split():
-            assert _allows(cluster_rules, "", resource, verb), (resource, verb)
-    # Launch: pods and PodGroups in the namespace the config launches into.
-    config = _parsed_config(rendered["base"])
-    namespaces = {c.source.kube.namespace for c in config.clusters if c.source.kube}
-    assert namespaces == {n["metadata"]["name"] for n in _of_kind(member, "Namespace")}
-    for namespace in namespaces:
-        rules = [r for ns, rules in grants if ns == namespace for r in rules]
-        for verb in ("create", "get", "list", "delete"):
-            assert _allows(rules, "", "pods", verb), verb
-        for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
-            for verb in ("create", "get", "list", "patch", "delete"):
-                assert _allows(rules, group, "podgroups", verb), (group, verb)
-    assert not _allows(cluster_rules, "", "pods", "create"), "pods created cluster-wide"
+            assert _allows(rules, "", resource, verb), (resource, verb)
+    # Tenant namespaces: read, created with their Pod Security labels, relabelled.
+    for verb in ("get", "create", "patch"):
+        assert _allows(rules, "", "namespaces", verb), verb
+    for verb in ("delete", "update", "list"):
+        assert not _allows(rules, "", "namespaces", verb), f"namespaces {verb} is not needed"
+    # Launch: pods and PodGroups in any tenant namespace, listed across them.
+    for verb in ("create", "get", "list", "delete"):
+        assert _allows(rules, "", "pods", verb), verb
+    for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
+        for verb in ("create", "get", "list", "patch", "delete"):
+            assert _allows(rules, group, "podgroups", verb), (group, verb)
+    # Nodes are patched (labelled, cordoned) only for burst pools.
+    assert _allows(rules, "", "nodes", "patch") == (target == BURST_MEMBER_TARGET)
+    # Never: secrets, role bindings, pods/exec (nothing the launcher calls).
+    for group, resource in (("", "secrets"), ("rbac.authorization.k8s.io", "rolebindings"),
+                            ("", "pods/exec"), ("", "serviceaccounts")):  # fmt: skip
+        for verb in ("get", "list", "create", "patch", "update"):
+            assert not _allows(rules, group, resource, verb), (resource, verb)
+
+
+@pytest.mark.parametrize("target", MEMBER_TARGETS)
+def test_the_brokers_member_credentials_live_in_no_tenant_namespace(
+    rendered: dict[str, list[Doc]], target: str
+) -> None:
+    member = rendered[target]
+    (home, account), _, _ = _member_grants(member)
+    [namespace] = _of_kind(member, "Namespace")
+    assert namespace["metadata"]["name"] == home  # only the broker's own namespace
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    [secret] = _of_kind(member, "Secret")
+    assert secret["metadata"]["namespace"] == home
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == account
+    assert all(d["metadata"].get("namespace") in (None, home) for d in member)
+    # No tenant of the shipped configs gets the broker's namespace, nor the old shared one
+    # (fedbroker-jobs), where earlier releases kept this Secret.
+    for broker_target in BROKER_TARGETS:
+        config = _parsed_config(rendered[broker_target])
+        sources = [c.source.kube for c in config.clusters if c.source.kube is not None]
+        assert sources
+        for source in sources:
+            for tenant in config.tenants:
+                assert source.namespace_for(tenant.name) not in (home, "fedbroker-jobs")
+                assert source.namespace_problem(tenant.name) is None
 
 
 @pytest.mark.parametrize("target", BROKER_TARGETS)

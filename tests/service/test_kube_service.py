@@ -1,6 +1,7 @@
 """The Service with a Kubernetes member cluster served by kmock (real HTTP, the real
-``kubernetes.aio`` client from a kubeconfig file, no monkey-patching): listed before
-readiness, a job placed and launched there, and reservations rebuilt after a restart."""
+``kubernetes.aio`` client from a kubeconfig file, no monkey-patching; Namespaces served by
+``tests/kmock_namespaces.py``): listed before readiness, a job placed and launched into its
+tenant's namespace, and reservations rebuilt after a restart."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
+from kmock_namespaces import NamespacedEmulator
 
 from broker.config import Config, ConfigError, parse_config
 from broker.manifest import parse_manifest
@@ -23,7 +25,7 @@ from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 PODS = kmock.resource("", "v1", "pods")
-NS = "fedbroker-jobs"
+NS = "fedbroker-team-a"  # team-a's namespace under the default pattern fedbroker-{tenant}
 CANARY = "canary-token-kube-service-51c2"
 
 CONFIG = """
@@ -122,6 +124,9 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
+
+
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import kmock
 import kmock as kmocklib
 import pytest
 from builders import Clock
+from kmock_namespaces import NamespacedEmulator
 from tcp_proxy import TcpProxy
 from test_kube_service import CONFIG, NS, PODS, kubeconfig_doc, manifest, node_obj, until
 
@@ -22,6 +23,8 @@ from broker.service.facade import Service
 
 NODES = kmock.resource("", "v1", "nodes")
 STALE_AFTER = 30.0
+
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 
 
 @pytest.fixture
