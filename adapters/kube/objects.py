@@ -95,6 +95,17 @@ def pod_group_name(spec: LaunchSpec) -> str:
     return spec.job
 
 
+# The default container (no template given) passes every Pod Security level, restricted
+# included, so a restricted tenant's namespace admits it.
+RESTRICTED_CONTAINER: Mapping[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 65534,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def pinned_to(node: str, affinity: object = None) -> dict[str, Any]:
     """The user's affinity ANDed with required node affinity to one node by name (``pin``
     mode): node selector terms are ORed and a term's requirements ANDed, so the pin joins
@@ -286,7 +297,7 @@ class GangObjects:
         annotations[ANNOTATION_GPUS] = ",".join(str(g) for g in pod.gpus)
 
         pod_spec["containers"] = pod_spec.get("containers") or [
-            {"name": "main", "image": self.default_image}
+            {"name": "main", "image": self.default_image, "securityContext": RESTRICTED_CONTAINER}
         ]
         self._place_resources(pod_spec, pod.resources)
         pod_spec.setdefault("restartPolicy", "Never")

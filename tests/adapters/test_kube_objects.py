@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import kmock as kmocklib
 import pytest
+from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
 
@@ -143,6 +144,7 @@ async def api(kmock: Any) -> AsyncIterator[tuple[ApiClient, kmocklib.KubernetesE
         yield client, k8s
 
 
+@pytest.mark.kmock(cls=NamespacedEmulator)
 async def test_a_pinned_launch_carries_the_users_and_the_brokers_constraints(
     api: tuple[ApiClient, kmocklib.KubernetesEmulator],
 ) -> None:
@@ -173,3 +175,15 @@ def test_a_template_that_gives_every_resource_is_sent_as_written() -> None:
     template = {"spec": {"containers": [{"name": "a", "resources": copy.deepcopy(given)}]}}
     body = objects("pin").pod_body(POD, spec(template))["spec"]
     assert body["containers"][0]["resources"] == given
+
+
+def test_the_default_container_passes_the_restricted_profile() -> None:
+    from broker.manifest.podpolicy import template_violations
+
+    body = objects("pin").pod_body(POD, spec({}))
+    assert body["spec"]["containers"][0]["image"] == "busybox"
+    pod = {"metadata": {}, "spec": body["spec"]}
+    assert template_violations(pod, "restricted", frozenset({"default"}), ("pod",)) == []
+    # The same pod without the default security context is refused by restricted.
+    del body["spec"]["containers"][0]["securityContext"]
+    assert template_violations(pod, "restricted", frozenset({"default"}), ("pod",)) != []

@@ -78,7 +78,13 @@ async def test_each_tenant_launches_into_its_own_namespace_with_its_pod_security
     k8s: NamespacedEmulator, tmp_path: Path
 ) -> None:
     server = str(k8s.url).rstrip("/")
-    template = {"spec": {"containers": [{"name": "trainer", "image": "pytorch:2"}]}}
+    # Passes team-a's restricted profile (and so team-b's baseline one).
+    restricted = {
+        "runAsNonRoot": True, "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    container = {"name": "trainer", "image": "pytorch:2", "securityContext": restricted}
+    template = {"spec": {"containers": [container]}}
     service = Service(config(tmp_path, server))
     await service.start()
     try:
