@@ -22,6 +22,7 @@ from broker.http.dashboard import add_dashboard
 from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
 from broker.http.openapi import openapi_document
+from broker.http.protocol import common_headers, json_parser_errors
 from broker.http.ratelimit import RateLimiter
 from broker.http.state import (
     CONFIG,
@@ -75,6 +76,8 @@ def make_app(
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
     app.on_shutdown.append(_close_events)
+    app.on_response_prepare.append(common_headers)
+    json_parser_errors()
     app.cleanup_ctx.append(forwarder)
     app.router.add_post("/v1/jobs", routes.submit)
     app.router.add_get("/v1/jobs", routes.list_jobs)
