@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from test_api import A, Harness, TOKENS, harness, manifest  # noqa: F401
+from test_api import TOKENS, A, Harness, manifest, running
 
 CANARY = TOKENS["admin"]
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with running(tmp_path) as h:
+        yield h
 
 
 async def _raw(h: Harness, request: bytes) -> tuple[int, dict[str, str], bytes]:
