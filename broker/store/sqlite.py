@@ -179,7 +179,7 @@ class SqliteStore:
             if rows:
                 return _job(rows[0]), True
             select = sql.select_job("sqlite", tenant, name)
-            existing = _job(list(await conn.execute_fetchall(select.sql, select.args))[0])
+            existing = _job(next(iter(await conn.execute_fetchall(select.sql, select.args))))
             if not reuse_finished or existing.state not in FINAL_STATES:
                 return existing, False
             # Several statements: a savepoint, so a failing one leaves the group untouched.

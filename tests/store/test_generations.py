@@ -9,7 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_store import MANIFEST, OpenStore, opened, store, url  # noqa: F401
+from test_store import MANIFEST, OpenStore
 
 from broker.store import ACTIVE_STATES, FINAL_STATES, JobState, Store
 
@@ -64,13 +64,13 @@ async def test_an_active_name_is_never_replaced(store: Store, active: JobState) 
 
 
 async def test_without_reuse_a_finished_job_answers_as_before(store: Store) -> None:
-    first, _ = await store.create_job("team-a", "llama", "training", 100, MANIFEST, 10.0)
+    await store.create_job("team-a", "llama", "training", 100, MANIFEST, 10.0)
     await _finish(store, "llama", "Cancelled", 20.0)
     again, created = await store.create_job("team-a", "llama", "training", 100, MANIFEST, 30.0)
     assert not created and again.state == "Cancelled" and again.generation == 1
 
 
-async def test_concurrent_reuse_makes_one_next_generation(opened: OpenStore) -> None:  # noqa: F811
+async def test_concurrent_reuse_makes_one_next_generation(opened: OpenStore) -> None:
     first, second = await opened(), await opened()
     await first.create_job("team-a", "dup", "q", 1, MANIFEST, 1.0)
     await _finish(first, "dup", "Failed", 2.0)
