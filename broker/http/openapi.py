@@ -44,6 +44,7 @@ class JobStatus(Out):
     reason: str
     queue: str
     attempts: int
+    generation: int = Field(description="1, then +1 each time a finished job's name is reused")
     not_before: float | None
     created_at: float
     updated_at: float

@@ -34,6 +34,7 @@ def job_json(record: JobRecord, history: list[Transition] | None = None) -> dict
         "reason": record.reason,
         "queue": record.queue,
         "attempts": record.attempts,
+        "generation": record.generation,
         "notBefore": record.not_before,
         "createdAt": record.created_at,
         "updatedAt": record.updated_at,

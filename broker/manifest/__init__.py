@@ -20,11 +20,11 @@ from broker.manifest.fields import (
     MemoryQuantity,
     cpu_millicores,
     memory_mebibytes,
-    parse_quantity,
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
 from broker.manifest.parsing import parse_manifest
 from broker.manifest.translation import pod_templates, to_job
+from broker.quantity import parse_quantity
 
 __all__ = [
     "API_VERSION",

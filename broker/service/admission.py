@@ -1,7 +1,8 @@
 """Admission: tenants, submit, get and cancel, and the errors a caller gets for them.
 
 Submit commits the job to the store FIRST, then queues it; a resubmit of the same
-tenant/name answers the stored job (idempotency). Writes are the leader's: a replica that
+tenant/name and spec answers the stored job (idempotency), another spec is a ``Conflict``
+while the job is active, and a finished job's name starts its next generation. Writes are the leader's: a replica that
 is not placing now answers ``NotLeader`` (a 503 naming the leader). A cancel is recorded
 under the lock, so it never interleaves with a placement of the same job; the pods are
 deleted after the lock is released.
@@ -21,6 +22,10 @@ from broker.store import ACTIVE_STATES, FINAL_STATES, JobRecord, StateConflict
 
 class Forbidden(Exception):
     """The tenant may not do this (403); the message says why."""
+
+
+class Conflict(Exception):
+    """The name is taken by an active job with another spec (409); the message names it."""
 
 
 class NotFound(Exception):
@@ -83,9 +88,17 @@ class Admission:
         # scheduling cycle's store writes; the queue is only touched under the lock. A cancel
         # that lands between the two is harmless: placing a cancelled job fails its
         # compare-and-set in schedule_once and the reservation is given back.
+        wire = manifest.wire()
+        # A finished job's name starts its next generation; an active one answers as stored
+        # when the spec is the same (a retried submission), else 409.
         record, created = await s.store.create_job(
-            job.tenant, job.name, job.queue, job.priority, manifest.wire(), s.clock()
+            job.tenant, job.name, job.queue, job.priority, wire, s.clock(), reuse_finished=True
         )
+        if not created and record.manifest.get("spec") != wire.get("spec"):
+            raise Conflict(
+                f"metadata.name: job {job.name!r} exists with another spec ({record.state}); "
+                "cancel it first, or submit under another name"
+            )
         key = job.key
         # A Queued job not created now may be one whose creation committed while its answer
         # was lost (the store failed: 503, and the client retried): nobody queued it then.
@@ -138,4 +151,4 @@ class Admission:
         return record
 
 
-__all__ = ["Admission", "Forbidden", "NotFound", "NotLeader"]
+__all__ = ["Admission", "Conflict", "Forbidden", "NotFound", "NotLeader"]
