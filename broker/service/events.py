@@ -182,6 +182,9 @@ class PublishingStore:
     async def generations(self, tenant: str, name: str) -> list[Generation]:
         return await self.inner.generations(tenant, name)
 
+    async def count_active(self, tenant: str) -> int:
+        return await self.inner.count_active(tenant)
+
     async def get_job(self, tenant: str, name: str) -> JobRecord | None:
         return await self.inner.get_job(tenant, name)
 

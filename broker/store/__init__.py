@@ -141,6 +141,10 @@ class Store(Protocol):
         """The name's earlier, finished generations, oldest first."""
         ...
 
+    async def count_active(self, tenant: str) -> int:
+        """How many of the tenant's jobs are not in a final state (its cap's count)."""
+        ...
+
     async def get_job(self, tenant: str, name: str) -> JobRecord | None: ...
 
     async def list_jobs(

@@ -317,6 +317,10 @@ class PostgresStore:
     async def active_jobs(self) -> list[JobRecord]:
         return [_job(row) for row in await self._fetch("active_jobs", sql.active_jobs("postgres"))]
 
+    async def count_active(self, tenant: str) -> int:
+        rows = await self._fetch("count_active", sql.count_active("postgres", tenant))
+        return int(rows[0][0])
+
     async def generations(self, tenant: str, name: str) -> list[Generation]:
         rows = await self._fetch("generations", sql.generations("postgres", tenant, name))
         return [sql.generation_from_row(tuple(r)) for r in rows]

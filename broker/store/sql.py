@@ -170,6 +170,12 @@ def active_jobs(dialect: Dialect) -> Statement:
     return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where} ORDER BY seq")
 
 
+def count_active(dialect: Dialect, tenant: str) -> Statement:
+    st = Statement(dialect)
+    where = f"tenant = {st(tenant)} AND {st.any_of('state', ACTIVE_STATES)}"
+    return st.done(f"SELECT count(*) FROM jobs WHERE {where}")
+
+
 def history(dialect: Dialect, tenant: str, name: str) -> Statement:
     st = Statement(dialect)
     return st.done(

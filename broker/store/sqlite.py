@@ -357,6 +357,10 @@ class SqliteStore:
     async def active_jobs(self) -> list[JobRecord]:
         return [_job(row) for row in await self._fetchall(sql.active_jobs("sqlite"))]
 
+    async def count_active(self, tenant: str) -> int:
+        rows = await self._fetchall(sql.count_active("sqlite", tenant))
+        return int(rows[0][0])
+
     async def generations(self, tenant: str, name: str) -> list[Generation]:
         rows = await self._fetchall(sql.generations("sqlite", tenant, name))
         return [sql.generation_from_row(r) for r in rows]

@@ -47,7 +47,7 @@ async def test_a_cancelled_name_is_reused_as_the_next_generation(harness: Harnes
     got = await (await client.get("/v1/jobs/again", headers=A)).json()
     assert got["status"]["state"] == "Running"  # the new generation is placed and runs
     assert got["status"]["generation"] == 2
-    assert [h["state"] for h in got["status"]["history"]][0] == "Queued"
+    assert got["status"]["history"][0]["state"] == "Queued"
     [old] = await service.store.generations("team-a", "again")
     assert old.record["state"] == "Cancelled"
     # the same spec again while generation 2 runs: 200, still generation 2
