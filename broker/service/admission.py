@@ -3,9 +3,10 @@
 Submit commits the job to the store FIRST, then queues it; a resubmit of the same
 tenant/name and spec answers the stored job (idempotency), another spec is a ``Conflict``
 while the job is active, and a finished job's name starts its next generation. Writes are
-the leader's: a replica that is not placing now answers ``NotLeader`` (a 503 naming the leader). A cancel is recorded
-under the lock, so it never interleaves with a placement of the same job; the pods are
-deleted after the lock is released.
+the leader's: a replica that is not placing now answers ``NotLeader`` (a 503 naming the
+leader). A cancel is recorded under the lock, so it never interleaves with a placement of
+the same job; the pods are deleted after the lock is released. A tenant's active jobs are
+capped (``maxActiveJobs``).
 """
 
 from __future__ import annotations
