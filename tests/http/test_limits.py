@@ -116,16 +116,17 @@ async def test_requests_without_a_token_are_limited_per_address(
     stack: tuple[Client, Stack],
 ) -> None:
     client, s = stack
-    statuses = [(await client.get("/healthz")).status for _ in range(3)]
+    statuses = [(await client.get("/openapi.json")).status for _ in range(3)]
     assert statuses == [200, 200, 200]
-    over = await client.get("/healthz")
+    over = await client.get("/openapi.json")
     assert over.status == 429
     assert (await over.json())["error"].startswith("rate limit: ")
     # a wrong token counts too: 429 instead of 401 while the bucket is empty
     wrong = await client.get("/v1/jobs", headers={"Authorization": "Bearer nope"})
     assert wrong.status == 429
-    # a valid token is not limited by the address's bucket
+    # a valid token is not limited by the address's bucket, nor are the probes
     assert (await client.get("/v1/jobs", headers=A)).status == 200
+    assert [(await client.get(p)).status for p in ("/healthz", "/readyz") * 3] == [200] * 6
     s.mono.now += 1.0
     assert (await client.get("/v1/jobs", headers={"Authorization": "Bearer nope"})).status == 401
 
