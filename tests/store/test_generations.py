@@ -9,9 +9,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_store import MANIFEST, OpenStore
+from test_store import MANIFEST, OpenStore, opened, store, url
 
 from broker.store import ACTIVE_STATES, FINAL_STATES, JobState, Store
+
+__all__ = ["opened", "store", "url"]  # test_store's fixtures (both backends), used here
 
 OTHER: dict[str, Any] = {**MANIFEST, "spec": {"priority": 1, "podSets": []}}
 
