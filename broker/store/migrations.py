@@ -170,7 +170,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(
         4,
-        "job generations and retention",
+        "job generations, retention and per-tenant caps",
         (
             # A finished job's name may be submitted again (issue 13): the new submission is
             # the next generation of the name; the finished one moves to job_generations
@@ -188,6 +188,8 @@ MIGRATIONS: tuple[Migration, ...] = (
             # Retention (Store.purge_finished) finds old finished jobs and generations fast.
             "CREATE INDEX job_generations_finished ON job_generations (finished_at)",
             "CREATE INDEX jobs_state_updated ON jobs (state, updated_at)",
+            # count_active, on every submission (the tenant's cap of active jobs).
+            "CREATE INDEX jobs_tenant_state ON jobs (tenant, state)",
         ),
     ),
 )
