@@ -110,3 +110,16 @@ async def test_retention_purges_old_finished_jobs_only(store: Store) -> None:
         assert await store.history("team-a", f"old-{i}") == []
     assert await store.generations("team-a", "again") == []
     assert len(await store.active_jobs()) == len(ACTIVE_STATES) + 1
+
+
+async def test_count_active_counts_a_tenants_unfinished_jobs(store: Store) -> None:
+    for i, state in enumerate(["Queued", "Placed", "Running", "Succeeded", "Cancelled"]):
+        await store.create_job("team-a", f"j{i}", "q", 1, MANIFEST, 1.0)
+        if state == "Succeeded":
+            await _finish(store, f"j{i}", "Succeeded", 3.0)
+        elif state != "Queued":
+            await store.transition("team-a", f"j{i}", state, "x", 2.0, cluster="c")  # type: ignore[arg-type]
+    await store.create_job("team-b", "other", "q", 1, MANIFEST, 1.0)
+    assert await store.count_active("team-a") == 3
+    assert await store.count_active("team-b") == 1
+    assert await store.count_active("nobody") == 0
