@@ -197,13 +197,13 @@ def add_agent_command(sub: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    if not _LABEL.match(args.cluster):
+    if not _LABEL.fullmatch(args.cluster):
         return f"--cluster must be a DNS label, not {args.cluster!r}"
     if not 1 <= args.mqtt_port <= 65_535:
         return f"--mqtt-port must be within 1..65535, not {args.mqtt_port}"
     if not 0.1 <= args.interval <= 3600:
         return f"--interval must be within 0.1..3600 seconds, not {args.interval}"
-    if not _PREFIX.match(args.topic_prefix):
+    if not _PREFIX.fullmatch(args.topic_prefix):
         return "--topic-prefix: topic levels without wildcards or surrounding slashes"
     return None
 

@@ -208,9 +208,9 @@ async def _retried(send: Callable[[], Awaitable[Any]], budget: float, sleep: Sle
 
     Every command is safe to send again, writes included:
     * submit: jobs are idempotent by (tenant, name) -- the store inserts with
-      ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission with
-      200 and the job already stored (never a second job, never a 409; note that a
-      resubmission with a DIFFERENT spec also gets the stored job back). So a retry
+      ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission of the
+      same spec with 200 and the job already stored (never a second job; another spec
+      is a 409 while the job is active). So a retry
       after an answer that was lost (e.g. a follower's forward that reached the
       leader) cannot create a duplicate.
     * cancel: cancelling a job in a final state returns it unchanged.

@@ -33,6 +33,7 @@ from broker.config.server import (
     LeaderElectionConfig,
     MqttEventsConfig,
     RateLimit,
+    RetentionConfig,
     SchedulerConfig,
     StoreConfig,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "QueueConfig",
     "QueuePolicy",
     "RateLimit",
+    "RetentionConfig",
     "SchedulerConfig",
     "Section",
     "ShapeSpec",

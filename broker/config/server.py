@@ -60,8 +60,21 @@ class RateLimit(Section):
 class ApiConfig(Section):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8080, ge=0, le=65_535)  # 0: any free port (tests)
-    body_limit_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    # A manifest is a few KB; 256 KiB leaves room for large pod templates (issue 13).
+    body_limit_bytes: int = Field(default=256 << 10, ge=1024, le=64 << 20)
     rate_limit_per_tenant: RateLimit = RateLimit()
+    # Requests without a valid token, per source address (a scan, a guessing client).
+    rate_limit_unauthenticated: RateLimit = RateLimit.model_validate(
+        {"requestsPerSecond": 5.0, "burst": 20}
+    )
+
+
+class RetentionConfig(Section):
+    """How long finished (Succeeded, Failed, Cancelled) jobs stay in the store and lists;
+    the leader purges older ones every ``purgeEverySeconds``. Active jobs are never purged."""
+
+    finished_jobs_seconds: float = Field(default=7 * 86_400, gt=0, le=10 * 365 * 86_400)
+    purge_every_seconds: float = Field(default=300.0, gt=0, le=86_400)
 
 
 class SchedulerConfig(Section):

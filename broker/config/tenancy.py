@@ -40,6 +40,10 @@ class TenantConfig(Section):
     pod_security: PodSecurityLevel = "baseline"
     # Service accounts the tenant's pods may name (in its own member namespace).
     service_accounts: list[DnsLabel] = Field(default_factory=lambda: ["default"], max_length=64)
+    # Caps (issue 13), so one tenant cannot fill the store or hold every connection: jobs
+    # not yet finished (a submit beyond it: 403) and open /v1/events streams (beyond: 429).
+    max_active_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
+    max_event_streams: int = Field(default=8, ge=1, le=10_000)
 
     @property
     def allowed_queues(self) -> frozenset[str]:

@@ -11,6 +11,7 @@ names do not leak. Tokens are never logged: only the tenant name is.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from aiohttp import web
@@ -21,7 +22,9 @@ from broker.http import routes
 from broker.http.dashboard import add_dashboard
 from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
+from broker.http.limits import ANONYMOUS, OPEN_STREAMS, unauthenticated
 from broker.http.openapi import openapi_document
+from broker.http.protocol import common_headers, json_parser_errors
 from broker.http.ratelimit import RateLimiter
 from broker.http.state import (
     CONFIG,
@@ -67,14 +70,20 @@ def make_app(
     never the global registry); ``clock``: monotonic seconds for the rate limiter.
     ``/v1/events`` reads the service's bus (every committed job change reaches it).
     """
-    app = web.Application(client_max_size=config.api.body_limit_bytes, middlewares=[_count, errors])
+    app = web.Application(
+        client_max_size=config.api.body_limit_bytes, middlewares=[_count, unauthenticated, errors]
+    )
     app[SERVICE] = service
     app[CONFIG] = config
     app[EVENTS] = service.bus
     app[METRICS] = ApiMetrics(registry or CollectorRegistry(), service)
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
+    app[ANONYMOUS] = RateLimiter(config.api.rate_limit_unauthenticated, clock)
+    app[OPEN_STREAMS] = Counter()
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
     app.on_shutdown.append(_close_events)
+    app.on_response_prepare.append(common_headers)
+    json_parser_errors()
     app.cleanup_ctx.append(forwarder)
     app.router.add_post("/v1/jobs", routes.submit)
     app.router.add_get("/v1/jobs", routes.list_jobs)

@@ -12,7 +12,7 @@ from aiohttp import web
 from broker.http.forwarding import forward
 from broker.http.state import CONFIG, route_template
 from broker.manifest import ManifestError
-from broker.service.admission import Forbidden, NotFound, NotLeader
+from broker.service.admission import Conflict, Forbidden, NotFound, NotLeader
 from broker.store import LeaseLost, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return error(400, str(exc))
     except Forbidden as exc:
         return error(403, str(exc))
+    except Conflict as exc:
+        return error(409, str(exc))
     except NotFound as exc:
         return error(404, f"name: {exc}")
     except NotLeader as exc:

@@ -44,6 +44,7 @@ class JobStatus(Out):
     reason: str
     queue: str
     attempts: int
+    generation: int = Field(description="1, then +1 each time a finished job's name is reused")
     not_before: float | None
     created_at: float
     updated_at: float
@@ -213,8 +214,9 @@ _DESCRIPTIONS = {
     "201": "created (committed to the store)",
     "400": "bad input; the message names the field or parameter",
     "401": "missing or invalid bearer token",
-    "403": "the tenant may not do this (namespace, queue)",
+    "403": "the tenant may not do this (namespace, queue, its cap of active jobs)",
     "404": "no such job for this tenant (also another tenant's job)",
+    "409": "the name is taken by an active job with another spec",
     "413": "body larger than the limit",
     "429": "rate limited; see Retry-After",
     "503": "not ready",
@@ -288,13 +290,18 @@ def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
             {"type": "string", "pattern": "^[0-9]{1,18}$"},
             "the cursor of the previous page",
         ),
+        _query(
+            "view",
+            {"type": "string", "enum": ["summary", "full"]},
+            "summary (default): the spec without pod templates; full: the manifest as submitted",
+        ),
     ]
 
 
 def _job_paths(max_list_limit: int) -> dict[str, Any]:
     """Submit and list, one job (get, cancel), why it waits, and the dry run."""
     job = _responses({"200": "Job"}, 404, *_AUTH)
-    submitted = _responses({"200": "Job", "201": "Job"}, 400, 403, 413, *_AUTH)
+    submitted = _responses({"200": "Job", "201": "Job"}, 400, 403, 409, 413, *_AUTH)
     return {
         "/v1/jobs": {
             "post": _operation(

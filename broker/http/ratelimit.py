@@ -1,4 +1,5 @@
-"""The per-tenant rate limit of the API: one token bucket per tenant, on an injected clock."""
+"""The API's rate limits: one token bucket per key (a tenant, or the source address of
+requests without a valid token), on an injected clock."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ class RateLimiter:
             )
         wait = bucket.take(now)
         return None if wait == 0 else max(1, math.ceil(wait))
+
+    def prune(self, most: int) -> None:
+        """Past ``most`` buckets, forget the ones full again (idle long enough that a fresh
+        bucket is the same), so keys from many addresses cannot grow memory without end."""
+        if len(self._buckets) <= most:
+            return
+        now = self.clock()
+        for key, bucket in list(self._buckets.items()):
+            if bucket.tokens + max(0.0, now - bucket.at) * bucket.rate >= bucket.burst:
+                del self._buckets[key]
 
 
 __all__ = ["RateLimiter", "TokenBucket"]

@@ -25,8 +25,27 @@ MAX_LIST_LIMIT = 1000
 _DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() accepts "²", int() does not
 
 
-def job_json(record: JobRecord, history: list[Transition] | None = None) -> dict[str, Any]:
-    """A job as the API shows it: its manifest, namespaced to its tenant, and its status."""
+LIST_VIEWS = ("summary", "full")
+
+
+def summary_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec without what makes a manifest large (pod templates, an embedded workload):
+    what a list shows by default, a few KB at most whatever was submitted."""
+    small = {k: v for k, v in spec.items() if k != "workload"}
+    pod_sets = small.get("podSets")
+    if isinstance(pod_sets, list):
+        small["podSets"] = [
+            {k: v for k, v in ps.items() if k != "template"} if isinstance(ps, dict) else ps
+            for ps in pod_sets
+        ]
+    return small
+
+
+def job_json(
+    record: JobRecord, history: list[Transition] | None = None, *, full: bool = True
+) -> dict[str, Any]:
+    """A job as the API shows it: its manifest (``full``; else the summary spec),
+    namespaced to its tenant, and its status."""
     manifest = record.manifest
     status: dict[str, Any] = {
         "state": record.state,
@@ -34,6 +53,7 @@ def job_json(record: JobRecord, history: list[Transition] | None = None) -> dict
         "reason": record.reason,
         "queue": record.queue,
         "attempts": record.attempts,
+        "generation": record.generation,
         "notBefore": record.not_before,
         "createdAt": record.created_at,
         "updatedAt": record.updated_at,
@@ -47,7 +67,7 @@ def job_json(record: JobRecord, history: list[Transition] | None = None) -> dict
         "apiVersion": manifest.get("apiVersion"),
         "kind": manifest.get("kind"),
         "metadata": {**manifest.get("metadata", {}), "namespace": record.tenant},
-        "spec": manifest.get("spec", {}),
+        "spec": manifest.get("spec", {}) if full else summary_spec(manifest.get("spec", {})),
         "status": status,
     }
 
@@ -84,6 +104,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     state = query.get("state")
     if state is not None and state not in JOB_STATES:
         raise web.HTTPBadRequest(reason=f"state: must be one of {', '.join(JOB_STATES)}")
+    view = query.get("view") or "summary"
+    if view not in LIST_VIEWS:
+        raise web.HTTPBadRequest(reason=f"view: must be one of {', '.join(LIST_VIEWS)}")
     limit = _int_param(request, "limit", 100, 1, MAX_LIST_LIMIT) or 100
     after = _int_param(request, "continue", None, 0, 2**62)
     owner = query.get("tenant") if tenant.admin else tenant.name
@@ -97,7 +120,8 @@ async def list_jobs(request: web.Request) -> web.Response:
         after_seq=after,
     )
     cursor = str(records[-1].seq) if len(records) == limit else None
-    return web.json_response({"items": [job_json(r) for r in records], "continue": cursor})
+    items = [job_json(r, full=view == "full") for r in records]
+    return web.json_response({"items": items, "continue": cursor})
 
 
 async def get_job(request: web.Request) -> web.Response:

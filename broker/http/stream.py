@@ -1,6 +1,6 @@
 """The server-sent event stream (``GET /v1/events``): job state changes (own tenant's; an
 admin's: all) and capacity changes, with keepalives and a notice of events a slow reader
-lost."""
+lost; at most ``maxEventStreams`` open per tenant (``limits.stream_slot``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.config import TenantConfig
 from broker.http.auth import seen_by, tenant_of
+from broker.http.limits import stream_slot
 from broker.http.state import EVENTS, SERVICE
 from broker.service.events import Event
 
@@ -28,6 +30,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     when they changed. Events a slow reader lost are announced by an ``event: dropped``.
     """
     tenant = tenant_of(request)
+    with stream_slot(request, tenant):
+        return await _stream(request, tenant)
+
+
+async def _stream(request: web.Request, tenant: TenantConfig) -> web.StreamResponse:
     bus = request.app[EVENTS]
     service = request.app[SERVICE]
     sub = bus.subscribe(seen_by(tenant))

@@ -22,13 +22,13 @@ from broker.manifest.fields import (
     MemoryQuantity,
     cpu_millicores,
     memory_mebibytes,
-    parse_quantity,
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
 from broker.manifest.parsing import parse_manifest
 from broker.manifest.podpolicy import PolicyViolation, admit_templates, template_violations
 from broker.manifest.podrequests import Violation, pod_requests
 from broker.manifest.translation import pod_templates, to_job
+from broker.quantity import parse_quantity
 
 __all__ = [
     "API_VERSION",

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from fractions import Fraction
 from typing import Annotated
 
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from broker.manifest.errors import show
+from broker.quantity import PATTERN, parse_quantity
 
 # Bounds (invariant 7). Pod sets per job follow Kueue's limit of 8; the pod limits keep one
 # gang's placement search and its launch fan-out small enough for one scheduling cycle.
@@ -34,41 +34,7 @@ MAX_GPU_TYPES = 32
 
 # --- Kubernetes quantities -------------------------------------------------------------
 
-_QUANTITY_PATTERN = r"^[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|m|k|M|G|T|P|E)?$"
-_QUANTITY = re.compile(
-    r"([+-]?)(\d+(?:\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|m|k|M|G|T|P|E)?"
-)
-# Decimal SI (m, k..E) and binary SI (Ki..Ei) suffixes; "e<n>" exponents are handled apart.
-_SUFFIX: dict[str, Fraction] = {
-    "": Fraction(1),
-    "m": Fraction(1, 1000),
-    **{s: Fraction(10 ** (3 * i)) for i, s in enumerate("kMGTPE", 1)},
-    **{f"{s}i": Fraction(2 ** (10 * i)) for i, s in enumerate("KMGTPE", 1)},
-}
-
-
-def parse_quantity(value: object) -> Fraction:
-    """A Kubernetes quantity ("64", "500m", "0.5", "512Gi", "1G", "1e3") as an exact number.
-
-    Numbers (from YAML or JSON) are accepted too, booleans are not. Exact arithmetic, so
-    "0.1" CPU is exactly 100 millicores and rounding happens once, upward, by the caller.
-    """
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError(f"not a quantity: {show(value)}")
-    text = value if isinstance(value, str) else str(value)
-    match = _QUANTITY.fullmatch(text) if len(text) <= 64 else None
-    if match is None:
-        raise ValueError(f"not a quantity: {show(value)}")
-    sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
-    amount = Fraction(number)
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        exponent = int(suffix[1:])
-        if abs(exponent) > 30:  # exact powers of ten this large would only burn CPU
-            raise ValueError(f"not a quantity: {show(value)} (exponent out of range)")
-        amount *= Fraction(10) ** exponent
-    else:
-        amount *= _SUFFIX[suffix]
-    return -amount if sign == "-" else amount
+_QUANTITY_PATTERN = PATTERN
 
 
 def cpu_millicores(value: object) -> int:
@@ -123,7 +89,8 @@ def _name_check(pattern: str, max_length: int, what: str) -> Callable[[str], str
     compiled = re.compile(pattern)
 
     def check(value: str) -> str:
-        if len(value) > max_length or not compiled.match(value):
+        # fullmatch: with match, "$" also matches before a trailing newline ("abc\n").
+        if len(value) > max_length or not compiled.fullmatch(value):
             raise ValueError(f"{show(value)} is not {what}")
         return value
 

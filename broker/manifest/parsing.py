@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from broker.manifest.documents import check_document, duplicate_keys_refused
 from broker.manifest.errors import ManifestError, first_error, kind_of, reason
 from broker.manifest.models import FederatedJob
 
@@ -45,7 +46,7 @@ def parse_manifest(body: bytes, content_type: str | None) -> FederatedJob:
     data: object
     if is_json or (not is_yaml and text.lstrip().startswith("{")):
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=duplicate_keys_refused)
         except json.JSONDecodeError as exc:
             json_error = ManifestError(
                 f"manifest: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
@@ -56,12 +57,15 @@ def parse_manifest(body: bytes, content_type: str | None) -> FederatedJob:
                 data = _load_yaml(text)  # a YAML flow mapping also starts with '{'
             except ManifestError:
                 raise json_error from None
+        except ManifestError:
+            raise  # a duplicate key
         except (ValueError, RecursionError) as exc:
             raise ManifestError(f"manifest: invalid JSON: {reason(exc)}") from None
     else:
         data = _load_yaml(text)
     if not isinstance(data, dict):
         raise ManifestError(f"manifest: must be a mapping (an object), got {kind_of(data)}")
+    check_document(data)
     try:
         return FederatedJob.model_validate(data)
     except ValidationError as exc:

@@ -1,10 +1,12 @@
 """Admission: tenants, submit, get and cancel, and the errors a caller gets for them.
 
 Submit commits the job to the store FIRST, then queues it; a resubmit of the same
-tenant/name answers the stored job (idempotency). Writes are the leader's: a replica that
-is not placing now answers ``NotLeader`` (a 503 naming the leader). A cancel is recorded
-under the lock, so it never interleaves with a placement of the same job; the pods are
-deleted after the lock is released.
+tenant/name and spec answers the stored job (idempotency), another spec is a ``Conflict``
+while the job is active, and a finished job's name starts its next generation. Writes are
+the leader's: a replica that is not placing now answers ``NotLeader`` (a 503 naming the
+leader). A cancel is recorded under the lock, so it never interleaves with a placement of
+the same job; the pods are deleted after the lock is released. A tenant's active jobs are
+capped (``maxActiveJobs``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from broker.store import ACTIVE_STATES, FINAL_STATES, JobRecord, StateConflict
 
 class Forbidden(Exception):
     """The tenant may not do this (403); the message says why."""
+
+
+class Conflict(Exception):
+    """The name is taken by an active job with another spec (409); the message names it."""
 
 
 class NotFound(Exception):
@@ -94,9 +100,18 @@ class Admission:
         # scheduling cycle's store writes; the queue is only touched under the lock. A cancel
         # that lands between the two is harmless: placing a cancelled job fails its
         # compare-and-set in schedule_once and the reservation is given back.
+        await self._within_cap(job)
+        wire = manifest.wire()
+        # A finished job's name starts its next generation; an active one answers as stored
+        # when the spec is the same (a retried submission), else 409.
         record, created = await s.store.create_job(
-            job.tenant, job.name, job.queue, job.priority, manifest.wire(), s.clock()
+            job.tenant, job.name, job.queue, job.priority, wire, s.clock(), reuse_finished=True
         )
+        if not created and record.manifest.get("spec") != wire.get("spec"):
+            raise Conflict(
+                f"metadata.name: job {job.name!r} exists with another spec ({record.state}); "
+                "cancel it first, or submit under another name"
+            )
         key = job.key
         # A Queued job not created now may be one whose creation committed while its answer
         # was lost (the store failed: 503, and the client retried): nobody queued it then.
@@ -113,6 +128,20 @@ class Admission:
             s.queue.push(pending_of(record, job))
             s.wake.set()
         return record, created
+
+    async def _within_cap(self, job: Job) -> None:
+        """Forbidden past the tenant's cap of active jobs, as a Kubernetes quota answers
+        (403: no retry helps until some finish); a resubmission of an active job passes.
+        Checked before the insert: concurrent submissions may overshoot it by their number."""
+        cap = self.tenant(job.tenant).max_active_jobs
+        if await self.s.store.count_active(job.tenant) < cap:
+            return
+        existing = await self.s.store.get_job(job.tenant, job.name)
+        if existing is None or existing.state in FINAL_STATES:
+            raise Forbidden(
+                f"limit: tenant {job.tenant!r} has {cap} active jobs, its maxActiveJobs cap; "
+                "cancel some or wait for them to finish"
+            )
 
     async def get(self, tenant: str, name: str) -> JobRecord:
         record = await self.s.store.get_job(tenant, name)
@@ -149,4 +178,4 @@ class Admission:
         return record
 
 
-__all__ = ["Admission", "Forbidden", "NotFound", "NotLeader"]
+__all__ = ["Admission", "Conflict", "Forbidden", "NotFound", "NotLeader"]

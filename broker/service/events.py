@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from broker.store import FINAL_STATES, JobRecord, JobState, Store, Transition
+from broker.store import FINAL_STATES, Generation, JobRecord, JobState, Store, Transition
 
 EventKind = Literal["job", "capacity"]
 DEFAULT_QUEUE_SIZE = 256
@@ -166,11 +166,24 @@ class PublishingStore:
         priority: int,
         manifest: Mapping[str, Any],
         now: float,
+        *,
+        reuse_finished: bool = False,
     ) -> tuple[JobRecord, bool]:
-        record, created = await self.inner.create_job(tenant, name, queue, priority, manifest, now)
+        record, created = await self.inner.create_job(
+            tenant, name, queue, priority, manifest, now, reuse_finished=reuse_finished
+        )
         if created:
             self._published(record, None)
         return record, created
+
+    async def purge_finished(self, before: float, limit: int = 1000) -> int:
+        return await self.inner.purge_finished(before, limit)
+
+    async def generations(self, tenant: str, name: str) -> list[Generation]:
+        return await self.inner.generations(tenant, name)
+
+    async def count_active(self, tenant: str) -> int:
+        return await self.inner.count_active(tenant)
 
     async def get_job(self, tenant: str, name: str) -> JobRecord | None:
         return await self.inner.get_job(tenant, name)

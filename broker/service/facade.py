@@ -33,6 +33,7 @@ from broker.model import Job
 from broker.service.compose import Options, build
 from broker.service.explain import plan_of
 from broker.service.leader import default_identity
+from broker.service.retention import Retention
 from broker.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class Service:
         self.metric_sources = parts.metric_sources  # adapters' own families (MQTT, ...)
         self._dispatch = parts.dispatch
         self.ready = False
+        self.retention = Retention(s)
         # Public reads and writes of the rooms, as the API and the CLI call them.
         admission = parts.admission
         self.submit, self.get, self.cancel = admission.submit, admission.get, admission.cancel
@@ -105,9 +107,10 @@ class Service:
         await self.leadership.run()
 
     def spawn_loop(self) -> None:
-        """Run the scheduler loop and the leader election as supervised tasks."""
+        """Run the scheduler loop, the leader election and retention as supervised tasks."""
         self.tasks.keep("scheduler", self.run)
         self.tasks.keep("leader", self.lead)
+        self.tasks.keep("retention", self.retention.run)
 
     async def close(self) -> None:
         self.ready = False

@@ -45,6 +45,7 @@ class JobRecord:
     created_at: float
     updated_at: float
     seq: int  # increasing submission order (FIFO); gaps are possible
+    generation: int = 1  # 1, then +1 each time the name is submitted again after it finished
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,16 @@ class Transition:
     state: JobState
     reason: str
     cluster: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A finished earlier generation of a job name, kept when the name was submitted again:
+    its record (camelCase JSON: queue, manifest, state, reason, ...) and its transitions."""
+
+    generation: int
+    record: dict[str, Any]
+    history: list[dict[str, Any]]
 
 
 class StoreError(Exception):
@@ -109,11 +120,29 @@ class Store(Protocol):
         priority: int,
         manifest: Mapping[str, Any],
         now: float,
+        *,
+        reuse_finished: bool = False,
     ) -> tuple[JobRecord, bool]:
         """Store a new Queued job, or return ``(existing, False)`` if (tenant, name) exists.
 
-        Commits (job row and its Queued history row) before returning ``(job, True)``.
+        Commits (job row and its Queued history row) before returning ``(job, True)``. With
+        ``reuse_finished``, an existing job in a final state is moved to its generations
+        (``generations``) and the new one stored as the next generation, ``(new, True)``.
         """
+        ...
+
+    async def purge_finished(self, before: float, limit: int = 1000) -> int:
+        """Delete at most ``limit`` finished jobs (and their history) last changed before
+        ``before`` (epoch seconds), oldest first, and the earlier generations that finished
+        before it; the number of jobs deleted. Active jobs are never deleted."""
+        ...
+
+    async def generations(self, tenant: str, name: str) -> list[Generation]:
+        """The name's earlier, finished generations, oldest first."""
+        ...
+
+    async def count_active(self, tenant: str) -> int:
+        """How many of the tenant's jobs are not in a final state (its cap's count)."""
         ...
 
     async def get_job(self, tenant: str, name: str) -> JobRecord | None: ...
@@ -228,6 +257,7 @@ __all__ = [
     "ACTIVE_STATES",
     "FINAL_STATES",
     "JOB_STATES",
+    "Generation",
     "JobNotFound",
     "JobRecord",
     "JobState",

@@ -168,6 +168,30 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        4,
+        "job generations, retention and per-tenant caps",
+        (
+            # A finished job's name may be submitted again (issue 13): the new submission is
+            # the next generation of the name; the finished one moves to job_generations
+            # (its record and history as JSON) and the live row is replaced.
+            "ALTER TABLE jobs ADD COLUMN generation {int64} NOT NULL DEFAULT 1",
+            """CREATE TABLE job_generations (
+                tenant TEXT NOT NULL,
+                name TEXT NOT NULL,
+                generation {int64} NOT NULL,
+                record {json} NOT NULL,
+                history {json} NOT NULL,
+                finished_at {float} NOT NULL,
+                PRIMARY KEY (tenant, name, generation)
+            )""",
+            # Retention (Store.purge_finished) finds old finished jobs and generations fast.
+            "CREATE INDEX job_generations_finished ON job_generations (finished_at)",
+            "CREATE INDEX jobs_state_updated ON jobs (state, updated_at)",
+            # count_active, on every submission (the tenant's cap of active jobs).
+            "CREATE INDEX jobs_tenant_state ON jobs (tenant, state)",
+        ),
+    ),
 )
 
 

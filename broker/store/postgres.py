@@ -31,6 +31,8 @@ import asyncpg
 import asyncpg.exceptions as pgerr
 
 from broker.store import (
+    FINAL_STATES,
+    Generation,
     JobRecord,
     JobState,
     LeaseLost,
@@ -181,19 +183,51 @@ class PostgresStore:
         priority: int,
         manifest: Mapping[str, Any],
         now: float,
+        *,
+        reuse_finished: bool = False,
     ) -> tuple[JobRecord, bool]:
         insert = sql.insert_job("postgres", tenant, name, queue, priority, manifest, now)
         async with self._txn("create_job") as conn:
             row = await conn.fetchrow(insert.sql, *insert.args)
-            if row is None:
-                # ON CONFLICT waited for the other insert to commit; this statement's
-                # snapshot (READ COMMITTED) therefore sees it.
-                select = sql.select_job("postgres", tenant, name)
-                existing = await conn.fetchrow(select.sql, *select.args)
-                if existing is None:
+            if row is not None:
+                return _job(row), True
+            # ON CONFLICT waited for the other insert to commit; this statement's snapshot
+            # (READ COMMITTED) therefore sees it. Locked: two resubmissions of a finished
+            # name make one next generation, the second then finds it active.
+            select = sql.select_for_update("postgres", tenant, name)
+            found = await conn.fetchrow(select.sql, *select.args)
+            if found is None:  # a next generation replaced it meanwhile: insert again
+                row = await conn.fetchrow(insert.sql, *insert.args)
+                found = row or await conn.fetchrow(select.sql, *select.args)
+                if found is None:
                     raise StoreError(f"job {tenant}/{name} conflicted on insert but is missing")
-                return _job(existing), False
-            return _job(row), True
+                return _job(found), row is not None
+            existing = _job(found)
+            if not reuse_finished or existing.state not in FINAL_STATES:
+                return existing, False
+            query = sql.history("postgres", tenant, name)
+            history = [sql.transition_from_row(tuple(r)) for r in await conn.fetch(
+                query.sql, *query.args)]  # fmt: skip
+            for st in (
+                sql.archive_generation("postgres", existing, history),
+                sql.delete_finished_job("postgres", tenant, name),
+            ):
+                await conn.execute(st.sql, *st.args)
+            again = sql.insert_job(
+                "postgres", tenant, name, queue, priority, manifest, now, existing.generation + 1
+            )
+            created = await conn.fetchrow(again.sql, *again.args)
+            if created is None:  # the row was deleted under the lock: cannot conflict
+                raise StoreError(f"job {tenant}/{name}: next generation not stored")
+            return _job(created), True
+
+    async def purge_finished(self, before: float, limit: int = 1000) -> int:
+        purge = sql.purge_finished_jobs("postgres", before, limit)
+        old = sql.purge_generations("postgres", before)
+        async with self._txn("purge_finished") as conn:
+            status = await conn.execute(purge.sql, *purge.args)
+            await conn.execute(old.sql, *old.args)
+        return int(status.split()[-1])  # "DELETE <n>"
 
     async def transition(
         self,
@@ -282,6 +316,14 @@ class PostgresStore:
 
     async def active_jobs(self) -> list[JobRecord]:
         return [_job(row) for row in await self._fetch("active_jobs", sql.active_jobs("postgres"))]
+
+    async def count_active(self, tenant: str) -> int:
+        rows = await self._fetch("count_active", sql.count_active("postgres", tenant))
+        return int(rows[0][0])
+
+    async def generations(self, tenant: str, name: str) -> list[Generation]:
+        rows = await self._fetch("generations", sql.generations("postgres", tenant, name))
+        return [sql.generation_from_row(tuple(r)) for r in rows]
 
     async def _fetch(self, action: str, query: sql.Statement) -> list[asyncpg.Record]:
         pool = self._require()

@@ -16,8 +16,10 @@ from typing import Any, Final
 
 from broker.store import (
     ACTIVE_STATES,
+    FINAL_STATES,
     JOB_STATES,
     SUBMITTED_REASON,
+    Generation,
     JobNotFound,
     JobRecord,
     JobState,
@@ -30,7 +32,7 @@ from broker.store.migrations import Dialect
 # Column order shared by every SELECT/RETURNING list and job_from_row.
 JOB_COLUMNS: Final = (
     "tenant, name, queue, priority, manifest, state, cluster, placement, attempts, "
-    "not_before, reason, created_at, updated_at, seq"
+    "not_before, reason, created_at, updated_at, seq, generation"
 )
 
 
@@ -80,13 +82,16 @@ def insert_job(
     priority: int,
     manifest: Mapping[str, Any],
     now: float,
+    generation: int = 1,
 ) -> Statement:
     """A new Queued job, or no row when (tenant, name) exists (ON CONFLICT DO NOTHING)."""
     st = Statement(dialect)
-    values = ", ".join(st(v) for v in (tenant, name, queue, priority, encode_json(manifest)))
+    values = ", ".join(
+        st(v) for v in (tenant, name, queue, priority, encode_json(manifest), generation)
+    )
     return st.done(
-        f"INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
-        f"reason, created_at, updated_at) "
+        f"INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
+        f"attempts, reason, created_at, updated_at) "
         f"VALUES ({values}, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(now)}, {st(now)}) "
         f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
     )
@@ -165,12 +170,82 @@ def active_jobs(dialect: Dialect) -> Statement:
     return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where} ORDER BY seq")
 
 
+def count_active(dialect: Dialect, tenant: str) -> Statement:
+    st = Statement(dialect)
+    where = f"tenant = {st(tenant)} AND {st.any_of('state', ACTIVE_STATES)}"
+    return st.done(f"SELECT count(*) FROM jobs WHERE {where}")
+
+
 def history(dialect: Dialect, tenant: str, name: str) -> Statement:
     st = Statement(dialect)
     return st.done(
         "SELECT at, state, reason, cluster FROM job_history "
         f"WHERE {_one_job(st, tenant, name)} ORDER BY id"
     )
+
+
+def select_for_update(dialect: Dialect, tenant: str, name: str) -> Statement:
+    """The job, row-locked until the transaction ends (SQLite's writer lock is wider)."""
+    lock = " FOR UPDATE" if dialect == "postgres" else ""
+    st = select_job(dialect, tenant, name)
+    return st.done(st.sql + lock)
+
+
+def archive_generation(
+    dialect: Dialect, record: JobRecord, history: Sequence[Transition]
+) -> Statement:
+    """A finished generation into job_generations: its record and history as JSON."""
+    data = {
+        "queue": record.queue, "priority": record.priority, "manifest": record.manifest,
+        "state": record.state, "cluster": record.cluster, "reason": record.reason,
+        "attempts": record.attempts, "createdAt": record.created_at,
+        "updatedAt": record.updated_at, "seq": record.seq,
+    }  # fmt: skip
+    rows = [{"at": t.at, "state": t.state, "reason": t.reason, "cluster": t.cluster}
+            for t in history]  # fmt: skip
+    st = Statement(dialect)
+    values = (record.tenant, record.name, record.generation, encode_json(data))
+    return st.done(
+        "INSERT INTO job_generations (tenant, name, generation, record, history, finished_at) "
+        f"VALUES ({', '.join(st(v) for v in values)}, {st(json.dumps(rows))}, "
+        f"{st(record.updated_at)}) ON CONFLICT DO NOTHING"
+    )
+
+
+def delete_finished_job(dialect: Dialect, tenant: str, name: str) -> Statement:
+    """The job's row (its history goes with it, ON DELETE CASCADE) if it is finished."""
+    st = Statement(dialect)
+    where = f"{_one_job(st, tenant, name)} AND {st.any_of('state', sorted(FINAL_STATES))}"
+    return st.done(f"DELETE FROM jobs WHERE {where}")
+
+
+def purge_finished_jobs(dialect: Dialect, before: float, limit: int) -> Statement:
+    """At most ``limit`` finished jobs last changed before ``before``, oldest first."""
+    st = Statement(dialect)
+    states = st.any_of("state", sorted(FINAL_STATES))
+    return st.done(
+        f"DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE {states} "
+        f"AND updated_at < {st(before)} ORDER BY updated_at LIMIT {st(limit)})"
+    )
+
+
+def purge_generations(dialect: Dialect, before: float) -> Statement:
+    st = Statement(dialect)
+    return st.done(f"DELETE FROM job_generations WHERE finished_at < {st(before)}")
+
+
+def generations(dialect: Dialect, tenant: str, name: str) -> Statement:
+    st = Statement(dialect)
+    return st.done(
+        "SELECT generation, record, history FROM job_generations "
+        f"WHERE {_one_job(st, tenant, name)} ORDER BY generation"
+    )
+
+
+def generation_from_row(row: Sequence[Any]) -> Generation:
+    """A finished generation from (generation, record JSON, history JSON); text from both
+    drivers, as job_from_row's JSON columns."""
+    return Generation(int(row[0]), json.loads(row[1]), json.loads(row[2]))
 
 
 def transition_from_row(row: Sequence[Any]) -> Transition:
@@ -201,6 +276,7 @@ def job_from_row(row: Sequence[Any]) -> JobRecord:
         created_at=float(row[11]),
         updated_at=float(row[12]),
         seq=int(row[13]),
+        generation=int(row[14]),
     )
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import aiosqlite
 
 from broker.store import (
+    FINAL_STATES,
+    Generation,
     JobRecord,
     JobState,
     StoreError,
@@ -168,15 +170,48 @@ class SqliteStore:
         priority: int,
         manifest: Mapping[str, Any],
         now: float,
+        *,
+        reuse_finished: bool = False,
     ) -> tuple[JobRecord, bool]:
         insert = sql.insert_job("sqlite", tenant, name, queue, priority, manifest, now)
         async with self._write_txn("create_job") as conn:
             rows = list(await conn.execute_fetchall(insert.sql, insert.args))
-            if not rows:
-                select = sql.select_job("sqlite", tenant, name)
-                existing = list(await conn.execute_fetchall(select.sql, select.args))
-                return _job(existing[0]), False
+            if rows:
+                return _job(rows[0]), True
+            select = sql.select_job("sqlite", tenant, name)
+            existing = _job(next(iter(await conn.execute_fetchall(select.sql, select.args))))
+            if not reuse_finished or existing.state not in FINAL_STATES:
+                return existing, False
+            # Several statements: a savepoint, so a failing one leaves the group untouched.
+            await conn.execute("SAVEPOINT next_generation")
+            try:
+                query = sql.history("sqlite", tenant, name)
+                history = [sql.transition_from_row(r) for r in await conn.execute_fetchall(
+                    query.sql, query.args)]  # fmt: skip
+                for st in (
+                    sql.archive_generation("sqlite", existing, history),
+                    sql.delete_finished_job("sqlite", tenant, name),
+                ):
+                    await conn.execute(st.sql, st.args)
+                again = sql.insert_job(
+                    "sqlite", tenant, name, queue, priority, manifest, now,
+                    existing.generation + 1,
+                )  # fmt: skip
+                rows = list(await conn.execute_fetchall(again.sql, again.args))
+            except BaseException:
+                await conn.execute("ROLLBACK TO next_generation")
+                raise
+            finally:
+                await conn.execute("RELEASE next_generation")
             return _job(rows[0]), True
+
+    async def purge_finished(self, before: float, limit: int = 1000) -> int:
+        purge = sql.purge_finished_jobs("sqlite", before, limit)
+        old = sql.purge_generations("sqlite", before)
+        async with self._write_txn("purge_finished") as conn:
+            purged = (await conn.execute(purge.sql, purge.args)).rowcount
+            await conn.execute(old.sql, old.args)
+        return int(purged)
 
     async def transition(
         self,
@@ -321,6 +356,14 @@ class SqliteStore:
 
     async def active_jobs(self) -> list[JobRecord]:
         return [_job(row) for row in await self._fetchall(sql.active_jobs("sqlite"))]
+
+    async def count_active(self, tenant: str) -> int:
+        rows = await self._fetchall(sql.count_active("sqlite", tenant))
+        return int(rows[0][0])
+
+    async def generations(self, tenant: str, name: str) -> list[Generation]:
+        rows = await self._fetchall(sql.generations("sqlite", tenant, name))
+        return [sql.generation_from_row(r) for r in rows]
 
     async def _fetchall(self, query: sql.Statement) -> list[sqlite3.Row]:
         conn = self._reader

@@ -107,7 +107,7 @@ def test_defaults_follow_the_design() -> None:
     config = parse_config("queues: [{name: default}]", "min.yaml", {})
     assert config.store.url == "sqlite://data/fedbroker.db"
     assert (config.api.host, config.api.port) == ("127.0.0.1", 8080)
-    assert config.api.body_limit_bytes == 1024 * 1024
+    assert config.api.body_limit_bytes == 256 * 1024  # issue 13: was 1 MiB
     s = config.scheduler
     assert (s.cycle_seconds, s.backoff_base_seconds, s.backoff_cap_seconds) == (1.0, 60.0, 3600.0)
     assert s.backoff_limit is None
