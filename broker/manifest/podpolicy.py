@@ -32,7 +32,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from broker.manifest.errors import ManifestError, field_path, first_error, show
-from broker.manifest.fields import parse_quantity
 from broker.manifest.models import FederatedJob, PodSetSpec, ResourcesSpec
 from broker.manifest.podrequests import (
     AMD_GPU,
@@ -45,6 +44,7 @@ from broker.manifest.podrequests import (
     pod_requests,
 )
 from broker.manifest.podsecurity import Fields, Level, Pod, check
+from broker.quantity import parse_quantity
 
 BROKER_DOMAIN = "fedbroker.io"
 BROKER_SECRET_PREFIX = "fedbroker"

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from broker.manifest.errors import show
-from broker.manifest.fields import parse_quantity
+from broker.quantity import parse_quantity
 
 Path = tuple[str | int, ...]
 
