@@ -34,7 +34,10 @@ class Harness:
         self.ledger = ledger
         self.queue = JobQueue(queues or [QueueSpec("default")])
         self.policies = PolicyBook(self.queue)
-        self.settings = SchedulerSettings(starvation_seconds=settings.get("starvation", 600.0))
+        self.settings = SchedulerSettings(
+            starvation_seconds=settings.get("starvation", 600.0),
+            max_held_gangs=int(settings.get("held_gangs", 1)),
+        )
         self.lifecycle = Lifecycle(ledger, self.queue, LifecycleSettings(backoff_limit=None))
 
     def cycle(self, now: float) -> list[str]:
@@ -143,6 +146,32 @@ def test_a_hold_takes_only_the_nodes_the_gang_needs() -> None:
     assert pending.job.name == "small" and placement.cluster == "c"
     [pod] = placement.pods
     assert pod.node not in held and sorted(free[n] for n in held) == [2, 8, 8]
+
+
+def test_only_the_oldest_starving_gangs_hold() -> None:
+    # a and b: 3 of 4 nodes full. Two starving gangs of 2 x 8 GPUs, room for neither: by
+    # default only the older one holds nodes; allowed two, each holds in one cluster.
+    ledger = federation(
+        {
+            "a": ClusterSpec(nodes("a", 4, gpus=8), labels={"c": "a"}),
+            "b": ClusterSpec(nodes("b", 4, gpus=8), labels={"c": "b"}),
+        }
+    )
+    h = Harness(ledger, starvation=300.0)
+    for i, cluster in enumerate("aaabbb"):
+        filler = dataclasses.replace(single(f"fill{i}", gpus=8), cluster_selector={"c": cluster})
+        h.queue.push(queued(filler, i))
+    h.cycle(0.0)
+    h.queue.push(queued(gang("old", pods=2, gpus=8), 10, at=0.0))
+    h.queue.push(queued(gang("young", pods=2, gpus=8), 11, at=50.0))
+
+    def holders(settings: SchedulerSettings) -> dict[str, set[str]]:
+        result = run_cycle(h.queue, ledger, h.policies, 400.0, settings)
+        return {c: set(nodes.values()) for c, nodes in result.held.items()}
+
+    assert list(holders(h.settings).values()) == [{"default/old"}]
+    two = holders(dataclasses.replace(h.settings, max_held_gangs=2))
+    assert sorted(map(sorted, two.values())) == [["default/old"], ["default/young"]]
 
 
 def test_an_auto_job_takes_its_queues_policy_and_a_named_one_its_own() -> None:
@@ -351,7 +380,7 @@ def test_a_starving_gang_is_remembered_and_still_holds_its_cluster() -> None:
             "b": ClusterSpec(nodes("b", 3, gpus=8), labels={"c": "b"}),
         }
     )
-    h = Harness(ledger, starvation=300.0)
+    h = Harness(ledger, starvation=300.0, held_gangs=2)
     for i, cluster in enumerate(["a", "a", "b", "b"]):
         filler = dataclasses.replace(single(f"fill{i}", gpus=8), cluster_selector={"c": cluster})
         h.queue.push(queued(filler, i))
