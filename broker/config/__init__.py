@@ -29,18 +29,21 @@ from broker.config.members import (
 from broker.config.section import ConfigError, Section, TokenRef
 from broker.config.server import (
     ApiConfig,
+    AuditConfig,
     EventsConfig,
     LeaderElectionConfig,
     MqttEventsConfig,
     RateLimit,
     SchedulerConfig,
     StoreConfig,
+    TlsConfig,
 )
 from broker.config.tenancy import QueueConfig, QueuePolicy, TenantConfig
 
 __all__ = [
     "DEMO_TENANTS",
     "ApiConfig",
+    "AuditConfig",
     "BurstPoolConfig",
     "CapiPoolSource",
     "ClusterConfig",
@@ -64,6 +67,7 @@ __all__ = [
     "SimulatedSource",
     "StoreConfig",
     "TenantConfig",
+    "TlsConfig",
     "TokenRef",
     "demo_config",
     "load_config",
