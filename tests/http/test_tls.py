@@ -63,9 +63,7 @@ class Served:
 
     async def serial(self) -> int:
         """The serial of the certificate a new handshake gets."""
-        _, writer = await asyncio.open_connection(
-            "127.0.0.1", self.port, ssl=self.client_context()
-        )
+        _, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=self.client_context())
         try:
             return serial_of(writer.get_extra_info("ssl_object").getpeercert(True))
         finally:
