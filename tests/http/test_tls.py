@@ -7,8 +7,10 @@ the config's one-line errors. ``fedbroker serve`` over TLS with the CLI: tests/c
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ from pki import Authority, serial_of
 
 from broker.config import Config, ConfigError, TlsConfig, parse_config
 from broker.http.app import make_app
+from broker.http.audit import AUDIT_LOGGER
+from broker.http.forwarding import FORWARDED_BY
 from broker.http.tls import ApiCertificates, TlsError
 from broker.service.facade import Service
 
@@ -240,3 +244,66 @@ def test_files_that_are_not_a_pair_are_refused_at_start_naming_the_key(tmp_path:
     assert config.api.tls is not None
     with pytest.raises(TlsError, match=r"^api\.tls\.certFile/keyFile: cannot load"):
         ApiCertificates(config.api.tls)
+
+
+class TlsReplica:
+    """A Service behind the real API over mutual TLS on 127.0.0.1; identity = its address."""
+
+    def __init__(self, config: Config, certificates: ApiCertificates) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.identity = f"127.0.0.1:{self.port}"
+        self.service = Service(config, identity=self.identity)
+        self.certificates = certificates
+        self.runner = web.AppRunner(make_app(self.service, config, certificates=certificates))
+
+    async def start(self) -> None:
+        await self.service.start()
+        await self.runner.setup()
+        site = web.TCPSite(
+            self.runner, "127.0.0.1", self.port, ssl_context=self.certificates.server
+        )
+        await site.start()
+
+    async def close(self) -> None:
+        await self.service.launches_done(timeout=10)
+        await self.runner.cleanup()
+        await self.service.close()
+
+
+async def test_a_follower_forwards_a_write_to_the_leader_over_mutual_tls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ca = Authority(tmp_path)
+    cert, key = ca.issue("replica", 55)
+    config = tls_config(tmp_path, certFile=cert, keyFile=key, clientCAFile=ca.ca_file)
+    assert config.api.tls is not None
+    leader = TlsReplica(config, ApiCertificates(config.api.tls))
+    follower = TlsReplica(config, ApiCertificates(config.api.tls))
+    await leader.start()
+    await follower.start()
+    try:
+        assert leader.service.leading and not follower.service.leading
+        context = ssl.create_default_context(cafile=str(ca.ca_file))
+        context.load_cert_chain(*ca.issue("cli", 56))
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Request-Id": "fwd-1"}
+        body = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+                "metadata": {"name": "over-tls"},
+                "spec": {"podSets": [{"name": "w", "count": 1, "resources": {
+                    "nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}}]}}  # fmt: skip
+        with caplog.at_level(logging.INFO):
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"https://{follower.identity}/v1/jobs", json=body, headers=headers,
+                             ssl=context) as answer,
+            ):  # fmt: skip
+                assert answer.status == 201, await answer.text()
+                assert answer.headers[FORWARDED_BY] == follower.identity
+        assert [j.name for j in await leader.service.store.list_jobs()] == ["over-tls"]
+        audits = [json.loads(r.getMessage()) for r in caplog.records if r.name == AUDIT_LOGGER]
+        assert [a["requestId"] for a in audits] == ["fwd-1", "fwd-1"]  # leader, then follower
+        assert [a["result"] for a in audits] == [201, 201]
+    finally:
+        await follower.close()
+        await leader.close()
