@@ -60,12 +60,9 @@ async def serve(
     on_listening: Callable[[str], None] | None = None,
     run_seconds: Callable[[Placement], float | None] | None = None,
 ) -> int:
-    """Run the broker until a signal (exit 0) or until a task fails (exit 1)."""
-    try:
-        certificates = None if config.api.tls is None else ApiCertificates(config.api.tls)
-    except TlsError as exc:
-        log.error("%s", exc)
-        return EXIT_USAGE
+    """Run the broker until a signal (exit 0) or until a task fails (exit 1). Raises
+    TlsError when ``api.tls``'s files do not load."""
+    certificates = None if config.api.tls is None else ApiCertificates(config.api.tls)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     handled: list[signal.Signals] = []
@@ -82,13 +79,8 @@ async def serve(
         except KubeconfigError as exc:  # scrubbed of the kubeconfig's secrets
             log.error("%s", exc)
             return EXIT_USAGE
-        await runner.setup()
-        ssl_context = None if certificates is None else certificates.server
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as exc:
-            log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
+        site = await _listen(runner, host, port, certificates)
+        if site is None:
             return EXIT_FAILED
         url = _base_url(runner, host, port, "http" if certificates is None else "https")
         if certificates is not None:
@@ -114,6 +106,21 @@ async def serve(
         await runner.cleanup()  # stop accepting before the store goes away
         await service.close()
         log.info("broker stopped")
+
+
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, certificates: ApiCertificates | None
+) -> web.TCPSite | None:
+    """The API's site, listening (over TLS with ``certificates``); None when it cannot."""
+    await runner.setup()
+    ssl_context = None if certificates is None else certificates.server
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
+        return None
+    return site
 
 
 def _watch(service: Service, certificates: ApiCertificates) -> None:
@@ -198,6 +205,12 @@ def run_serve(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
+        return EXIT_USAGE
+    try:  # checked here too, for a one-line error like the config's own
+        if config.api.tls is not None:
+            ApiCertificates(config.api.tls)
+    except TlsError as exc:
+        sys.stderr.write(f"fedbroker: error: {args.config}: {exc}\n")
         return EXIT_USAGE
     port = config.api.port if args.port is None else args.port
     if not 0 <= port <= 65_535:

@@ -140,3 +140,20 @@ def test_a_bad_ca_file_is_one_line(tmp_path: Path) -> None:
     done = cli("clusters", "--server", "https://127.0.0.1:1", "--ca-file", str(junk))
     assert done.returncode == 1
     assert done.stderr.startswith("fedbroker: error: --ca-file ") and done.stderr.count("\n") == 1
+
+
+def test_serve_refuses_a_pair_that_does_not_load_in_one_line(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    config = tmp_path / "broker.yaml"
+    config.write_text(CONFIG.format(db=tmp_path / "jobs.db", cert=junk, key=junk))
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.cli", "serve", "--config", str(config), "--port", "0"],
+        cwd=ROOT, env={**os.environ, "TEAM_A_TOKEN": TOKEN}, capture_output=True, text=True,
+        timeout=DEADLINE_SECONDS, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith(
+        f"fedbroker: error: {config}: api.tls.certFile/keyFile: cannot load the certificate"
+    )
