@@ -27,7 +27,8 @@ from pydantic import BaseModel, SecretStr
 from broker.config import Config
 
 MASK = "***"
-# Secrets shorter than this are not searched for (they would blank ordinary words).
+# Secrets shorter than this are not searched for (they would blank ordinary words); longer
+# than MASK, so every replacement shortens the text.
 MIN_SECRET_LENGTH = 4
 _AFTER = re.compile(
     r"""(?ix)
@@ -54,10 +55,14 @@ class Redactor(logging.Filter):
         self._known = sorted(known, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
-        for secret in self._known:
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return _AFTER.sub(lambda m: m.group(1) + MASK, text)
+        text = _AFTER.sub(lambda m: m.group(1) + MASK, text)
+        changed = True
+        while changed:  # a replacement can make another occurrence; each one shortens text
+            changed = False
+            for secret in self._known:
+                if secret in text:
+                    text, changed = text.replace(secret, MASK), True
+        return text
 
     def _value(self, value: Any) -> Any:
         if value is None or isinstance(value, bool | int | float):

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.cli.logs import (
     ACCESS_LOG_FORMAT,
@@ -111,6 +113,19 @@ def test_every_field_is_redacted(make: Any) -> None:
     for secret in (CANARY, "eyJhbGciOi", "s3cr3t-value", "hunter2hunter2"):
         assert secret not in after
     assert "***" in after
+
+
+@given(
+    st.lists(st.text(min_size=4, max_size=40), min_size=1, max_size=3),
+    st.text(max_size=60),
+    st.text(max_size=60),
+)
+def test_a_known_secret_never_survives(secrets: list[str], before: str, after: str) -> None:
+    redactor = Redactor(secrets)
+    text = before + "".join(s + before for s in secrets) + after
+    cleaned = redactor.redact(text)
+    assert all(s not in cleaned for s in secrets)
+    assert redactor.redact(cleaned) == cleaned
 
 
 def test_an_ordinary_record_is_left_alone() -> None:
