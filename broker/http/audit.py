@@ -100,7 +100,9 @@ def audit_line(
     """The audit record of ``request`` answered with ``status``."""
     principal = principal_of(request)
     route = route_template(request)
-    name, owner, queue = _answered_job(response)
+    # Only a write's answer is read: it is one job (a list of a thousand is not worth it).
+    shown = request.method in WRITE_METHODS
+    name, owner, queue = _answered_job(response) if shown else (None, None, None)
     name = name or request.match_info.get("name")
     if principal is not None:
         owner = owner or request.query.get("tenant") or principal.tenant
