@@ -51,7 +51,12 @@ class Redactor(logging.Filter):
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
-        known = {s for s in secrets if len(s) >= MIN_SECRET_LENGTH}
+        self._known: list[str] = []
+        self.remember(secrets)
+
+    def remember(self, secrets: Iterable[str]) -> None:
+        """Blank these too from now on (tokens read again on a reload, say)."""
+        known = {*self._known, *(s for s in secrets if len(s) >= MIN_SECRET_LENGTH)}
         self._known = sorted(known, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
@@ -131,11 +136,12 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(
     level: int = logging.INFO, *, secrets: Iterable[str] = (), audit_file: str | None = None
-) -> None:
+) -> Redactor:
     """JSON lines on stderr when it is not a terminal, readable lines when it is; every
     handler redacts ``secrets`` (and anything shaped like a token). The audit trail
     (``fedbroker.audit``) goes to ``audit_file`` (appended) or, without one, to stderr as
-    its own JSON lines; raises OSError when the file cannot be opened."""
+    its own JSON lines; raises OSError when the file cannot be opened. Returns the
+    redactor every handler shares (``remember`` adds secrets to it)."""
     redactor = Redactor(secrets)
     handler = logging.StreamHandler(sys.stderr)
     if sys.stderr.isatty():
@@ -160,6 +166,7 @@ def configure_logging(
     audit.propagate = False  # apart from the process's log lines
     audit.setLevel(logging.INFO if audit_file is not None else level)
     logging.getLogger("aiohttp.access").setLevel(logging.NOTSET)  # on, at the root's level
+    return redactor
 
 
 def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:

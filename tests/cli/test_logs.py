@@ -128,6 +128,12 @@ def test_a_known_secret_never_survives(secrets: list[str], before: str, after: s
     assert redactor.redact(cleaned) == cleaned
 
 
+def test_secrets_remembered_later_are_redacted_too() -> None:
+    redactor = Redactor(["first-secret"])
+    redactor.remember(["second-secret", "abc"])  # too short to search for: ignored
+    assert redactor.redact("first-secret second-secret abc") == "*** *** abc"
+
+
 def test_an_ordinary_record_is_left_alone() -> None:
     rec = record("job %s/%s created", "team-a", "train", task="scheduler")
     rec.exc_info = raised("store unavailable")
