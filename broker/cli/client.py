@@ -2,9 +2,10 @@
 
 It talks to a running broker over its HTTP API (``--server``, default
 ``$FEDBROKER_SERVER`` or http://127.0.0.1:8080; token from ``--token`` or
-``$FEDBROKER_TOKEN``) and prints tables for people or ``-o json|yaml`` for scripts. Every
-failure is one line on stderr: the server's own error message, or why it could not be
-reached. The token is sent as a bearer header and never printed.
+``$FEDBROKER_TOKEN``; an https server's certificate verified against ``--ca-file`` or
+``$FEDBROKER_CA_FILE``, else the system's trust store) and prints tables for people or
+``-o json|yaml`` for scripts. Every failure is one line on stderr: the server's own error
+message, or why it could not be reached. The token is sent as a bearer header and never printed.
 
 A 503 that carries Retry-After (a follower that does not take writes, a store that is
 down, a new leader rebuilding its state), or a 429 with one (the tenant's rate limit), is
@@ -19,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -85,6 +87,11 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     common = parser_class(add_help=False)
     common.add_argument("--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER))
     common.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
+    common.add_argument(
+        "--ca-file", default=os.environ.get("FEDBROKER_CA_FILE") or None, metavar="FILE",
+        help="PEM CA certificates an https broker is verified with (default "
+        "$FEDBROKER_CA_FILE, else the system's trust store)",
+    )  # fmt: skip
     common.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     common.add_argument(
         "--retry-for",
@@ -188,19 +195,41 @@ async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
         headers["Content-Type"] = request.content_type
     base = args.server.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
+    connector = aiohttp.TCPConnector(ssl=_trust(getattr(args, "ca_file", None)))
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             send = partial(
                 _request, session, request.method, base + request.path, request.body, headers,
                 request.params,
             )  # fmt: skip
             return await _retried(send, float(args.retry_for), sleep)
+    except aiohttp.ClientSSLError as exc:
+        raise ClientError(
+            f"cannot verify the broker at {base} over TLS (--ca-file, $FEDBROKER_CA_FILE): "
+            f"{_ssl_reason(exc)}"
+        ) from None
     except aiohttp.ClientConnectionError:
         raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
     except TimeoutError:
         raise ClientError(
             f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
         ) from None
+
+
+def _trust(ca_file: str | None) -> ssl.SSLContext | bool:
+    """How an https broker is verified: against ``ca_file``, else the system's trust."""
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not PEM"
+        raise ClientError(f"--ca-file {ca_file}: cannot load: {reason}") from None
+
+
+def _ssl_reason(exc: aiohttp.ClientSSLError) -> str:
+    cause = getattr(exc, "certificate_error", None) or exc.__cause__ or exc
+    return str(getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or cause)
 
 
 async def _retried(send: Callable[[], Awaitable[Any]], budget: float, sleep: Sleep) -> Any:

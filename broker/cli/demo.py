@@ -270,7 +270,7 @@ def run_demo(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
         return EXIT_USAGE
     tty = sys.stdout.isatty()
     # On a terminal the table is the view; logs would scroll it away, so only warnings.
-    configure_logging(logging.WARNING if tty else logging.INFO)
+    configure_logging(logging.WARNING if tty else logging.INFO, secrets=tokens.values())
 
     def header(url: str) -> str:
         return banner(url, tokens, generated, args.data_dir)

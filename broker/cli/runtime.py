@@ -11,9 +11,9 @@ generator and live table — under one supervisor (the service's own background 
 supervised by ``broker.service.tasks``; a fatal one ends the ``background`` task here).
 The first task that ends or fails is logged with its name and stops the rest;
 SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
-close the store, exit 0. It also owns the
-process's logging: JSON lines when stderr is not a terminal, and a filter that blanks
-anything that looks like a bearer token.
+close the store, exit 0. With ``api.tls`` it serves HTTPS and re-reads the certificate
+when its files change (the ``tls-reload`` task). It sets up the process's logging
+(``broker.cli.logs``: JSON lines, the access log, the audit trail, secrets redacted).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import signal
 import sys
 import time
@@ -32,8 +30,10 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.cli.logs import ACCESS_LOG_FORMAT, JsonFormatter, configure_logging, secrets_of
 from broker.config import Config, ConfigError, load_config
 from broker.http.app import make_app
+from broker.http.tls import ApiCertificates, TlsError
 from broker.model import Placement
 from broker.ports import KubeconfigError
 from broker.process import run_loop, settle_heap
@@ -49,50 +49,6 @@ SHUTDOWN_TIMEOUT_SECONDS = 10.0
 # A task of the supervisor gets the base URL the API listens on once it is bound.
 TaskFactory = Callable[[Service, str], Coroutine[Any, Any, None]]
 
-_BEARER = re.compile(r"(?i)(bearer\s+|token[=:]\s*)[^\s,\"']+")
-
-
-class _RedactTokens(logging.Filter):
-    """Last line of defence: nothing shaped like ``Bearer X`` or ``token=X`` is logged."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = _BEARER.sub(r"\1***", message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key in ("task", "url", "store"):
-            value = record.__dict__.get(key)
-            if value is not None:
-                doc[key] = value
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    """JSON lines on stderr when it is not a terminal, readable lines when it is."""
-    handler = logging.StreamHandler(sys.stderr)
-    if sys.stderr.isatty():
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    else:
-        handler.setFormatter(JsonFormatter())
-    handler.addFilter(_RedactTokens())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-
 
 async def serve(
     config: Config,
@@ -104,7 +60,9 @@ async def serve(
     on_listening: Callable[[str], None] | None = None,
     run_seconds: Callable[[Placement], float | None] | None = None,
 ) -> int:
-    """Run the broker until a signal (exit 0) or until a task fails (exit 1)."""
+    """Run the broker until a signal (exit 0) or until a task fails (exit 1). Raises
+    TlsError when ``api.tls``'s files do not load."""
+    certificates = None if config.api.tls is None else ApiCertificates(config.api.tls)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     handled: list[signal.Signals] = []
@@ -113,21 +71,20 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
             handled.append(sig)
     service = Service(config, run_seconds=run_seconds)
-    runner = web.AppRunner(make_app(service, config), access_log=None)
+    app = make_app(service, config, certificates=certificates)
+    runner = web.AppRunner(app, access_log_format=ACCESS_LOG_FORMAT)
     try:
         try:
             await service.start(elect=False)
         except KubeconfigError as exc:  # scrubbed of the kubeconfig's secrets
             log.error("%s", exc)
             return EXIT_USAGE
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        try:
-            await site.start()
-        except OSError as exc:
-            log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
+        site = await _listen(runner, host, port, certificates)
+        if site is None:
             return EXIT_FAILED
-        url = _base_url(runner, host, port)
+        url = _base_url(runner, host, port, "http" if certificates is None else "https")
+        if certificates is not None:
+            _watch(service, certificates)
         service.advertise(int(url.rpartition(":")[2]))
         await service.campaign()  # leader: state rebuilt before readiness
         settle_heap()
@@ -151,6 +108,27 @@ async def serve(
         log.info("broker stopped")
 
 
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, certificates: ApiCertificates | None
+) -> web.TCPSite | None:
+    """The API's site, listening (over TLS with ``certificates``); None when it cannot."""
+    await runner.setup()
+    ssl_context = None if certificates is None else certificates.server
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except OSError as exc:
+        log.error("cannot listen on %s:%s: %s", host, port, exc.strerror or exc)
+        return None
+    return site
+
+
+def _watch(service: Service, certificates: ApiCertificates) -> None:
+    """The ``tls-reload`` task: changed certificate files are taken in without a restart."""
+    interval = certificates.tls.reload_seconds
+    service.tasks.keep("tls-reload", lambda: certificates.watch(interval))
+
+
 async def _hold(site: web.TCPSite) -> None:
     """The HTTP site as a task: it serves until cancelled, then stops listening."""
     try:
@@ -159,13 +137,13 @@ async def _hold(site: web.TCPSite) -> None:
         await site.stop()
 
 
-def _base_url(runner: web.AppRunner, host: str, port: int) -> str:
+def _base_url(runner: web.AppRunner, host: str, port: int, scheme: str = "http") -> str:
     for address in runner.addresses:
         if isinstance(address, tuple) and len(address) >= 2:
             port = int(address[1])
             break
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return f"{scheme}://{shown}:{port}"
 
 
 async def supervise(
@@ -228,11 +206,21 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_USAGE
+    try:  # checked here too, for a one-line error like the config's own
+        if config.api.tls is not None:
+            ApiCertificates(config.api.tls)
+    except TlsError as exc:
+        sys.stderr.write(f"fedbroker: error: {args.config}: {exc}\n")
+        return EXIT_USAGE
     port = config.api.port if args.port is None else args.port
     if not 0 <= port <= 65_535:
         sys.stderr.write(f"fedbroker: error: --port must be within 0..65535, not {port}\n")
         return EXIT_USAGE
-    configure_logging()
+    try:
+        configure_logging(secrets=secrets_of(config), audit_file=config.audit.file)
+    except OSError as exc:
+        sys.stderr.write(f"fedbroker: error: audit.file: cannot open: {exc.strerror}\n")
+        return EXIT_USAGE
     host = args.host or config.api.host
     started = time.monotonic()
     code = run_loop(serve(config, host=host, port=port))

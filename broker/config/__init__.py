@@ -29,6 +29,7 @@ from broker.config.members import (
 from broker.config.section import ConfigError, Section, TokenRef
 from broker.config.server import (
     ApiConfig,
+    AuditConfig,
     EventsConfig,
     LeaderElectionConfig,
     MqttEventsConfig,
@@ -36,12 +37,14 @@ from broker.config.server import (
     RetentionConfig,
     SchedulerConfig,
     StoreConfig,
+    TlsConfig,
 )
 from broker.config.tenancy import QueueConfig, QueuePolicy, TenantConfig
 
 __all__ = [
     "DEMO_TENANTS",
     "ApiConfig",
+    "AuditConfig",
     "BurstPoolConfig",
     "CapiPoolSource",
     "ClusterConfig",
@@ -66,6 +69,7 @@ __all__ = [
     "SimulatedSource",
     "StoreConfig",
     "TenantConfig",
+    "TlsConfig",
     "TokenRef",
     "demo_config",
     "load_config",

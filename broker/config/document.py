@@ -17,6 +17,7 @@ from broker.config.members import BurstPoolConfig, ClusterConfig
 from broker.config.section import ConfigError, Section
 from broker.config.server import (
     ApiConfig,
+    AuditConfig,
     EventsConfig,
     LeaderElectionConfig,
     RetentionConfig,
@@ -38,6 +39,7 @@ class Config(Section):
     events: EventsConfig = EventsConfig()
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     retention: RetentionConfig = RetentionConfig()
+    audit: AuditConfig = AuditConfig()
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
     _tokens: list[tuple[SecretStr, TenantConfig]] = PrivateAttr(default_factory=list)
     _mqtt_password: SecretStr | None = PrivateAttr(default=None)

@@ -1,5 +1,6 @@
-"""How the broker process runs: its store, its API listener and limits, the scheduler's
-timings, leader election among replicas, and the MQTT broker it publishes events to."""
+"""How the broker process runs: its store, its API listener, limits and TLS, the scheduler's
+timings, leader election among replicas, the MQTT broker it publishes events to, and where
+the audit trail goes."""
 
 from __future__ import annotations
 
@@ -57,6 +58,34 @@ class RateLimit(Section):
     burst: int = Field(default=200, ge=1, le=1_000_000)
 
 
+def _existing_file(path: str) -> str:
+    """A file that exists now (relative to the working directory); the path is not secret."""
+    if not Path(path).is_file():
+        raise ValueError(f"no such file: {path}")
+    return path
+
+
+class TlsConfig(Section):
+    """HTTPS on the API (TLS 1.2+, broker.http.tls): the server's certificate chain and key
+    (PEM, unencrypted key), re-read when the files change; with ``clientCAFile``, mutual
+    TLS (clients must present a certificate signed by it). ``caFile``: the CA the replicas'
+    certificates are verified with when a follower forwards a write to the leader (default:
+    ``clientCAFile``, else the system's trust store)."""
+
+    cert_file: str = Field(min_length=1, max_length=4096)
+    key_file: str = Field(min_length=1, max_length=4096)
+    client_ca_file: str | None = Field(
+        default=None, alias="clientCAFile", min_length=1, max_length=4096
+    )
+    ca_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    reload_seconds: float = Field(default=5.0, gt=0, le=3600)  # how often mtimes are checked
+
+    @field_validator("cert_file", "key_file", "client_ca_file", "ca_file")
+    @classmethod
+    def _files_exist(cls, path: str | None) -> str | None:
+        return None if path is None else _existing_file(path)
+
+
 class ApiConfig(Section):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8080, ge=0, le=65_535)  # 0: any free port (tests)
@@ -67,6 +96,7 @@ class ApiConfig(Section):
     rate_limit_unauthenticated: RateLimit = RateLimit.model_validate(
         {"requestsPerSecond": 5.0, "burst": 20}
     )
+    tls: TlsConfig | None = None
 
 
 class RetentionConfig(Section):
@@ -75,6 +105,20 @@ class RetentionConfig(Section):
 
     finished_jobs_seconds: float = Field(default=7 * 86_400, gt=0, le=10 * 365 * 86_400)
     purge_every_seconds: float = Field(default=300.0, gt=0, le=86_400)
+
+
+class AuditConfig(Section):
+    """The audit trail (broker.http.audit): one JSON line per write and per denied request,
+    appended to ``file``; without one, on stderr (apart from the process's log lines)."""
+
+    file: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @field_validator("file")
+    @classmethod
+    def _directory_exists(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).parent.is_dir():
+            raise ValueError(f"no such directory: {Path(path).parent}")
+        return path
 
 
 class SchedulerConfig(Section):

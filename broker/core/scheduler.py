@@ -13,10 +13,11 @@ placed in the same cycle, so nothing else can take the freed capacity first.
 No head-of-line blocking, no starvation: a job that does not fit never stops the jobs
 behind it from being tried, so small jobs backfill around a waiting gang. Once a gang has
 waited longer than ``starvation_seconds`` and is among the ``max_held_gangs`` oldest such
-(default one), nodes are *held* for it in the cluster where it comes closest to fitting (``broker.core.holds``: just enough nodes to take the gang once
-empty): jobs behind it in the order decide without those nodes, so capacity freed there
-accumulates for the gang instead of being nibbled away, while the rest of the cluster stays
-open. Holding is per cycle and recomputed each cycle, so it ends once the gang is placed.
+(default one), nodes are *held* for it in the cluster where it comes closest to fitting
+(``broker.core.holds``: just enough nodes to take the gang once empty): jobs behind it in
+the order decide without those nodes, so capacity freed there accumulates for the gang
+instead of being nibbled away, while the rest of the cluster stays open. Holding is per
+cycle and recomputed each cycle, so it ends once the gang is placed.
 
 A job of a shape the memo (``broker.core.shapes``) knows to be unplaceable waits without
 a decision. A starving gang is decided in full (its hold needs the largest fits) and its

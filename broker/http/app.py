@@ -1,6 +1,6 @@
 """The HTTP API's application (``make_app``): a thin aiohttp skin over
-``broker.service.facade.Service``, its middlewares (request counts, errors as JSON) and
-the registration of every route.
+``broker.service.facade.Service``, its middlewares (the audit trail and request ids,
+request counts, errors as JSON) and the registration of every route.
 
 Every answer is JSON, errors included (``{"error": message}``, the message naming the
 field for bad input); bad input never gets a 5xx. A bearer token maps to a tenant; a
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.config import Config
 from broker.http import routes
+from broker.http.audit import audit, echo_request_id
 from broker.http.dashboard import add_dashboard
 from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
@@ -33,10 +34,12 @@ from broker.http.state import (
     METRICS,
     OPENAPI,
     SERVICE,
+    TLS,
     ApiMetrics,
     route_template,
 )
 from broker.http.stream import events
+from broker.http.tls import ApiCertificates
 from broker.service.facade import Service
 
 
@@ -65,14 +68,15 @@ def make_app(
     *,
     registry: CollectorRegistry | None = None,
     clock: Callable[[], float] = time.monotonic,
+    certificates: ApiCertificates | None = None,
 ) -> web.Application:
     """The API over ``service``. ``registry``: where the metrics go (default: a new one,
-    never the global registry); ``clock``: monotonic seconds for the rate limiter.
+    never the global registry); ``clock``: monotonic seconds for the rate limiter;
+    ``certificates``: the listener's TLS (a follower then forwards writes over HTTPS).
     ``/v1/events`` reads the service's bus (every committed job change reaches it).
     """
-    app = web.Application(
-        client_max_size=config.api.body_limit_bytes, middlewares=[_count, unauthenticated, errors]
-    )
+    middlewares = [audit, _count, unauthenticated, errors]
+    app = web.Application(client_max_size=config.api.body_limit_bytes, middlewares=middlewares)
     app[SERVICE] = service
     app[CONFIG] = config
     app[EVENTS] = service.bus
@@ -81,9 +85,12 @@ def make_app(
     app[ANONYMOUS] = RateLimiter(config.api.rate_limit_unauthenticated, clock)
     app[OPEN_STREAMS] = Counter()
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
+    if certificates is not None:
+        app[TLS] = certificates
     app.on_shutdown.append(_close_events)
     app.on_response_prepare.append(common_headers)
     json_parser_errors()
+    app.on_response_prepare.append(echo_request_id)
     app.cleanup_ctx.append(forwarder)
     app.router.add_post("/v1/jobs", routes.submit)
     app.router.add_get("/v1/jobs", routes.list_jobs)

@@ -1,5 +1,6 @@
 """A follower's forward of a write to the leader (``leaderElection.forwardWrites``): which
-writes go, to which address, and the leader's answer relayed back as it came."""
+writes go, to which address (over HTTPS when the API serves TLS, the leader's certificate
+verified as ``broker.http.tls`` says), and the leader's answer relayed back as it came."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from broker.http.state import CONFIG, FORWARDER, SERVICE, route_template
+from broker.http.state import CONFIG, FORWARDER, SERVICE, TLS, route_template
 from broker.service.admission import NotLeader
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 FORWARDED_BY = "X-Fedbroker-Forwarded-By"  # set on the hop, and on the answer relayed back
 FORWARD_TIMEOUT = aiohttp.ClientTimeout(total=10, sock_connect=2)
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_REQUEST_HEADERS = ("Authorization", "Content-Type", "Accept")
+_REQUEST_HEADERS = ("Authorization", "Content-Type", "Accept", "X-Request-Id")
 _RESPONSE_HEADERS = (
     "Content-Type", "Retry-After", "X-Fedbroker-Leader", "WWW-Authenticate", "Allow",
 )  # fmt: skip
@@ -64,10 +65,13 @@ async def forward(request: web.Request, refused: NotLeader) -> web.Response | No
     body = await request.read()  # already read (and size-checked) by the handler: cached
     headers = {k: request.headers[k] for k in _REQUEST_HEADERS if k in request.headers}
     headers[FORWARDED_BY] = me
-    url = URL(f"http://{address}{request.raw_path}", encoded=True)  # path and query as sent
+    certificates = request.app.get(TLS)
+    scheme = "http" if certificates is None else "https"
+    url = URL(f"{scheme}://{address}{request.raw_path}", encoded=True)  # path, query as sent
+    tls = True if certificates is None else certificates.client
     try:
         async with request.app[FORWARDER].request(
-            request.method, url, data=body, headers=headers, allow_redirects=False
+            request.method, url, data=body, headers=headers, allow_redirects=False, ssl=tls
         ) as answer:
             payload = await answer.read()
             relayed = {k: answer.headers[k] for k in _RESPONSE_HEADERS if k in answer.headers}

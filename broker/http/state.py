@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from broker.config import Config
 from broker.http.ratelimit import RateLimiter
+from broker.http.tls import ApiCertificates
 from broker.service.events import EventBus
 from broker.service.facade import Service
 from broker.service.metrics import Forward, ServiceCollector
@@ -43,6 +44,7 @@ METRICS: web.AppKey[ApiMetrics] = web.AppKey("metrics", ApiMetrics)
 LIMITER: web.AppKey[RateLimiter] = web.AppKey("limiter", RateLimiter)
 OPENAPI: web.AppKey[dict[str, Any]] = web.AppKey("openapi", dict)
 FORWARDER: web.AppKey[aiohttp.ClientSession] = web.AppKey("forwarder", aiohttp.ClientSession)
+TLS: web.AppKey[ApiCertificates] = web.AppKey("tls", ApiCertificates)  # absent: plain HTTP
 
 
 def route_template(request: web.Request) -> str:
@@ -53,6 +55,7 @@ def route_template(request: web.Request) -> str:
 
 
 __all__ = [
-    "CONFIG", "EVENTS", "FORWARDER", "LIMITER", "METRICS", "OPENAPI", "SERVICE", "ApiMetrics",
+    "CONFIG", "EVENTS", "FORWARDER", "LIMITER", "METRICS", "OPENAPI", "SERVICE", "TLS",
+    "ApiMetrics",
     "route_template",
 ]  # fmt: skip
