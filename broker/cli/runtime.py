@@ -11,9 +11,10 @@ generator and live table — under one supervisor (the service's own background 
 supervised by ``broker.service.tasks``; a fatal one ends the ``background`` task here).
 The first task that ends or fails is logged with its name and stops the rest;
 SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
-close the store, exit 0. It also owns the
-process's logging: JSON lines when stderr is not a terminal, and a filter that blanks
-anything that looks like a bearer token.
+close the store, exit 0; SIGHUP re-reads ``serve --config``'s file and swaps the static
+bearer tokens in (``broker.http.auth.reload_tokens``), keeping the old ones if it is bad.
+It also owns the process's logging: JSON lines when stderr is not a terminal, and a filter
+that blanks anything that looks like a bearer token.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -28,12 +30,14 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from broker.config import Config, ConfigError, load_config
 from broker.http.app import make_app
+from broker.http.auth import reload_tokens
 from broker.model import Placement
 from broker.ports import KubeconfigError
 from broker.process import run_loop, settle_heap
@@ -103,17 +107,25 @@ async def serve(
     table: TaskFactory | None = None,
     on_listening: Callable[[str], None] | None = None,
     run_seconds: Callable[[Placement], float | None] | None = None,
+    config_path: str | Path | None = None,
 ) -> int:
-    """Run the broker until a signal (exit 0) or until a task fails (exit 1)."""
+    """Run the broker until a signal (exit 0) or until a task fails (exit 1). With
+    ``config_path`` (``serve --config``), SIGHUP re-reads it and swaps the static tokens."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            handled.append(sig)
     service = Service(config, run_seconds=run_seconds)
-    runner = web.AppRunner(make_app(service, config), access_log=None)
+    app = make_app(service, config)
+    handlers: dict[signal.Signals, Callable[[], object]] = {
+        signal.SIGTERM: stop.set, signal.SIGINT: stop.set,
+    }  # fmt: skip
+    if config_path is not None:
+        handlers[signal.SIGHUP] = functools.partial(reload_tokens, app, config_path)
+    handled: list[signal.Signals] = []
+    for sig, handler in handlers.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+            handled.append(sig)
+    runner = web.AppRunner(app, access_log=None)
     try:
         try:
             await service.start(elect=False)
@@ -235,7 +247,7 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging()
     host = args.host or config.api.host
     started = time.monotonic()
-    code = run_loop(serve(config, host=host, port=port))
+    code = run_loop(serve(config, host=host, port=port, config_path=args.config))
     log.info("ran for %.0fs", time.monotonic() - started)
     return code
 

@@ -3,8 +3,9 @@
 the registration of every route.
 
 Every answer is JSON, errors included (``{"error": message}``, the message naming the
-field for bad input); bad input never gets a 5xx. A bearer token maps to a tenant; a
-tenant sees only its own jobs, and another tenant's job answers 404 (never 403), so job
+field for bad input); bad input never gets a 5xx. A bearer token (static, or an OIDC
+JWT) maps to a principal: a tenant and its roles (``broker.http.auth``); a tenant sees
+only its own jobs, and another tenant's job answers 404 (never 403), so job
 names do not leak. Tokens are never logged: only the tenant name is.
 """
 
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.config import Config
 from broker.http import routes
+from broker.http.auth import AUTH, Authenticator, auth_context
 from broker.http.dashboard import add_dashboard
 from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
@@ -65,7 +67,8 @@ def make_app(
 ) -> web.Application:
     """The API over ``service``. ``registry``: where the metrics go (default: a new one,
     never the global registry); ``clock``: monotonic seconds for the rate limiter.
-    ``/v1/events`` reads the service's bus (every committed job change reaches it).
+    ``/v1/events`` reads the service's bus (every committed job change reaches it); the
+    clock also rate-limits the refetch of an OIDC issuer's keys.
     """
     app = web.Application(client_max_size=config.api.body_limit_bytes, middlewares=[_count, errors])
     app[SERVICE] = service
@@ -73,9 +76,11 @@ def make_app(
     app[EVENTS] = service.bus
     app[METRICS] = ApiMetrics(registry or CollectorRegistry(), service)
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
+    app[AUTH] = Authenticator(config, clock)
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
     app.on_shutdown.append(_close_events)
     app.cleanup_ctx.append(forwarder)
+    app.cleanup_ctx.append(auth_context)
     app.router.add_post("/v1/jobs", routes.submit)
     app.router.add_get("/v1/jobs", routes.list_jobs)
     app.router.add_get("/v1/jobs/{name}", routes.get_job)

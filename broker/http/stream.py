@@ -1,6 +1,6 @@
 """The server-sent event stream (``GET /v1/events``): job state changes (own tenant's; an
-admin's: all) and capacity changes, with keepalives and a notice of events a slow reader
-lost."""
+admin's or a viewer's: all) and capacity changes, with keepalives and a notice of events a
+slow reader lost."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.http.auth import seen_by, tenant_of
+from broker.http.auth import require, seen_by
 from broker.http.state import EVENTS, SERVICE
 from broker.service.events import Event
 
@@ -27,10 +27,10 @@ async def events(request: web.Request) -> web.StreamResponse:
     nothing. Capacity events carry the clusters as ``/v1/clusters`` shows them, sent only
     when they changed. Events a slow reader lost are announced by an ``event: dropped``.
     """
-    tenant = tenant_of(request)
+    principal = await require(request, "read")
     bus = request.app[EVENTS]
     service = request.app[SERVICE]
-    sub = bus.subscribe(seen_by(tenant))
+    sub = bus.subscribe(seen_by(principal))
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                  "X-Accel-Buffering": "no"}
