@@ -101,7 +101,7 @@ def test_tokens_by_value_env_and_hash_with_their_roles() -> None:
     legacy, ci, bot = table.lookup(SECRET), table.lookup(hashed), table.lookup(LONG)
     assert legacy is not None and (legacy.name, legacy.tenant) == ("t", "t")
     assert legacy.roles == {"submit", "cancel", "read"}
-    assert ci is not None and (ci.name, ci.roles) == ("ci", {"read", "submit:b"})
+    assert ci is not None and (ci.name, ci.roles) == ("ci", frozenset({"read", "submit:b"}))
     assert bot is not None and bot.roles == {"viewer"}
     for wrong in ("", hashed[:-1], hashed + "h", SECRET.upper(), "\udcff" * 40, "h" * 39 + "\x00"):
         assert table.lookup(wrong) is None, repr(wrong)

@@ -113,7 +113,9 @@ def test_defaults_follow_the_design() -> None:
 
 
 QUEUES = "queues: [{name: a}, {name: b}]\n"
-TENANT = "tenants:\n- {name: t, defaultQueue: a, token: {value: s3cr3t-token-value-0123456789abcd}}\n"
+TENANT = (
+    "tenants:\n- {name: t, defaultQueue: a, token: {value: s3cr3t-token-value-0123456789abcd}}\n"
+)
 SIM = "source: {simulated: {shapes: [{gpuType: A100, gpus: 8, cpu: '64', memory: 1Ti, count: 2}]}}"
 
 ERRORS: list[tuple[str, str, str]] = [
@@ -165,7 +167,8 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[0].queues[1]", "no queue named 'z'"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {}}]", "tenants[0].token",
      "exactly one of: env, value"),
-    (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {env: X, value: s3cr3t-token-value-0123456789abcd}}]",
+    (QUEUES + "tenants: [{name: t, defaultQueue: a, "
+     "token: {env: X, value: s3cr3t-token-value-0123456789abcd}}]",
      "tenants[0].token", "exactly one of: env, value"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {env: NOT_SET_ANYWHERE}}]",
      "tenants[0].token.env", "environment variable NOT_SET_ANYWHERE is not set"),
@@ -175,7 +178,8 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[0].token.value", "token is empty"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {value: 12345}}]",
      "tenants[0].token.value", "must be a string"),
-    (QUEUES + TENANT + "- {name: u, defaultQueue: b, token: {value: s3cr3t-token-value-0123456789abcd}}",
+    (QUEUES + TENANT
+     + "- {name: u, defaultQueue: b, token: {value: s3cr3t-token-value-0123456789abcd}}",
      "tenants[1].token", "same token as token 't'"),
     (QUEUES + TENANT + "- {name: t, defaultQueue: b, token: {value: other}}",
      "tenants[1].name", "duplicate name 't'"),
