@@ -2,8 +2,8 @@
 environment, or as a SHA-256 hash; named, each with its roles), the OIDC issuer whose JWTs
 are accepted and how their claims map to tenants and roles, and the resolved token table.
 
-Roles are ``submit``, ``cancel`` and ``read`` on the token's own tenant, each optionally
-narrowed to one queue (``submit:training``), plus ``viewer`` (reads every tenant) and
+Roles are ``submit``, ``cancel`` and ``read`` on the token's own tenant, the writes
+optionally narrowed to one queue (``submit:training``, ``cancel:training``), plus ``viewer`` (reads every tenant) and
 ``admin`` (reads and cancels everything). The table keeps SHA-256 digests only: a token is
 looked up by hashing what the caller sent and comparing every digest in constant time, so
 neither the answer's timing nor a dump of the table gives a token away.
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 # Non-hashed tokens shorter than this are refused outside the demo (issue 13).
 MIN_TOKEN_LENGTH = 32
 VERBS = ("submit", "cancel", "read")
-# A verb on the whole tenant, or on one of its queues ("submit:training"); viewer; admin.
-_ROLE_PATTERN = r"^((submit|cancel|read)(:[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?|viewer|admin)$"
+# A verb on the whole tenant, a write on one of its queues ("submit:training"); viewer; admin.
+# Reads are not narrowed to queues: lists, the event stream and the views span them all.
+_ROLE_PATTERN = r"^((submit|cancel)(:[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)?|read|viewer|admin)$"
 Role = Annotated[str, Field(pattern=_ROLE_PATTERN, max_length=80)]
 # What a legacy ``token`` of a tenant may do: everything on its tenant (admin: the admin role).
 LEGACY_ROLES = frozenset(VERBS)

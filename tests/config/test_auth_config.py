@@ -42,6 +42,8 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[0].tokens[0].roles[0]", "pattern"),
     (tenant(f"tokens: [{{name: ci, value: {SECRET}, roles: ['submit:']}}]"),
      "tenants[0].tokens[0].roles[0]", "pattern"),
+    (tenant(f"tokens: [{{name: ci, value: {SECRET}, roles: ['read:a']}}]"),
+     "tenants[0].tokens[0].roles[0]", "pattern"),
     (tenant(f"tokens: [{{name: ci, value: {SECRET}, roles: [read, 'submit:c']}}]"),
      "tenants[0].tokens[0].roles[1]", "tenant may not use queue 'c'"),
     (tenant(f"tokens: [{{name: ci, value: {SECRET}, roles: [read]}}, "
