@@ -3,10 +3,11 @@ environment, or as a SHA-256 hash; named, each with its roles), the OIDC issuer 
 are accepted and how their claims map to tenants and roles, and the resolved token table.
 
 Roles are ``submit``, ``cancel`` and ``read`` on the token's own tenant, the writes
-optionally narrowed to one queue (``submit:training``, ``cancel:training``), plus ``viewer`` (reads every tenant) and
-``admin`` (reads and cancels everything). The table keeps SHA-256 digests only: a token is
-looked up by hashing what the caller sent and comparing every digest in constant time, so
-neither the answer's timing nor a dump of the table gives a token away.
+optionally narrowed to one queue (``submit:training``, ``cancel:training``), plus
+``viewer`` (reads every tenant) and ``admin`` (reads and cancels everything). The table
+keeps SHA-256 digests only: a token is looked up by hashing what the caller sent and
+comparing every digest in constant time, so neither the answer's timing nor a dump of the
+table gives a token away.
 """
 
 from __future__ import annotations
