@@ -115,16 +115,8 @@ async def serve(
     stop = asyncio.Event()
     service = Service(config, run_seconds=run_seconds)
     app = make_app(service, config)
-    handlers: dict[signal.Signals, Callable[[], object]] = {
-        signal.SIGTERM: stop.set, signal.SIGINT: stop.set,
-    }  # fmt: skip
-    if config_path is not None:
-        handlers[signal.SIGHUP] = functools.partial(reload_tokens, app, config_path)
-    handled: list[signal.Signals] = []
-    for sig, handler in handlers.items():
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, handler)
-            handled.append(sig)
+    reload = None if config_path is None else functools.partial(reload_tokens, app, config_path)
+    handled = _handle_signals(loop, stop, reload)
     runner = web.AppRunner(app, access_log=None)
     try:
         try:
@@ -161,6 +153,24 @@ async def serve(
         await runner.cleanup()  # stop accepting before the store goes away
         await service.close()
         log.info("broker stopped")
+
+
+def _handle_signals(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, reload: Callable[[], object] | None
+) -> list[signal.Signals]:
+    """SIGTERM and SIGINT set ``stop``; SIGHUP calls ``reload`` (if any). The signals
+    handled, to be removed at the end."""
+    handlers: dict[signal.Signals, Callable[[], object]] = {
+        signal.SIGTERM: stop.set, signal.SIGINT: stop.set,
+    }  # fmt: skip
+    if reload is not None:
+        handlers[signal.SIGHUP] = reload
+    handled: list[signal.Signals] = []
+    for sig, handler in handlers.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+            handled.append(sig)
+    return handled
 
 
 async def _hold(site: web.TCPSite) -> None:

@@ -45,6 +45,14 @@ _FAILURES: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
 )
 
 
+# A fetch that failed, or a document that is no key set (PyJWT's parsers may raise any of
+# these on a malformed one).
+_FETCH_ERRORS = (
+    aiohttp.ClientError, TimeoutError, ValueError, TypeError, KeyError, AttributeError,
+    jwt.PyJWTError,
+)  # fmt: skip
+
+
 class Unauthenticated(Exception):
     """The token proves nothing (401); the message says why, without the token."""
 
@@ -104,7 +112,7 @@ class JwksCache:
             uri = self.jwks_uri or self._discovered or await self._discover()
             self.fetches += 1
             found = jwt.PyJWKSet.from_dict(await self._get_json(uri))
-        except (aiohttp.ClientError, TimeoutError, ValueError, jwt.PyJWKSetError) as exc:
+        except _FETCH_ERRORS as exc:  # whatever the issuer sent or did: keep the old keys
             self._discovered = None  # discover again next time: the issuer may have moved
             log.warning("OIDC keys of %s not fetched: %s", self.issuer, type(exc).__name__)
             return False
@@ -134,10 +142,12 @@ class JwksCache:
         async with self._session.get(url, allow_redirects=False) as resp:
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}")
-            body = await resp.content.read(MAX_DOCUMENT_BYTES + 1)
-            if len(body) > MAX_DOCUMENT_BYTES or not resp.content.at_eof():
-                raise ValueError("document too large")
-        return _json_object(body)
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise ValueError("document too large")
+        return _json_object(bytes(body))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -8,6 +8,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.config import MIN_TOKEN_LENGTH, ConfigError, demo_config, parse_config
 
@@ -138,3 +140,12 @@ def test_oidc_defaults() -> None:
     assert oidc.tenants == {"ml": "t"} and oidc.roles == {}
     loopback = OIDC.format(extra="").replace("https://idp.example.com", "http://127.0.0.1:9")
     assert parse_config(tenant("") + loopback, "broker.yaml", {}).auth.oidc is not None
+
+
+TABLE = parse_config(tenant(f"token: {{value: {SECRET}}}"), "broker.yaml", {}).tokens
+
+
+@given(st.text(max_size=80))
+def test_only_the_token_itself_finds_its_grant(guess: str) -> None:
+    found = TABLE.lookup(guess)  # never raises, whatever the text (surrogates included)
+    assert (found is not None) == (guess == SECRET)

@@ -67,6 +67,7 @@ class Issuer:
         self.jwks: list[dict[str, Any]] = [jwk(self.rsa, "rsa-1"), jwk(self.ec, "ec-1")]
         self.fetches = 0
         self.fail = False
+        self.document: Any = None  # served instead of the key set, when set
         self.url = ""
 
     async def discovery(self, request: web.Request) -> web.Response:
@@ -76,6 +77,8 @@ class Issuer:
         self.fetches += 1
         if self.fail:
             return web.json_response({"error": "down"}, status=500)
+        if self.document is not None:
+            return web.json_response(self.document)
         return web.json_response({"keys": self.jwks})
 
     def token(self, key: Any = None, kid: str = "rsa-1", alg: str = "RS256", **claims: Any) -> str:
@@ -238,6 +241,18 @@ async def test_an_unreachable_issuer_is_503_not_401(stack: Stack) -> None:
     assert resp.status == 503
     assert resp.headers["Retry-After"] == "5"
     assert "issuer's keys cannot be fetched" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize(
+    "document",
+    [{"keys": "abc"}, {"keys": [{"kty": "RSA"}]}, {"keys": [1, None]}, {"nokeys": 1}, [1, 2],
+     {"keys": [{"kty": "oct", "k": "c2VjcmV0", "kid": "rsa-1"}]}],
+)  # fmt: skip
+async def test_a_garbage_key_set_is_503_never_500(stack: Stack, document: Any) -> None:
+    stack.issuer.document = document
+    status, doc = await stack.call("GET", "/v1/jobs", stack.issuer.token())
+    assert status in (401, 503), doc
+    assert stack.issuer.fetches == 1
 
 
 async def test_groups_map_to_tenants_and_roles(stack: Stack) -> None:
