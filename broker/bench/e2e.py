@@ -93,7 +93,7 @@ def percentile(values: Sequence[float], pct: float) -> float:
 
 
 async def run_e2e(jobs: int, rate: float, clusters: int, nodes_per_cluster: int) -> dict[str, Any]:
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)  # 43 characters: at least 32 outside the demo
     with tempfile.TemporaryDirectory(prefix="fedbroker-bench-") as tmp:
         config = bench_config(Path(tmp), token, clusters, nodes_per_cluster)
         service = Service(config)

@@ -11,9 +11,11 @@ generator and live table — under one supervisor (the service's own background 
 supervised by ``broker.service.tasks``; a fatal one ends the ``background`` task here).
 The first task that ends or fails is logged with its name and stops the rest;
 SIGTERM/SIGINT stop everything cleanly: stop accepting, cancel the tasks (bounded wait),
-close the store, exit 0. With ``api.tls`` it serves HTTPS and re-reads the certificate
-when its files change (the ``tls-reload`` task). It sets up the process's logging
-(``broker.cli.logs``: JSON lines, the access log, the audit trail, secrets redacted).
+close the store, exit 0; SIGHUP re-reads ``serve --config``'s file and swaps the static
+bearer tokens in (``broker.http.auth.reload_tokens``), keeping the old ones if it is bad.
+With ``api.tls`` it serves HTTPS and re-reads the certificate when its files change (the
+``tls-reload`` task). It sets up the process's logging (``broker.cli.logs``: JSON lines,
+the access log, the audit trail, secrets redacted).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -33,6 +37,7 @@ from aiohttp import web
 from broker.cli.logs import ACCESS_LOG_FORMAT, JsonFormatter, configure_logging, secrets_of
 from broker.config import Config, ConfigError, load_config
 from broker.http.app import make_app
+from broker.http.auth import reload_tokens
 from broker.http.tls import ApiCertificates, TlsError
 from broker.model import Placement
 from broker.ports import KubeconfigError
@@ -59,19 +64,18 @@ async def serve(
     table: TaskFactory | None = None,
     on_listening: Callable[[str], None] | None = None,
     run_seconds: Callable[[Placement], float | None] | None = None,
+    config_path: str | Path | None = None,
 ) -> int:
-    """Run the broker until a signal (exit 0) or until a task fails (exit 1). Raises
-    TlsError when ``api.tls``'s files do not load."""
+    """Run the broker until a signal (exit 0) or until a task fails (exit 1). With
+    ``config_path`` (``serve --config``), SIGHUP re-reads it and swaps the static tokens.
+    Raises TlsError when ``api.tls``'s files do not load."""
     certificates = None if config.api.tls is None else ApiCertificates(config.api.tls)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    handled: list[signal.Signals] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-            handled.append(sig)
     service = Service(config, run_seconds=run_seconds)
     app = make_app(service, config, certificates=certificates)
+    reload = None if config_path is None else functools.partial(reload_tokens, app, config_path)
+    handled = _handle_signals(loop, stop, reload)
     runner = web.AppRunner(app, access_log_format=ACCESS_LOG_FORMAT)
     try:
         try:
@@ -127,6 +131,24 @@ def _watch(service: Service, certificates: ApiCertificates) -> None:
     """The ``tls-reload`` task: changed certificate files are taken in without a restart."""
     interval = certificates.tls.reload_seconds
     service.tasks.keep("tls-reload", lambda: certificates.watch(interval))
+
+
+def _handle_signals(
+    loop: asyncio.AbstractEventLoop, stop: asyncio.Event, reload: Callable[[], object] | None
+) -> list[signal.Signals]:
+    """SIGTERM and SIGINT set ``stop``; SIGHUP calls ``reload`` (if any). The signals
+    handled, to be removed at the end."""
+    handlers: dict[signal.Signals, Callable[[], object]] = {
+        signal.SIGTERM: stop.set, signal.SIGINT: stop.set,
+    }  # fmt: skip
+    if reload is not None:
+        handlers[signal.SIGHUP] = reload
+    handled: list[signal.Signals] = []
+    for sig, handler in handlers.items():
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, handler)
+            handled.append(sig)
+    return handled
 
 
 async def _hold(site: web.TCPSite) -> None:
@@ -223,7 +245,7 @@ def run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     host = args.host or config.api.host
     started = time.monotonic()
-    code = run_loop(serve(config, host=host, port=port))
+    code = run_loop(serve(config, host=host, port=port, config_path=args.config))
     log.info("ran for %.0fs", time.monotonic() - started)
     return code
 

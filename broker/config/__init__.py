@@ -11,6 +11,15 @@ in the store URL) are secrets: they are held as SecretStr or kept out of ``repr`
 error message ever repeats them. Import from the package: its names below are the API.
 """
 
+from broker.config.auth import (
+    MIN_TOKEN_LENGTH,
+    AuthConfig,
+    BearerTokenRef,
+    OidcConfig,
+    StaticGrant,
+    StaticToken,
+    TokenTable,
+)
 from broker.config.demo import DEMO_TENANTS, demo_config
 from broker.config.document import Config, load_config, parse_config
 from broker.config.members import (
@@ -43,8 +52,11 @@ from broker.config.tenancy import QueueConfig, QueuePolicy, TenantConfig
 
 __all__ = [
     "DEMO_TENANTS",
+    "MIN_TOKEN_LENGTH",
     "ApiConfig",
     "AuditConfig",
+    "AuthConfig",
+    "BearerTokenRef",
     "BurstPoolConfig",
     "CapiPoolSource",
     "ClusterConfig",
@@ -57,6 +69,7 @@ __all__ = [
     "LeaderElectionConfig",
     "MqttEventsConfig",
     "MqttSource",
+    "OidcConfig",
     "PoolSource",
     "QueueConfig",
     "QueuePolicy",
@@ -67,10 +80,13 @@ __all__ = [
     "ShapeSpec",
     "SimulatedPoolSource",
     "SimulatedSource",
+    "StaticGrant",
+    "StaticToken",
     "StoreConfig",
     "TenantConfig",
     "TlsConfig",
     "TokenRef",
+    "TokenTable",
     "demo_config",
     "load_config",
     "parse_config",

@@ -1,9 +1,8 @@
 """The whole config document: its sections, the checks across them, the tenants' resolved
-tokens and bearer authentication, and reading it from YAML text or a file."""
+static tokens (``config.auth.TokenTable``), and reading it from YAML text or a file."""
 
 from __future__ import annotations
 
-import hmac
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from broker.config.auth import MIN_TOKEN_LENGTH, AuthConfig, TokenTable, build_token_table, queue_of
 from broker.config.members import BurstPoolConfig, ClusterConfig
 from broker.config.section import ConfigError, Section
 from broker.config.server import (
@@ -40,8 +40,9 @@ class Config(Section):
     leader_election: LeaderElectionConfig = LeaderElectionConfig()
     retention: RetentionConfig = RetentionConfig()
     audit: AuditConfig = AuditConfig()
+    auth: AuthConfig = AuthConfig()
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
-    _tokens: list[tuple[SecretStr, TenantConfig]] = PrivateAttr(default_factory=list)
+    _tokens: TokenTable = PrivateAttr(default_factory=TokenTable)
     _mqtt_password: SecretStr | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -56,6 +57,7 @@ class Config(Section):
                     )
         _known_queues(self)
         _tenant_namespaces(self)
+        _oidc_mapping(self)
         return self
 
     def queue(self, name: str) -> QueueConfig | None:
@@ -65,30 +67,21 @@ class Config(Section):
         return next((t for t in self.tenants if t.name == name), None)
 
     def authenticate(self, token: str) -> TenantConfig | None:
-        """The tenant a bearer token belongs to. Every token is compared in constant time,
-        so the answer's timing does not tell how much of a guess was right."""
-        found = None
-        given = token.encode()
-        for secret, tenant in self._tokens:
-            if hmac.compare_digest(secret.get_secret_value().encode(), given):
-                found = tenant
-        return found
+        """The tenant a static bearer token belongs to (see ``tokens`` for its roles)."""
+        grant = self._tokens.lookup(token)
+        return None if grant is None else self.tenant(grant.tenant)
 
-    def resolve_tokens(self, environ: Mapping[str, str]) -> None:
-        """Read every tenant's token (from ``environ`` for ``env`` ones) and refuse a token
-        shared by two tenants, which would make authentication ambiguous."""
-        resolved: list[tuple[SecretStr, TenantConfig]] = []
-        owners: dict[str, str] = {}
-        for i, tenant in enumerate(self.tenants):
-            try:
-                secret = tenant.token.resolve(environ)
-            except FieldError as exc:
-                raise FieldError(["tenants", i, "token", *exc.path], exc.message) from None
-            other = owners.setdefault(secret.get_secret_value(), tenant.name)
-            if other != tenant.name:
-                raise FieldError(["tenants", i, "token"], f"same token as tenant {other!r}")
-            resolved.append((secret, tenant))
-        self._tokens = resolved
+    @property
+    def tokens(self) -> TokenTable:
+        """The static tokens, resolved and hashed."""
+        return self._tokens
+
+    def resolve_tokens(
+        self, environ: Mapping[str, str], min_token_length: int = MIN_TOKEN_LENGTH
+    ) -> None:
+        """Read every tenant's tokens (from ``environ`` for ``env`` ones); refuse a short
+        one, and a token two entries share, which would make authentication ambiguous."""
+        self._tokens = build_token_table(self.tenants, environ, min_token_length)
         mqtt = self.events.mqtt
         if mqtt is not None and mqtt.password is not None:
             try:
@@ -148,6 +141,21 @@ def _tenant_namespaces(config: Config) -> None:
                 raise FieldError(["clusters", i, "source", "kube", "namespacePattern"], problem)
 
 
+def _oidc_mapping(config: Config) -> None:
+    oidc = config.auth.oidc
+    if oidc is None:
+        return
+    tenants, queues = {t.name for t in config.tenants}, {q.name for q in config.queues}
+    for value, tenant in oidc.tenants.items():
+        if tenant not in tenants:
+            raise FieldError(["auth", "oidc", "tenants", value], f"no tenant named {tenant!r}")
+    for value, roles in oidc.roles.items():
+        for k, role in enumerate(roles):
+            queue = queue_of(role)
+            if queue is not None and queue not in queues:
+                raise FieldError(["auth", "oidc", "roles", value, k], f"no queue named {queue!r}")
+
+
 def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> Config:
     """Validate a YAML config; ``source_name`` (the file) starts every error message.
     Token environment variables are read from ``environ`` (default: os.environ)."""
@@ -175,11 +183,17 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> C
     return parse_config(text, str(path), environ)
 
 
-def validated(data: Mapping[str, Any], source_name: str, environ: Mapping[str, str]) -> Config:
-    """``data`` as a Config with its tokens resolved; raises ConfigError (one line)."""
+def validated(
+    data: Mapping[str, Any],
+    source_name: str,
+    environ: Mapping[str, str],
+    min_token_length: int = MIN_TOKEN_LENGTH,
+) -> Config:
+    """``data`` as a Config with its tokens resolved; raises ConfigError (one line).
+    ``min_token_length``: the shortest non-hashed token accepted (the demo's are shorter)."""
     try:
         config = Config.model_validate(data)
-        config.resolve_tokens(environ)
+        config.resolve_tokens(environ, min_token_length)
     except ValidationError as exc:
         path, message = first_error(exc)
         raise ConfigError(f"{source_name}: {path + ': ' if path else ''}{message}") from None

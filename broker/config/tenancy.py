@@ -1,6 +1,6 @@
 """Who may submit what: queues (policy, priority, fair-share weight, quota, borrowing,
-reclaimability) and tenants (their queues, their token, admin or not, their Pod Security
-profile and service accounts)."""
+reclaimability) and tenants (their queues, their static tokens, admin or not, their Pod
+Security profile and service accounts)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from broker.config.section import Section, TokenRef
+from broker.config.auth import BearerTokenRef, StaticToken
+from broker.config.section import Section
 from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
 
 QueuePolicy = Literal["gang", "binpack", "auto"]
@@ -33,7 +34,10 @@ class TenantConfig(Section):
     name: DnsLabel
     default_queue: DnsLabel
     queues: list[DnsLabel] = Field(default_factory=list, max_length=256)
-    token: TokenRef
+    # The tenant's first token (roles submit, cancel, read; an admin tenant's: admin); more,
+    # named and with their own roles, in ``tokens``. Neither: OIDC callers only.
+    token: BearerTokenRef | None = None
+    tokens: list[StaticToken] = Field(default_factory=list, max_length=64)
     admin: bool = False
     # The Pod Security Standards profile the tenant's pod templates are checked against
     # (and its member namespaces labelled with); "privileged" only by the operator's config.

@@ -3,8 +3,9 @@
 request counts, errors as JSON) and the registration of every route.
 
 Every answer is JSON, errors included (``{"error": message}``, the message naming the
-field for bad input); bad input never gets a 5xx. A bearer token maps to a tenant; a
-tenant sees only its own jobs, and another tenant's job answers 404 (never 403), so job
+field for bad input); bad input never gets a 5xx. A bearer token (static, or an OIDC
+JWT) maps to a principal: a tenant and its roles (``broker.http.auth``); a tenant sees
+only its own jobs, and another tenant's job answers 404 (never 403), so job
 names do not leak. Tokens are never logged: only the tenant name is.
 """
 
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from broker.config import Config
 from broker.http import routes
 from broker.http.audit import audit, echo_request_id
+from broker.http.auth import AUTH, Authenticator, auth_context
 from broker.http.dashboard import add_dashboard
 from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
@@ -71,9 +73,10 @@ def make_app(
     certificates: ApiCertificates | None = None,
 ) -> web.Application:
     """The API over ``service``. ``registry``: where the metrics go (default: a new one,
-    never the global registry); ``clock``: monotonic seconds for the rate limiter;
-    ``certificates``: the listener's TLS (a follower then forwards writes over HTTPS).
-    ``/v1/events`` reads the service's bus (every committed job change reaches it).
+    never the global registry); ``clock``: monotonic seconds for the rate limiter (and the
+    refetch of an OIDC issuer's keys); ``certificates``: the listener's TLS (a follower then
+    forwards writes over HTTPS). ``/v1/events`` reads the service's bus (every committed
+    job change reaches it).
     """
     middlewares = [audit, _count, unauthenticated, errors]
     app = web.Application(client_max_size=config.api.body_limit_bytes, middlewares=middlewares)
@@ -84,6 +87,7 @@ def make_app(
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
     app[ANONYMOUS] = RateLimiter(config.api.rate_limit_unauthenticated, clock)
     app[OPEN_STREAMS] = Counter()
+    app[AUTH] = Authenticator(config, clock)
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
     if certificates is not None:
         app[TLS] = certificates
@@ -92,6 +96,7 @@ def make_app(
     json_parser_errors()
     app.on_response_prepare.append(echo_request_id)
     app.cleanup_ctx.append(forwarder)
+    app.cleanup_ctx.append(auth_context)
     app.router.add_post("/v1/jobs", routes.submit)
     app.router.add_get("/v1/jobs", routes.list_jobs)
     app.router.add_get("/v1/jobs/{name}", routes.get_job)

@@ -12,7 +12,7 @@ cluster its nodes with GPU occupancy, in GPUs: ``used`` (bound pods), ``reserved
 broker's placements not running yet), ``free``; ``burst`` marks nodes a burst pool
 added. Occupancy is not a tenant's secret (``/v1/clusters`` shows it to every tenant),
 but the jobs holding reservations are: ``reservedFor`` lists the caller's own jobs only
-(an admin's: everyone's, as ``tenant/name``).
+(an admin's or a viewer's: everyone's, as ``tenant/name``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from broker.http.auth import seen_by, tenant_of
+from broker.http.auth import require, seen_by
 from broker.http.state import SERVICE
 
 STATIC = Path(__file__).with_name("static")
@@ -57,9 +57,10 @@ async def static(request: web.Request) -> web.FileResponse:
 
 
 async def nodes(request: web.Request) -> web.Response:
-    """``/v1/nodes``, authenticated as the rest of ``/v1`` (the same tokens and rate limit)."""
-    tenant = tenant_of(request)
-    rows = request.app[SERVICE].view.nodes(seen_by(tenant))
+    """``/v1/nodes``, authenticated as the rest of ``/v1`` (the same tokens, rate limit and
+    ``read`` permission)."""
+    principal = await require(request, "read")
+    rows = request.app[SERVICE].view.nodes(seen_by(principal))
     return web.json_response({"clusters": [row.as_json() for row in rows]})
 
 

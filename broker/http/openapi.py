@@ -214,7 +214,10 @@ _DESCRIPTIONS = {
     "201": "created (committed to the store)",
     "400": "bad input; the message names the field or parameter",
     "401": "missing or invalid bearer token",
-    "403": "the tenant may not do this (namespace, queue, its cap of active jobs)",
+    "403": (
+        "the caller may not do this: a missing permission (role), a pod template its Pod "
+        "Security profile refuses, namespace, queue, its cap of active jobs"
+    ),
     "404": "no such job for this tenant (also another tenant's job)",
     "409": "the name is taken by an active job with another spec",
     "413": "body larger than the limit",
@@ -256,8 +259,10 @@ def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any
 
 _NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"},
          "description": "the job's metadata.name"}  # fmt: skip
-_TENANT = _query("tenant", {"type": "string"}, "admin only: whose job (default: the caller's)")
-_AUTH = (401, 429)
+_TENANT = _query(
+    "tenant", {"type": "string"}, "admin or viewer only: whose job (default: the caller's)"
+)
+_AUTH = (401, 403, 429)  # 403: the route's verb (submit, cancel, read) is not granted
 
 
 def _body() -> dict[str, Any]:
@@ -283,7 +288,7 @@ def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
         _query("queue", {"type": "string"}, "only this queue"),
         _query("state", {"type": "string", "enum": list(JOB_STATES)}, "only this state"),
         _query("cluster", {"type": "string"}, "only jobs placed on this cluster"),
-        _query("tenant", {"type": "string"}, "admin only: this tenant's jobs"),
+        _query("tenant", {"type": "string"}, "admin or viewer only: this tenant's jobs"),
         _query("limit", {"type": "integer", "minimum": 1, "maximum": max_list_limit}, "page size"),
         _query(
             "continue",
@@ -301,7 +306,7 @@ def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
 def _job_paths(max_list_limit: int) -> dict[str, Any]:
     """Submit and list, one job (get, cancel), why it waits, and the dry run."""
     job = _responses({"200": "Job"}, 404, *_AUTH)
-    submitted = _responses({"200": "Job", "201": "Job"}, 400, 403, 409, 413, *_AUTH)
+    submitted = _responses({"200": "Job", "201": "Job"}, 400, 409, 413, *_AUTH)
     return {
         "/v1/jobs": {
             "post": _operation(
@@ -326,7 +331,7 @@ def _job_paths(max_list_limit: int) -> dict[str, Any]:
         },
         "/v1/plan": {
             "post": _operation(
-                "plan", _responses({"200": "Plan"}, 400, 403, 413, *_AUTH),
+                "plan", _responses({"200": "Plan"}, 400, 413, *_AUTH),
                 "dry run: where would this job go now (nothing is stored)", requestBody=_body(),
             )
         },
@@ -410,7 +415,14 @@ def openapi_document(max_list_limit: int = 1000) -> dict[str, Any]:
         "paths": _paths(max_list_limit),
         "components": {
             "schemas": schemas,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "a static token, or an OIDC JWT (RS256/ES256) from the "
+                    "configured issuer",
+                }
+            },
         },
         "security": [{"bearer": []}],
     }

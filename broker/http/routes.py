@@ -1,8 +1,9 @@
 """The ``/v1`` handlers (jobs, the dry run, the federation's views) and the probes,
 ``/metrics`` and ``/openapi.json``: each reads the request, asks the service, answers JSON.
 
-A tenant sees only its own jobs, and another tenant's job answers 404 (never 403), so job
-names do not leak; only the tenant name is logged."""
+Every ``/v1`` handler checks its verb through ``auth.require`` (submit, cancel, read) before
+it does anything else. A tenant sees only its own jobs, and another tenant's job answers
+404 (never 403), so job names do not leak; only the tenant name is logged."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from broker.http.auth import owner_of, seen_by, tenant_of
-from broker.http.state import METRICS, OPENAPI, SERVICE
+from broker.http.auth import authenticate, owner_of, require, require_on_queue, seen_by, sees_all
+from broker.http.state import CONFIG, METRICS, OPENAPI, SERVICE
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service.facade import Service
 from broker.store import JOB_STATES, JobRecord, JobState, Transition
@@ -78,12 +79,21 @@ async def _manifest(request: web.Request) -> FederatedJob:
 
 
 async def submit(request: web.Request) -> web.Response:
-    tenant = tenant_of(request)
-    manifest = await _manifest(request)
-    record, created = await request.app[SERVICE].submit(tenant.name, manifest)
+    tenant = (await authenticate(request)).tenant
+    manifests: list[FederatedJob] = []
+
+    async def queue() -> str:  # the manifest's queue, or the tenant's default
+        manifests.append(await _manifest(request))
+        config = request.app[CONFIG].tenant(tenant)
+        default = config.default_queue if config is not None else ""
+        return manifests[0].spec.queue or default
+
+    await require_on_queue(request, "submit", tenant, queue)
+    manifest = manifests[0] if manifests else await _manifest(request)
+    record, created = await request.app[SERVICE].submit(tenant, manifest)
     if created:
         request.app[METRICS].submitted.labels(record.queue).inc()
-    log.info("job %s/%s %s", tenant.name, record.name, "created" if created else "resubmitted")
+    log.info("job %s/%s %s", tenant, record.name, "created" if created else "resubmitted")
     return web.json_response(job_json(record), status=201 if created else 200)
 
 
@@ -99,7 +109,9 @@ def _int_param(
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    tenant = tenant_of(request)
+    principal = await authenticate(request)
+    owner = request.query.get("tenant") if sees_all(principal) else principal.tenant
+    await require(request, "read", tenant=owner or principal.tenant)
     query = request.query
     state = query.get("state")
     if state is not None and state not in JOB_STATES:
@@ -109,7 +121,6 @@ async def list_jobs(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(reason=f"view: must be one of {', '.join(LIST_VIEWS)}")
     limit = _int_param(request, "limit", 100, 1, MAX_LIST_LIMIT) or 100
     after = _int_param(request, "continue", None, 0, 2**62)
-    owner = query.get("tenant") if tenant.admin else tenant.name
     states: JobState | None = next((s for s in JOB_STATES if s == state), None)
     records = await request.app[SERVICE].store.list_jobs(
         tenant=owner or None,
@@ -125,7 +136,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 
 async def get_job(request: web.Request) -> web.Response:
-    owner = owner_of(request, tenant_of(request))
+    owner = owner_of(request, await authenticate(request))
+    await require(request, "read", tenant=owner)
     name = request.match_info["name"]
     service = request.app[SERVICE]
     record = await service.get(owner, name)
@@ -133,35 +145,43 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    owner = owner_of(request, tenant_of(request))
-    record = await request.app[SERVICE].cancel(owner, request.match_info["name"])
+    owner = owner_of(request, await authenticate(request))
+    name = request.match_info["name"]
+
+    async def queue() -> str:  # the job's own queue (404 if there is no such job)
+        return (await request.app[SERVICE].get(owner, name)).queue
+
+    await require_on_queue(request, "cancel", owner, queue)
+    record = await request.app[SERVICE].cancel(owner, name)
     return web.json_response(job_json(record))
 
 
 async def explain_job(request: web.Request) -> web.Response:
-    owner = owner_of(request, tenant_of(request))
+    owner = owner_of(request, await authenticate(request))
+    await require(request, "read", tenant=owner)
     return web.json_response(await request.app[SERVICE].explain(owner, request.match_info["name"]))
 
 
 async def plan(request: web.Request) -> web.Response:
-    tenant = tenant_of(request)
+    """A dry run stores nothing: reading the federation is enough to ask it."""
+    principal = await require(request, "read")
     manifest = await _manifest(request)
-    return web.json_response(request.app[SERVICE].plan(tenant.name, manifest))
+    return web.json_response(request.app[SERVICE].plan(principal.tenant, manifest))
 
 
 async def clusters(request: web.Request) -> web.Response:
-    tenant_of(request)
+    await require(request, "read")
     return web.json_response({"clusters": request.app[SERVICE].clusters()})
 
 
 async def queues(request: web.Request) -> web.Response:
-    tenant_of(request)
+    await require(request, "read")
     return web.json_response({"queues": request.app[SERVICE].queues()})
 
 
 async def pools(request: web.Request) -> web.Response:
-    tenant = tenant_of(request)
-    return web.json_response(request.app[SERVICE].burst(seen_by(tenant)))
+    principal = await require(request, "read")
+    return web.json_response(request.app[SERVICE].burst(seen_by(principal)))
 
 
 def _role(service: Service) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The server-sent event stream (``GET /v1/events``): job state changes (own tenant's; an
-admin's: all) and capacity changes, with keepalives and a notice of events a slow reader
-lost; at most ``maxEventStreams`` open per tenant (``limits.stream_slot``)."""
+admin's or a viewer's: all) and capacity changes, with keepalives and a notice of events a
+slow reader lost; at most ``maxEventStreams`` open per tenant (``limits.stream_slot``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.config import TenantConfig
-from broker.http.auth import seen_by, tenant_of
+from broker.http.auth import require, seen_by
 from broker.http.limits import stream_slot
-from broker.http.state import EVENTS, SERVICE
+from broker.http.principal import Principal
+from broker.http.state import CONFIG, EVENTS, SERVICE
 from broker.service.events import Event
 
 KEEPALIVE_SECONDS = 15.0  # an SSE comment this often, so idle streams and dead peers show
@@ -29,15 +29,18 @@ async def events(request: web.Request) -> web.StreamResponse:
     nothing. Capacity events carry the clusters as ``/v1/clusters`` shows them, sent only
     when they changed. Events a slow reader lost are announced by an ``event: dropped``.
     """
-    tenant = tenant_of(request)
+    principal = await require(request, "read")
+    tenant = request.app[CONFIG].tenant(principal.tenant)
+    if tenant is None:  # a principal always names a configured tenant
+        raise web.HTTPForbidden(reason=f"forbidden: no tenant {principal.tenant!r}")
     with stream_slot(request, tenant):
-        return await _stream(request, tenant)
+        return await _stream(request, principal)
 
 
-async def _stream(request: web.Request, tenant: TenantConfig) -> web.StreamResponse:
+async def _stream(request: web.Request, principal: Principal) -> web.StreamResponse:
     bus = request.app[EVENTS]
     service = request.app[SERVICE]
-    sub = bus.subscribe(seen_by(tenant))
+    sub = bus.subscribe(seen_by(principal))
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                  "X-Accel-Buffering": "no"}

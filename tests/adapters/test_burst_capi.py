@@ -41,7 +41,7 @@ burstPools:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 ANNOTATIONS = {

@@ -85,7 +85,7 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 

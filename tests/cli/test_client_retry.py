@@ -31,7 +31,7 @@ from broker.http.app import make_app
 from broker.service.facade import Service
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "tok-a"
+TOKEN = "tok-a-00000000000000000000000000"
 
 
 class Waits:

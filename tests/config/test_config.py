@@ -58,12 +58,12 @@ tenants:
   token: {env: TEAM_A_TOKEN}
 - name: ops
   defaultQueue: research
-  token: {value: ops-inline-secret-0042}
+  token: {value: ops-inline-secret-0042-0123456789}
   admin: true
 """
 
-ENV = {"TEAM_A_TOKEN": "team-a-env-secret-0041"}
-SECRETS = ("team-a-env-secret-0041", "ops-inline-secret-0042")
+ENV = {"TEAM_A_TOKEN": "team-a-env-secret-0041-0123456789"}
+SECRETS = ("team-a-env-secret-0041-0123456789", "ops-inline-secret-0042-0123456789")
 
 
 def test_full_file_loads(tmp_path: Path) -> None:
@@ -96,8 +96,8 @@ def test_full_file_loads(tmp_path: Path) -> None:
     assert training is not None and training.quota == {"G2": 64} and training.weight == 2.0
     assert config.tenant("team-a") is not None
     assert config.tenant("team-a").allowed_queues == {"training", "research"}  # type: ignore[union-attr]
-    assert config.authenticate("team-a-env-secret-0041") is config.tenant("team-a")
-    ops = config.authenticate("ops-inline-secret-0042")
+    assert config.authenticate("team-a-env-secret-0041-0123456789") is config.tenant("team-a")
+    ops = config.authenticate("ops-inline-secret-0042-0123456789")
     assert ops is not None and ops.admin
     assert config.authenticate("ops-inline-secret-004") is None
     assert config.authenticate("") is None
@@ -118,7 +118,9 @@ def test_defaults_follow_the_design() -> None:
 
 
 QUEUES = "queues: [{name: a}, {name: b}]\n"
-TENANT = "tenants:\n- {name: t, defaultQueue: a, token: {value: s3cr3t-token-value}}\n"
+TENANT = (
+    "tenants:\n- {name: t, defaultQueue: a, token: {value: s3cr3t-token-value-0123456789abcd}}\n"
+)
 SIM = "source: {simulated: {shapes: [{gpuType: A100, gpus: 8, cpu: '64', memory: 1Ti, count: 2}]}}"
 KUBE = "clusters: [{{name: c, source: {{kube: {{kubeconfig: k, context: x, {}}}}}}}]\n"
 PIN = KUBE.format("launchMode: pin")
@@ -177,10 +179,10 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[0].defaultQueue", "no queue named 'c'"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, queues: [b, z], token: {value: x}}]",
      "tenants[0].queues[1]", "no queue named 'z'"),
-    (QUEUES + "tenants: [{name: t, defaultQueue: a}]", "tenants[0].token", "required"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {}}]", "tenants[0].token",
      "exactly one of: env, value"),
-    (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {env: X, value: s3cr3t-token-value}}]",
+    (QUEUES + "tenants: [{name: t, defaultQueue: a, "
+     "token: {env: X, value: s3cr3t-token-value-0123456789abcd}}]",
      "tenants[0].token", "exactly one of: env, value"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {env: NOT_SET_ANYWHERE}}]",
      "tenants[0].token.env", "environment variable NOT_SET_ANYWHERE is not set"),
@@ -190,8 +192,9 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[0].token.value", "token is empty"),
     (QUEUES + "tenants: [{name: t, defaultQueue: a, token: {value: 12345}}]",
      "tenants[0].token.value", "must be a string"),
-    (QUEUES + TENANT + "- {name: u, defaultQueue: b, token: {value: s3cr3t-token-value}}",
-     "tenants[1].token", "same token as tenant 't'"),
+    (QUEUES + TENANT
+     + "- {name: u, defaultQueue: b, token: {value: s3cr3t-token-value-0123456789abcd}}",
+     "tenants[1].token", "same token as token 't'"),
     (QUEUES + TENANT + "- {name: t, defaultQueue: b, token: {value: other}}",
      "tenants[1].name", "duplicate name 't'"),
     (KUBE.format("namespace: fedbroker-jobs"), "clusters[0].source.kube.namespace",
@@ -234,7 +237,7 @@ def test_error_names_file_and_key_path(text: str, path: str, fragment: str) -> N
     assert message.startswith(f"demo.yaml: {path}: "), message
     assert fragment in message
     assert "\n" not in message
-    for secret in ("s3cr3t-token-value", "pw-secret-77"):
+    for secret in ("s3cr3t-token-value-0123456789abcd", "pw-secret-77"):
         assert secret not in message
 
 
@@ -267,9 +270,9 @@ def test_missing_file_names_it(tmp_path: Path) -> None:
 
 
 def test_environment_tokens_are_read_from_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEAM_A_TOKEN", "from-the-environment")
+    monkeypatch.setenv("TEAM_A_TOKEN", "from-the-environment-0123456789ab")
     config = parse_config(FULL, "broker.yaml")
-    assert config.authenticate("from-the-environment") is config.tenant("team-a")
+    assert config.authenticate("from-the-environment-0123456789ab") is config.tenant("team-a")
 
 
 def test_secrets_never_show() -> None:
@@ -282,7 +285,7 @@ def test_secrets_never_show() -> None:
     assert config.store.redacted_url == "postgresql://u:***@db/var/lib/fedbroker/broker.db"
     assert config.store.sqlite_path is None
     # A mistake next to a secret does not echo it either.
-    broken = FULL.replace("admin: true", "admin: true\n  extra: ops-inline-secret-0042")
+    broken = FULL.replace("admin: true", "admin: true\n  extra: ops-inline-secret-0042-0123456789")
     with pytest.raises(ConfigError) as caught:
         parse_config(broken, "broker.yaml", ENV)
     assert str(caught.value) == "broker.yaml: tenants[1].extra: unknown field"

@@ -113,6 +113,11 @@ def _mounts(docs: list[Doc]) -> dict[str, Doc]:
     return {m["mountPath"]: volumes[m["name"]] for m in _container(docs)["volumeMounts"]}
 
 
+def stand_in(env: str) -> str:
+    """A distinct stand-in token for an env variable, long enough for the config (32+)."""
+    return f"stand-in-{env.lower()}-0123456789abcdef"
+
+
 def _secret_env(docs: list[Doc]) -> dict[str, tuple[str, str]]:
     """env name -> (Secret, key) for every variable the container takes from a Secret."""
     refs: dict[str, tuple[str, str]] = {}
@@ -140,7 +145,7 @@ def _parsed_config(docs: list[Doc]) -> Config:
     """The shipped config, parsed with the env the Deployment takes from Secrets (each
     variable a distinct stand-in value): a token env the Deployment lacks fails here."""
     path, text = _shipped_config(docs)
-    environ = {name: f"stand-in-{name.lower()}" for name in _secret_env(docs)}
+    environ = {name: stand_in(name) for name in _secret_env(docs)}
     return parse_config(text, path, environ)
 
 
@@ -342,7 +347,7 @@ def test_secrets_referenced(rendered: dict[str, list[Doc]], target: str) -> None
         assert volume is not None and volume["secret"]["secretName"] == "fedbroker-kubeconfig"
     secret_env = _secret_env(docs)
     for tenant in config.tenants:
-        assert tenant.token.env in secret_env, tenant.name
+        assert tenant.token is not None and tenant.token.env in secret_env, tenant.name
         assert secret_env[tenant.token.env][0] == "fedbroker-tokens"
     if config.store.is_sqlite:
         assert "PGPASSWORD" not in secret_env
@@ -362,7 +367,8 @@ def test_shipped_config_parses(rendered: dict[str, list[Doc]], target: str) -> N
     assert config.clusters and config.tenants
     # Every tenant's token is the stand-in the Deployment's env gave it.
     for tenant in config.tenants:
-        assert config.authenticate(f"stand-in-{str(tenant.token.env).lower()}") is tenant
+        assert tenant.token is not None
+        assert config.authenticate(stand_in(str(tenant.token.env))) is tenant
     expected = "sqlite://" if target == "overlays/sqlite" else "postgresql://"
     assert config.store.url.startswith(expected)
 

@@ -20,10 +20,14 @@ from broker.config import Config, parse_config
 from broker.http.app import make_app
 from broker.service.facade import Service
 
-TOKENS = {"team-a": "tok-a", "team-b": "tok-b", "admin": "tok-admin"}
-A = {"Authorization": "Bearer tok-a"}
-B = {"Authorization": "Bearer tok-b"}
-ADMIN = {"Authorization": "Bearer tok-admin"}
+TOKENS = {
+    "team-a": "tok-a-00000000000000000000000000",
+    "team-b": "tok-b-00000000000000000000000000",
+    "admin": "tok-admin-0000000000000000000000",
+}
+A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+B = {"Authorization": "Bearer tok-b-00000000000000000000000000"}
+ADMIN = {"Authorization": "Bearer tok-admin-0000000000000000000000"}
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
@@ -41,10 +45,10 @@ queues:
 - {{name: training, policy: gang}}
 - {{name: inference, policy: binpack}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
-- {{name: team-b, defaultQueue: inference, token: {{value: tok-b}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
+- {{name: team-b, defaultQueue: inference, token: {{value: tok-b-00000000000000000000000000}}}}
 - {{name: admin, defaultQueue: training, queues: [inference], admin: true,
-   token: {{value: tok-admin}}}}
+   token: {{value: tok-admin-0000000000000000000000}}}}
 """
 
 
@@ -228,7 +232,7 @@ async def test_bad_list_params_are_400(harness: Harness) -> None:
 
 async def test_401_without_or_with_bad_token(harness: Harness) -> None:
     client, _, _ = harness
-    for headers in [{}, {"Authorization": "Bearer nope"}, {"Authorization": "tok-a"}]:
+    for headers in [{}, {"Authorization": "Bearer nope"}, {"Authorization": TOKENS["team-a"]}]:
         resp = await client.get("/v1/jobs", headers=headers)
         assert resp.status == 401
         assert (await resp.json())["error"]
@@ -437,7 +441,8 @@ queues:
 - {{name: research, policy: binpack, reclaimable: true}}
 - {{name: urgent, policy: gang, priority: 10}}
 tenants:
-- {{name: team-a, defaultQueue: research, queues: [research, urgent], token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: research, queues: [research, urgent],
+   token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 

@@ -26,14 +26,15 @@ from broker.http.app import make_app
 from broker.http.forwarding import FORWARDED_BY
 from broker.service.facade import Service
 
-A = {"Authorization": "Bearer tok-a"}
-ADMIN = {"Authorization": "Bearer tok-admin"}
-SECRETS = ("tok-a", "tok-admin")
+A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+ADMIN = {"Authorization": "Bearer tok-admin-0000000000000000000000"}
+SECRETS = ("tok-a-00000000000000000000000000", "tok-admin-0000000000000000000000")
 # test_leader's federation, and an admin to see every tenant's jobs.
 CONFIG = (
     LEADER_CONFIG
     + """\
-- {{name: admin, defaultQueue: batch, admin: true, token: {{value: tok-admin}}}}
+- {{name: admin, defaultQueue: batch, admin: true,
+   token: {{value: tok-admin-0000000000000000000000}}}}
 """
 )
 

@@ -27,8 +27,9 @@ Client = TestClient[Any, Any]
 class Stack:
     def __init__(self, tmp_path: Path) -> None:
         text = CONFIG.format(db=tmp_path / "jobs.db").replace(
-            "defaultQueue: training, token: {value: tok-a}}",
-            "defaultQueue: training, token: {value: tok-a}, maxActiveJobs: 2, "
+            "defaultQueue: training, token: {value: tok-a-00000000000000000000000000}}",
+            "defaultQueue: training, token: {value: tok-a-00000000000000000000000000}, "
+            "maxActiveJobs: 2, "
             "maxEventStreams: 2}",
         ).replace(
             "api: {bodyLimitBytes: 4096}",

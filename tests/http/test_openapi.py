@@ -37,7 +37,7 @@ from broker.http.app import make_app
 from broker.http.openapi import openapi_document
 from broker.service.facade import Service
 
-TOKEN = {"Authorization": "Bearer tok-a"}
+TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
 _FIELD = re.compile(r"^(?P<root>[A-Za-z][\w/-]*)(?:[.\[][^:]*)?: \S")
 _BODY_ROOTS = {"manifest", "body", "apiVersion", "kind", "metadata", "spec"}
 _ALWAYS = {"Authorization", "name", "rate limit"}

@@ -86,11 +86,6 @@ def _send(session: requests.Session, case: Any, live: str, header: tuple[str, An
     _check(response)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Authorization header's decoding is h3's slice of issue 13 (auth.py, "
-    "Config.authenticate): drop this mark when it is merged",
-)
 def test_a_token_of_invalid_utf8_is_401_not_500(live: str) -> None:
     headers = {"Authorization": b"Bearer \xff\xfe" + CANARY.encode()}
     response = requests.get(live + "/v1/clusters", headers=headers, timeout=30)

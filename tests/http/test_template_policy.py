@@ -25,14 +25,15 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
-- {{name: team-r, defaultQueue: training, podSecurity: restricted, token: {{value: tok-r}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
+- {{name: team-r, defaultQueue: training, podSecurity: restricted,
+   token: {{value: tok-r-00000000000000000000000000}}}}
 - {{name: team-p, defaultQueue: training, podSecurity: privileged,
-   serviceAccounts: [default, trainer], token: {{value: tok-p}}}}
+   serviceAccounts: [default, trainer], token: {{value: tok-p-00000000000000000000000000}}}}
 """
-A = {"Authorization": "Bearer tok-a"}
-R = {"Authorization": "Bearer tok-r"}
-P = {"Authorization": "Bearer tok-p"}
+A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+R = {"Authorization": "Bearer tok-r-00000000000000000000000000"}
+P = {"Authorization": "Bearer tok-p-00000000000000000000000000"}
 Client = TestClient[Any, Any]
 ROOT = "spec.podSets[0].template.spec"
 

@@ -21,6 +21,7 @@ from broker.service.facade import Service
 CYCLE = 10.0
 PROVISION = 120.0
 SCALE_DOWN = 300.0
+TOKEN_A, TOKEN_B = "tok-a-" + "0" * 26, "tok-b-" + "0" * 26
 BURST_AFTER = 30.0
 
 CONFIG = """
@@ -47,7 +48,7 @@ burstPools:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 
@@ -166,7 +167,9 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         db=tmp_path / "jobs.db", cycle=CYCLE, burst_after=BURST_AFTER, provision=PROVISION,
         scale_down=SCALE_DOWN, failure_rate=0.0,
     ).replace(  # a second tenant, who must not see team-a's burst cost
-        "tenants:\n", "tenants:\n- {name: team-b, defaultQueue: training, token: {value: tok-b}}\n"
+        "tenants:\n",
+        "tenants:\n- {name: team-b, defaultQueue: training,\n"
+        f"   token: {{value: {TOKEN_B}}}}}\n",
     )  # fmt: skip
     config = parse_config(text, "test config")
     clock = Clock(1_000.0)
@@ -181,7 +184,7 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         for _ in range(6):  # an hour of the job on three nodes, in ten-minute cycles
             clock.now += 600
             await service.schedule_once()
-        a = await client.get("/v1/pools", headers={"Authorization": "Bearer tok-a"})
+        a = await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN_A}"})
         assert a.status == 200
         doc = await a.json()
         [pool] = doc["pools"]
@@ -196,7 +199,9 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         assert pool["cost"] == pytest.approx(pool["nodeHours"] * 32.77, abs=0.01)
         [job] = doc["jobs"]
         assert job["job"] == "team-a/big" and job["nodeHours"] >= 3.0 and job["cost"] > 0
-        b = await (await client.get("/v1/pools", headers={"Authorization": "Bearer tok-b"})).json()
+        b = await (
+            await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN_B}"})
+        ).json()
         assert b["pools"] == doc["pools"] and b["jobs"] == []
         text = await (await client.get("/metrics")).text()
         samples = {

@@ -43,8 +43,8 @@ from services import open_loop, postgres_database
 from broker.store import JobRecord, Store, open_store, sqlite_url
 
 ROOT = Path(__file__).resolve().parents[2]
-TENANT, TENANT_TOKEN = "load", "tok-load"
-ADMIN_TOKEN = "tok-admin"
+TENANT, TENANT_TOKEN = "load", "tok-load-00000000000000000000000"
+ADMIN_TOKEN = "tok-admin-0000000000000000000000"
 
 JOBS = 2_000
 RATE = 300.0  # offered submissions per second (first attempts); the floor is 200

@@ -38,7 +38,7 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 
@@ -394,7 +394,7 @@ def test_kube_source_errors_name_the_key(tmp_path: Path) -> None:
 def test_example_federation_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "federation.yaml"
     config = parse_config(
-        example.read_text(encoding="utf-8"), str(example), {"FEDBROKER_TOKEN_TEAM_A": "t"}
+        example.read_text(encoding="utf-8"), str(example), {"FEDBROKER_TOKEN_TEAM_A": "t" * 32}
     )
     sources = [cc.source.kube for cc in config.clusters]
     assert [s.context for s in sources if s is not None] == ["gpu-east", "gpu-west"]

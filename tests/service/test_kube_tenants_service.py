@@ -38,8 +38,9 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}, podSecurity: restricted}}
-- {{name: team-b, defaultQueue: training, token: {{value: tok-b}}}}
+- {{name: team-a, defaultQueue: training, podSecurity: restricted,
+   token: {{value: tok-a-00000000000000000000000000}}}}
+- {{name: team-b, defaultQueue: training, token: {{value: tok-b-00000000000000000000000000}}}}
 """
 
 

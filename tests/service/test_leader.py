@@ -36,7 +36,7 @@ from broker.service.leader import (
 from broker.store import LeaseLost, StoreUnavailable
 from broker.store.postgres import PostgresStore
 
-TOKEN = {"Authorization": "Bearer tok-a"}
+TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
 CONFIG = """
 store: {{url: "{url}"}}
 clusters:
@@ -46,7 +46,7 @@ clusters:
 queues:
 - {{name: batch, policy: binpack}}
 tenants:
-- {{name: team-a, defaultQueue: batch, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: batch, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 

@@ -35,7 +35,8 @@ queues:
 - {{name: training, policy: gang}}
 - {{name: inference, policy: binpack}}
 tenants:
-- {{name: team-a, defaultQueue: training, queues: [inference], token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, queues: [inference],
+   token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 

@@ -44,7 +44,7 @@ MQTT_HOST = os.environ.get("FEDBROKER_TEST_MQTT_HOST", "127.0.0.1")
 MQTT_PORT = int(os.environ.get("FEDBROKER_TEST_MQTT_PORT", "1883"))
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = {"Authorization": "Bearer tok-a"}
+TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
 FAST = Backoff(base=0.05, cap=0.5)
 
 
@@ -208,7 +208,7 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 

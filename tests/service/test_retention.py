@@ -27,7 +27,8 @@ clusters:
   source:
     simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 1}}]}}
 queues: [{{name: training}}]
-tenants: [{{name: team-a, defaultQueue: training, token: {{value: tok-a}}}}]
+tenants:
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 
 
