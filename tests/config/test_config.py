@@ -127,7 +127,8 @@ PIN = KUBE.format("launchMode: pin")
 
 
 def tenant_named(name: str) -> str:
-    return QUEUES + f"tenants: [{{name: {name}, defaultQueue: a, token: {{value: x}}}}]"
+    token = "x" * 32
+    return QUEUES + f"tenants: [{{name: {name}, defaultQueue: a, token: {{value: {token}}}}}]"
 
 
 PATTERN = "clusters[0].source.kube.namespacePattern"

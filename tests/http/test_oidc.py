@@ -34,6 +34,8 @@ from broker.service.facade import Service
 AUDIENCE = "fedbroker"
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
+# Every request here comes from one address, many of them refused on purpose.
+api: {{rateLimitUnauthenticated: {{requestsPerSecond: 1000.0, burst: 1000}}}}
 clusters:
 - name: small-a
   source:
