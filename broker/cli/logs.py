@@ -199,6 +199,19 @@ def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list
     return found
 
 
+def remember_secrets(config: Config) -> None:
+    """Teach every redactor on the process's handlers the secrets of ``config`` (a reloaded
+    file's new tokens are blanked by value from then on)."""
+    found = secrets_of(config)
+    for name in ("", "fedbroker.audit"):
+        for handler in logging.getLogger(name).handlers:
+            for f in handler.filters:
+                if isinstance(f, Redactor):
+                    f.remember(found)
+
+
 __all__ = [
-    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "secrets_of",
+    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "remember_secrets",
+    "secrets_of",
 ]  # fmt: skip
+

@@ -34,7 +34,13 @@ from typing import Any
 
 from aiohttp import web
 
-from broker.cli.logs import ACCESS_LOG_FORMAT, JsonFormatter, configure_logging, secrets_of
+from broker.cli.logs import (
+    ACCESS_LOG_FORMAT,
+    JsonFormatter,
+    configure_logging,
+    remember_secrets,
+    secrets_of,
+)
 from broker.config import Config, ConfigError, load_config
 from broker.http.app import make_app
 from broker.http.auth import reload_tokens
@@ -74,7 +80,11 @@ async def serve(
     stop = asyncio.Event()
     service = Service(config, run_seconds=run_seconds)
     app = make_app(service, config, certificates=certificates)
-    reload = None if config_path is None else functools.partial(reload_tokens, app, config_path)
+    reload = (
+        None
+        if config_path is None
+        else functools.partial(reload_tokens, app, config_path, remember_secrets)
+    )
     handled = _handle_signals(loop, stop, reload)
     runner = web.AppRunner(app, access_log_format=ACCESS_LOG_FORMAT)
     try:

@@ -67,12 +67,18 @@ class Authenticator:
 AUTH: web.AppKey[Authenticator] = web.AppKey("auth", Authenticator)
 
 
-def reload_tokens(app: web.Application, path: str | Path) -> int | None:
+def reload_tokens(
+    app: web.Application, path: str | Path, on_loaded: Callable[[Config], object] | None = None
+) -> int | None:
     """What SIGHUP does: re-read the config file and swap its static tokens in; logs and
-    returns their number. A bad file keeps the old tokens and logs its one-line error
-    (ConfigError never repeats a secret); None then."""
+    returns their number. ``on_loaded`` sees the new config first (the log redactor learns
+    its secrets before any can be used). A bad file keeps the old tokens and logs its
+    one-line error (ConfigError never repeats a secret); None then."""
     try:
-        count = app[AUTH].reload(load_config(path))
+        config = load_config(path)
+        if on_loaded is not None:
+            on_loaded(config)
+        count = app[AUTH].reload(config)
     except ConfigError as exc:
         log.error("tokens not reloaded, the old ones stay: %s", exc)
         return None

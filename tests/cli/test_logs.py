@@ -29,6 +29,7 @@ from broker.cli.logs import (
     JsonFormatter,
     Redactor,
     configure_logging,
+    remember_secrets,
     secrets_of,
 )
 from broker.config import parse_config
@@ -176,6 +177,21 @@ def test_the_audit_trail_goes_to_its_file(tmp_path: Path, real_logging: None) ->
     logging.getLogger("fedbroker.audit").handlers[0].flush()
     [line] = path.read_text().splitlines()
     assert json.loads(line) == {"action": "submit", "t": "***"}
+
+
+def test_a_reloaded_files_secrets_are_redacted_from_then_on(
+    tmp_path: Path, real_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTHER_TOKEN", OTHER)  # as the reloaded process's environment has it
+    path = tmp_path / "audit.log"
+    configure_logging(secrets=[], audit_file=str(path))
+    text = CONFIG.replace("{db}", str(tmp_path / "x.db"))
+    remember_secrets(parse_config(text, "test config", environ={"OTHER_TOKEN": OTHER}))
+    audit = logging.getLogger("fedbroker.audit")
+    audit.info(json.dumps({"t": CANARY, "u": OTHER}))  # no "Bearer " before them
+    audit.handlers[0].flush()
+    [line] = path.read_text().splitlines()
+    assert json.loads(line) == {"t": "***", "u": "***"}
 
 
 async def _raw(port: int, request: bytes) -> bytes:
