@@ -214,4 +214,3 @@ __all__ = [
     "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "remember_secrets",
     "secrets_of",
 ]  # fmt: skip
-

@@ -10,9 +10,6 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-# The request key authentication stores the principal under (aiohttp request mapping).
-PRINCIPAL = "fedbroker.principal"
-
 
 @dataclass(frozen=True, slots=True)
 class Principal:
@@ -21,10 +18,13 @@ class Principal:
     roles: frozenset[str]  # e.g. submit, cancel, read, viewer, admin
 
 
+# The request key authentication stores the principal under (aiohttp request mapping).
+PRINCIPAL = web.RequestKey("fedbroker.principal", Principal)
+
+
 def principal_of(request: web.Request) -> Principal | None:
     """The request's principal, if authentication has run and succeeded."""
-    found = request.get(PRINCIPAL)
-    return found if isinstance(found, Principal) else None
+    return request.get(PRINCIPAL)
 
 
 __all__ = ["PRINCIPAL", "Principal", "principal_of"]
