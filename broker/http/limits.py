@@ -5,8 +5,10 @@ A request that carries no ``Authorization`` header takes a token from its addres
 bucket before it is handled; one whose token is refused (401) takes one after, and once
 the bucket is empty the answer is 429 instead of 401, so guessing tokens is slowed. The
 address is the peer's (behind a proxy: the proxy's). The probes (``/healthz``,
-``/readyz``) are exempt: a refused liveness probe would get the broker restarted under a
-flood, which is worse than answering it. Nothing here reads the token.
+``/readyz``) and ``/metrics`` are exempt: a refused liveness probe would get the broker
+restarted under a flood, which is worse than answering it, and a refused scrape leaves a
+gap in the very metrics that show the flood (keep ``/metrics`` reachable by the monitoring
+network only, as usual). Nothing here reads the token.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from broker.config import TenantConfig
 from broker.http.errors import Handler, error
 from broker.http.ratelimit import RateLimiter
 
-PROBES = frozenset({"/healthz", "/readyz"})
+EXEMPT = frozenset({"/healthz", "/readyz", "/metrics"})
 # How many addresses' buckets are kept before idle ones are forgotten.
 MAX_ADDRESSES = 10_000
 # An answer to a client over its stream cap: retry after a keepalive, when dead peers show.
@@ -48,7 +50,7 @@ def _over(request: web.Request) -> web.Response | None:
 @web.middleware
 async def unauthenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Requests without a valid token, per source address (see the module's docstring)."""
-    if request.path in PROBES:
+    if request.path in EXEMPT:
         return await handler(request)
     if "Authorization" not in request.headers:
         refused = _over(request)
