@@ -2,8 +2,9 @@
 
 ``PoolMachines`` reads and cordons a workload cluster's Node, reads, lists and marks the
 pool's Machines (``cluster.x-k8s.io/delete-machine: "yes"``: deleted first when the replicas
-go down) in the management cluster. Every request goes through
-``adapters.kubeapi.calls.ApiCalls``; failures raise ``CapiPoolError``.
+go down) in the management cluster. ``ServedVersion`` finds, once, the Cluster API version
+the management cluster serves (``v1beta2``, else ``v1beta1``) by API discovery. Every
+request goes through ``adapters.kubeapi.calls.ApiCalls``; failures raise ``CapiPoolError``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from adapters.capi.objects import (
     GROUP,
     MACHINES,
     MERGE_PATCH,
-    VERSION,
+    VERSIONS,
     CapiPoolError,
 )
 from adapters.kubeapi.calls import ApiCalls
@@ -27,14 +28,50 @@ from adapters.kubeapi.calls import ApiCalls
 log = logging.getLogger(__name__)
 
 
+class ServedVersion:
+    """The Cluster API version to read and write at: the first of ``VERSIONS`` (``v1beta2``,
+    the storage version, then ``v1beta1``) whose discovery document the management cluster
+    serves (``GET /apis/cluster.x-k8s.io/<version>``; 404 = not served). Found on first use
+    and kept: a server does not stop serving a version under a running broker."""
+
+    def __init__(self, custom: CustomObjectsApi, calls: ApiCalls) -> None:
+        self.custom = custom
+        self.calls = calls
+        self.version: str | None = None
+
+    async def get(self) -> str:
+        if self.version is None:
+            for version in VERSIONS:
+                if await self._served(version):
+                    self.version = version
+                    log.info("Cluster API served at %s/%s", GROUP, version)
+                    break
+            else:
+                raise CapiPoolError(f"the management cluster serves none of {GROUP} "
+                                    f"{', '.join(VERSIONS)} (HTTP 404)")  # fmt: skip
+        return self.version
+
+    async def _served(self, version: str) -> bool:
+        found = await self.calls.maybe(
+            f"discover {GROUP}/{version}", lambda: self.custom.get_api_resources(GROUP, version)
+        )
+        return found is not None
+
+
 class PoolMachines:
     """Machines in ``namespace`` of the management cluster (``custom``) and the Nodes of
     the workload cluster (``workload``: None when the pool was given no client for it)."""
 
     def __init__(
-        self, custom: CustomObjectsApi, workload: CoreV1Api | None, namespace: str, calls: ApiCalls
+        self,
+        custom: CustomObjectsApi,
+        workload: CoreV1Api | None,
+        namespace: str,
+        calls: ApiCalls,
+        served: ServedVersion,
     ) -> None:
         self.custom = custom
+        self.served = served
         self.workload = workload
         self.namespace = namespace
         self.calls = calls
@@ -69,10 +106,11 @@ class PoolMachines:
     # -- Machines ----------------------------------------------------------------------------
 
     async def read_machine(self, machine: str, what: str) -> dict[str, Any] | None:
+        version = await self.served.get()
         found = await self.calls.maybe(
             f"{what}: read Machine {machine}",
             lambda: self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, MACHINES, machine
+                GROUP, version, self.namespace, MACHINES, machine
             ),
         )
         return None if found is None else cast(dict[str, Any], found)
@@ -80,10 +118,11 @@ class PoolMachines:
     async def list(self, what: str, selector: str | None = None) -> list[dict[str, Any]]:
         """Machines in the pool's namespace (``selector``: a label selector, also checked
         by the caller, since not every server applies it)."""
+        version = await self.served.get()
         listing = await self.calls.checked(
             f"{what}: list Machines",
             lambda: self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, MACHINES, label_selector=selector or ""
+                GROUP, version, self.namespace, MACHINES, label_selector=selector or ""
             ),
         )
         return list(cast(dict[str, Any], listing).get("items") or [])
@@ -102,10 +141,11 @@ class PoolMachines:
     async def mark(self, machine: str, what: str) -> None:
         """Annotate the Machine ``delete-machine: "yes"``: the first one deleted."""
         patch = {"metadata": {"annotations": {ANNOTATION_DELETE_MACHINE: "yes"}}}
+        version = await self.served.get()
         await self.calls.checked(
             f"{what}: mark Machine {machine}",
             lambda: self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, MACHINES, machine, patch,
+                GROUP, version, self.namespace, MACHINES, machine, patch,
                 _content_type=MERGE_PATCH,
             ),
         )  # fmt: skip

@@ -1,9 +1,14 @@
 """Cluster API objects as the pool reads them: names, annotations, and a pool's node shape.
 
 A pool's node shape and size bounds come from the cluster-autoscaler scale-from-zero
-annotations (``capacity.cluster-autoscaler.kubernetes.io/gpu-count``, ``gpu-type``,
-``cpu``, ``memory``; ``cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size`` /
-``-max-size``) on the MachineDeployment or MachinePool.
+annotations (``capacity.cluster-autoscaler.kubernetes.io/gpu-count``, ``cpu``, ``memory``,
+``labels``; ``cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size`` / ``-max-size``)
+on the MachineDeployment or MachinePool. As the autoscaler documents them, ``gpu-type`` is
+the GPU *resource name* (``nvidia.com/gpu``), not the model: the model is the value of the
+cluster's GPU type label (``gpuTypeLabel``) in ``labels`` (``key1=value1,key2=value2``).
+
+Objects are read and scaled at ``v1beta2`` (Cluster API's storage version), or at
+``v1beta1`` where the management cluster serves only that (see ``adapters.capi.versions``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from broker.ports import ScaleError
 PoolKind = Literal["MachineDeployment", "MachinePool"]
 
 GROUP = "cluster.x-k8s.io"
-VERSION = "v1beta1"
+VERSIONS = ("v1beta2", "v1beta1")  # preferred first
 PLURALS: Mapping[PoolKind, str] = {
     "MachineDeployment": "machinedeployments",
     "MachinePool": "machinepools",
@@ -28,7 +33,9 @@ MACHINES = "machines"
 
 CAPACITY = "capacity.cluster-autoscaler.kubernetes.io/"
 ANNOTATION_GPU_COUNT = CAPACITY + "gpu-count"
-ANNOTATION_GPU_TYPE = CAPACITY + "gpu-type"
+ANNOTATION_GPU_TYPE = CAPACITY + "gpu-type"  # the GPU resource name (read for nothing)
+ANNOTATION_LABELS = CAPACITY + "labels"  # the new nodes' labels: "k1=v1,k2=v2"
+DEFAULT_GPU_TYPE_LABEL = "nvidia.com/gpu.product"
 ANNOTATION_CPU = CAPACITY + "cpu"
 ANNOTATION_MEMORY = CAPACITY + "memory"
 ANNOTATION_MIN_SIZE = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size"
@@ -51,7 +58,7 @@ class PoolShape:
     """One node of the pool, from the scale-from-zero annotations; None = not annotated."""
 
     gpus: int | None = None
-    gpu_type: str | None = None
+    gpu_type: str | None = None  # the model: the gpuTypeLabel's value in the labels annotation
     cpu_milli: int | None = None
     memory_mib: int | None = None
     min_size: int | None = None
@@ -106,9 +113,26 @@ def _memory_mib(text: str) -> int:
     return int(_amount(text) / _MIB)  # whole MiB, rounded down: never promise more memory
 
 
-def shape_of(annotations: Mapping[str, Any], pool: str) -> PoolShape:
-    """The node shape and size bounds annotated on ``pool``; ``CapiPoolError`` naming the
-    annotation when one does not parse."""
+def node_labels(text: str) -> dict[str, str]:
+    """The ``labels`` annotation: comma-separated ``key=value`` pairs (blanks around them
+    ignored); ValueError for a pair without ``=`` or with an empty key."""
+    labels: dict[str, str] = {}
+    for pair in text.split(","):
+        if not pair.strip():
+            continue
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"not key=value: {pair.strip()!r}")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def shape_of(
+    annotations: Mapping[str, Any], pool: str, gpu_type_label: str = DEFAULT_GPU_TYPE_LABEL
+) -> PoolShape:
+    """The node shape and size bounds annotated on ``pool`` (the GPU model: the value of
+    ``gpu_type_label`` in the labels annotation); ``CapiPoolError`` naming the annotation
+    when one does not parse."""
 
     def parsed(key: str, convert: Callable[[str], int]) -> int | None:
         raw = annotations.get(key)
@@ -119,10 +143,13 @@ def shape_of(annotations: Mapping[str, Any], pool: str) -> PoolShape:
         except ValueError as exc:
             raise CapiPoolError(f"{pool}: invalid annotation {key}: {exc}") from None
 
-    gpu_type = annotations.get(ANNOTATION_GPU_TYPE)
+    try:
+        labels = node_labels(str(annotations.get(ANNOTATION_LABELS) or ""))
+    except ValueError as exc:
+        raise CapiPoolError(f"{pool}: invalid annotation {ANNOTATION_LABELS}: {exc}") from None
     return PoolShape(
         gpus=parsed(ANNOTATION_GPU_COUNT, _gpus),
-        gpu_type=(str(gpu_type).strip() or None) if gpu_type is not None else None,
+        gpu_type=labels.get(gpu_type_label) or None,
         cpu_milli=parsed(ANNOTATION_CPU, _cpu_milli),
         memory_mib=parsed(ANNOTATION_MEMORY, _memory_mib),
         min_size=parsed(ANNOTATION_MIN_SIZE, _count),

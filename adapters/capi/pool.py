@@ -1,8 +1,8 @@
 """Node pools of a Kubernetes member cluster managed by Cluster API: the ``ScalePool`` port.
 
 ``CapiPool`` implements ``broker.ports.ScalePool`` for one MachineDeployment or MachinePool
-(``cluster.x-k8s.io/v1beta1``) in a namespace of the *management* cluster with the
-official client's asyncio API (``kubernetes.aio``):
+(``cluster.x-k8s.io/v1beta2``, or ``v1beta1`` where only that is served) in a namespace
+of the *management* cluster with the official client's asyncio API (``kubernetes.aio``):
 
 * ``status()`` reads the pool object: desired and ready replicas, and its shape from the
   cluster-autoscaler scale-from-zero annotations (``adapters.capi.objects``);
@@ -29,14 +29,14 @@ from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 from tenacity.wait import wait_base
 
-from adapters.capi.machines import PoolMachines
+from adapters.capi.machines import PoolMachines, ServedVersion
 from adapters.capi.objects import (
     ANNOTATION_DELETE_MACHINE,
     ANNOTATION_MACHINE,
+    DEFAULT_GPU_TYPE_LABEL,
     GROUP,
     LABEL_DEPLOYMENT,
     PLURALS,
-    VERSION,
     CapiPoolError,
     PoolKind,
     PoolStatus,
@@ -51,6 +51,16 @@ log = logging.getLogger(__name__)
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+
+
+def ready_replicas(status: Mapping[str, Any]) -> Any:
+    """``status.readyReplicas`` (at v1beta2: Machines whose Ready condition is true; at
+    v1beta1: Machines whose Node is ready); at v1beta2, while a controller still writes only
+    the old field, ``status.deprecated.v1beta1.readyReplicas``."""
+    if status.get("readyReplicas") is not None:
+        return status["readyReplicas"]
+    deprecated = (status.get("deprecated") or {}).get("v1beta1") or {}
+    return deprecated.get("readyReplicas")
 
 
 class CapiPool(ScalePool):
@@ -69,6 +79,7 @@ class CapiPool(ScalePool):
         *,
         kind: PoolKind = "MachineDeployment",
         workload: ApiClient | None = None,
+        gpu_type_label: str = DEFAULT_GPU_TYPE_LABEL,
         attempts: int = 6,
         retry_wait: wait_base | None = None,
     ) -> None:
@@ -77,7 +88,9 @@ class CapiPool(ScalePool):
         self.calls = ApiCalls(attempts=attempts, error=CapiPoolError, log=log, wait=retry_wait)
         self.custom = CustomObjectsApi(management)
         self.workload = CoreV1Api(workload) if workload is not None else None
-        self.machines = PoolMachines(self.custom, self.workload, namespace, self.calls)
+        self.served = ServedVersion(self.custom, self.calls)
+        self.machines = PoolMachines(self.custom, self.workload, namespace, self.calls, self.served)
+        self.gpu_type_label = gpu_type_label
         self.namespace = namespace
         self.name = name
         self.kind: PoolKind = kind
@@ -95,10 +108,11 @@ class CapiPool(ScalePool):
 
     async def status(self) -> PoolStatus:
         """Desired and ready replicas and the node shape from the annotations."""
+        version = await self.served.get()
         obj = await self.calls.maybe(
             f"read {self.kind} {self.key}",
             lambda: self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, self.plural, self.name
+                GROUP, version, self.namespace, self.plural, self.name
             ),
         )
         if obj is None:
@@ -109,8 +123,8 @@ class CapiPool(ScalePool):
         annotations = cast(Mapping[str, Any], meta(pool).get("annotations") or {})
         return PoolStatus(
             replicas=as_int(spec.get("replicas")),
-            ready_replicas=as_int(status.get("readyReplicas")),
-            shape=shape_of(annotations, f"{self.kind} {self.key}"),
+            ready_replicas=as_int(ready_replicas(status)),
+            shape=shape_of(annotations, f"{self.kind} {self.key}", self.gpu_type_label),
         )
 
     # -- scaling -----------------------------------------------------------------------------
@@ -146,10 +160,11 @@ class CapiPool(ScalePool):
         raise CapiPoolError(f"{what}: HTTP 409 Conflict after {self.attempts} attempts")
 
     async def _read_scale(self, what: str) -> dict[str, Any]:
+        version = await self.served.get()
         scale = await self.calls.maybe(
             what,
             lambda: self.custom.get_namespaced_custom_object_scale(
-                GROUP, VERSION, self.namespace, self.plural, self.name
+                GROUP, version, self.namespace, self.plural, self.name
             ),
         )
         if scale is None:
@@ -170,11 +185,12 @@ class CapiPool(ScalePool):
             },
             "spec": {"replicas": target},
         }
+        version = await self.served.get()
         try:
             await self.calls.call(
                 what,
                 lambda: self.custom.replace_namespaced_custom_object_scale(
-                    GROUP, VERSION, self.namespace, self.plural, self.name, body
+                    GROUP, version, self.namespace, self.plural, self.name, body
                 ),
             )
         except ApiException as exc:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from kubernetes.aio.client import ApiClient
 
 from adapters.capi import CapiPool
+from adapters.capi.objects import DEFAULT_GPU_TYPE_LABEL
 from adapters.kubeapi.kubeconfig import load_clients
 from adapters.simulated import SimulatedPool
 from broker.config import BurstPoolConfig, Config
@@ -127,9 +128,11 @@ class BurstPools:
         try:
             clients, _ = await load_clients(source.kubeconfig_source(), [source.context])
             self._clients.extend(clients.values())
+            member = self._clusters[pc.cluster].source.kube
             port = CapiPool(
                 clients[source.context], source.namespace, source.name,
                 kind=source.kind, workload=workload(pc.cluster),
+                gpu_type_label=member.gpu_type_label if member else DEFAULT_GPU_TYPE_LABEL,
             )  # fmt: skip
             status = await port.status()
         except (KubeconfigError, ScaleError) as exc:

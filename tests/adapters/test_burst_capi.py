@@ -46,7 +46,9 @@ tenants:
 
 ANNOTATIONS = {
     "capacity.cluster-autoscaler.kubernetes.io/gpu-count": "8",
-    "capacity.cluster-autoscaler.kubernetes.io/gpu-type": "A100",
+    # As the autoscaler documents them: gpu-type is the resource name, the model a label.
+    "capacity.cluster-autoscaler.kubernetes.io/gpu-type": "nvidia.com/gpu",
+    "capacity.cluster-autoscaler.kubernetes.io/labels": "nvidia.com/gpu.product=A100",
     "capacity.cluster-autoscaler.kubernetes.io/cpu": "96",
     "capacity.cluster-autoscaler.kubernetes.io/memory": "1152Gi",
     "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",

@@ -278,7 +278,12 @@ async def test_status_parses_the_scale_from_zero_annotations(api: ApiClient, k8s
         ready=1,
         annotations={
             "capacity.cluster-autoscaler.kubernetes.io/gpu-count": "8",
+            # As the autoscaler's Cluster API provider documents them: gpu-type is the GPU
+            # resource name; the model is a node label (the cluster's gpuTypeLabel).
             "capacity.cluster-autoscaler.kubernetes.io/gpu-type": "nvidia.com/gpu",
+            "capacity.cluster-autoscaler.kubernetes.io/labels": (
+                "topology.kubernetes.io/zone=us-west-2a,nvidia.com/gpu.product=A100-SXM4-80GB"
+            ),
             "capacity.cluster-autoscaler.kubernetes.io/cpu": "96",
             "capacity.cluster-autoscaler.kubernetes.io/memory": "1152Gi",
             "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size": "0",
@@ -291,13 +296,30 @@ async def test_status_parses_the_scale_from_zero_annotations(api: ApiClient, k8s
         ready_replicas=1,
         shape=PoolShape(
             gpus=8,
-            gpu_type="nvidia.com/gpu",
+            gpu_type="A100-SXM4-80GB",
             cpu_milli=96_000,
             memory_mib=1152 * 1024,
             min_size=0,
             max_size=10,
         ),
     )
+
+
+@pytest.mark.parametrize(
+    ("labels", "label_key", "want"),
+    [
+        ("nvidia.com/gpu.product=H100", "nvidia.com/gpu.product", "H100"),
+        (" a=b , gpu-type = L4 ,", "gpu-type", "L4"),  # blanks and a trailing comma
+        ("a=b", "nvidia.com/gpu.product", None),  # not labelled with the model
+        ("", "nvidia.com/gpu.product", None),
+    ],
+)
+async def test_status_gpu_model_from_the_labels_annotation(
+    api: ApiClient, k8s: Emulator, labels: str, label_key: str, want: str | None
+) -> None:
+    cap = "capacity.cluster-autoscaler.kubernetes.io/"
+    add_pool(k8s, annotations={cap + "gpu-type": "nvidia.com/gpu", cap + "labels": labels})
+    assert (await pool(api, gpu_type_label=label_key).status()).shape.gpu_type == want
 
 
 @pytest.mark.parametrize(
@@ -338,6 +360,7 @@ async def test_status_without_annotations_or_ready_replicas(api: ApiClient, k8s:
         ("capacity.cluster-autoscaler.kubernetes.io/memory", "12XB"),
         ("capacity.cluster-autoscaler.kubernetes.io/cpu", "-4"),
         ("cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size", "1.5"),
+        ("capacity.cluster-autoscaler.kubernetes.io/labels", "A100"),
     ],
 )
 async def test_status_bad_annotation_is_named(
@@ -355,6 +378,32 @@ async def test_status_of_a_missing_pool(api: ApiClient, k8s: Emulator) -> None:
     with pytest.raises(CapiPoolError) as caught:
         await pool(api).status()
     assert str(caught.value) == "no MachineDeployment fleet/gpu-md"
+
+
+async def test_only_v1beta1_served_falls_back_to_it(api: ApiClient, k8s: Emulator) -> None:
+    # This module's server serves cluster.x-k8s.io at v1beta1 only (discovery of v1beta2
+    # answers 404): every request goes to v1beta1 (tests/adapters/test_capi_v1beta2.py
+    # runs the same operations at v1beta2).
+    add_pool(k8s, replicas=1, ready=1)
+    serve_scale(k8s)
+    capi = pool(api)
+    assert (await capi.status()).ready_replicas == 1
+    assert await capi.scale_by(1) == 2
+    assert capi.served.version == "v1beta1"
+    assert replicas(k8s) == 2
+
+
+async def test_no_cluster_api_version_served_is_a_clear_error(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    for version in ("v1beta1",):
+        for plural in ("machinedeployments", "machinepools", "machines"):
+            del k8s.resources[f"cluster.x-k8s.io/{version}/{plural}"]
+    with pytest.raises(CapiPoolError) as caught:
+        await pool(api).status()
+    assert str(caught.value) == (
+        "the management cluster serves none of cluster.x-k8s.io v1beta2, v1beta1 (HTTP 404)"
+    )
 
 
 # -- removing a node ---------------------------------------------------------------------------
