@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
@@ -80,6 +80,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         gpu_resource: str = "nvidia.com/gpu",
         shared_gpu_resource: str | None = None,
         scheduler_name: str | None = None,
+        volcano_queues: Mapping[str, str] | None = None,
         default_image: str = "busybox:stable",
         attempts: int = 5,
         request_timeout: float = 30.0,
@@ -92,6 +93,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             namespace_pattern, mode, podgroup_flavor, origin, cluster=cluster,
             gpu_resource=gpu_resource, shared_gpu_resource=shared_gpu_resource,
             scheduler_name=scheduler_name, default_image=default_image,
+            volcano_queues=volcano_queues,
         )  # fmt: skip
         calls = ApiCalls(attempts=attempts, error=KubeLaunchError, log=log, wait=retry_wait,
                          timeout=request_timeout)  # fmt: skip

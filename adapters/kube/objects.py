@@ -37,6 +37,7 @@ LABEL_POD_SET = "fedbroker.io/pod-set"
 TENANT_PLACEHOLDER = "{tenant}"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+DEFAULT_VOLCANO_QUEUE = "default"  # the Queue every Volcano install creates
 # GPU names a template may use (the manifest's), translated to each cluster's own names.
 WHOLE_GPU_NAMES = frozenset({"nvidia.com/gpu", "amd.com/gpu"})
 SHARED_GPU_NAME = "fedbroker.io/gpu-milli"
@@ -143,6 +144,7 @@ class GangObjects:
         shared_gpu_resource: str | None,
         scheduler_name: str | None,
         default_image: str,
+        volcano_queues: Mapping[str, str] | None = None,
     ) -> None:
         if mode not in ("delegate", "pin"):
             raise ValueError(f"unknown launch mode {mode!r}")
@@ -158,6 +160,8 @@ class GangObjects:
         self.shared_gpu_resource = shared_gpu_resource
         self.scheduler_name = scheduler_name or ("volcano" if flavor == "volcano" else None)
         self.default_image = default_image
+        # fedbroker queue -> Volcano Queue; unmapped -> DEFAULT_VOLCANO_QUEUE
+        self.volcano_queues = dict(volcano_queues or {})
         self._gpu = GpuConfig((gpu_resource,), shared_resource=shared_gpu_resource)
 
     def namespace(self, tenant: str) -> str:
@@ -214,7 +218,7 @@ class GangObjects:
         if self.flavor == "coscheduling":
             pg_spec["scheduleTimeoutSeconds"] = spec.schedule_timeout_seconds
         else:
-            pg_spec["queue"] = spec.queue
+            pg_spec["queue"] = self.volcano_queues.get(spec.queue, DEFAULT_VOLCANO_QUEUE)
         return {
             "apiVersion": self.kind.api_version,
             "kind": "PodGroup",

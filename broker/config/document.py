@@ -128,6 +128,11 @@ def _known_queues(config: Config) -> None:
         for j, name in enumerate(tenant.queues):
             if name not in queues:
                 raise FieldError(["tenants", i, "queues", j], f"no queue named {name!r}")
+    for i, cc in enumerate(config.clusters):
+        for name in cc.source.kube.volcano_queues if cc.source.kube else ():
+            if name not in queues:
+                path: list[str | int] = ["clusters", i, "source", "kube", "volcanoQueues", name]
+                raise FieldError(path, f"no queue named {name!r}")
 
 
 def _tenant_namespaces(config: Config) -> None:

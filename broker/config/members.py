@@ -35,6 +35,8 @@ TENANT_PLACEHOLDER = "{tenant}"
 RESERVED_NAMESPACES = frozenset(
     {"default", "kube-system", "kube-public", "kube-node-lease", "fedbroker", "fedbroker-jobs"}
 )
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _PATTERN_HEAD = re.compile(r"([a-z0-9][-a-z0-9]*)?")
 _PATTERN_TAIL = re.compile(r"([-a-z0-9]*[a-z0-9])?")
 
@@ -54,6 +56,38 @@ def _namespace_pattern(pattern: str) -> str:
             "(e.g. 'fedbroker-{tenant}'), at most 62 characters besides it"
         )
     return pattern
+
+
+def dns_subdomain(name: str) -> str:
+    """A DNS-1123 subdomain (a scheduler's or a Volcano queue's name)."""
+    if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ValueError(
+            f"not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and "
+            f"ending with a letter or digit, at most 253 characters): {name!r}"
+        )
+    return name
+
+
+def extended_resource(name: str) -> str:
+    """A domain-qualified extended resource name (``example.com/gpu``), as Kubernetes
+    requires of every resource that is not its own (``cpu``, ``memory``, ...): a DNS
+    subdomain outside ``kubernetes.io``, ``/``, a name of at most 63 characters."""
+    domain, slash, rest = name.partition("/")
+    if (
+        not slash
+        or len(domain) > 253
+        or not _DNS_SUBDOMAIN.fullmatch(domain)
+        or len(rest) > 63
+        or not _NAME_PART.fullmatch(rest)
+        or domain == "kubernetes.io"
+        or domain.endswith(".kubernetes.io")
+        or name.startswith("requests.")
+    ):
+        raise ValueError(
+            f"not a domain-qualified extended resource name (e.g. example.com/gpu-milli; "
+            f"Kubernetes refuses others): {name!r}"
+        )
+    return name
 
 
 class OneOf(Section):
@@ -146,6 +180,13 @@ class KubeSource(KubeconfigRef):
     shared_gpu_resource: str | None = Field(default=None, min_length=1, max_length=317)
     launch_mode: Literal["delegate", "pin"] = "delegate"
     pod_group: Literal["coscheduling", "volcano"] = "coscheduling"
+    # Delegate mode: the scheduler our pods name (scheduler-plugins installed as a second
+    # scheduler: its name, e.g. scheduler-plugins-scheduler). Default: none for coscheduling
+    # (the member's default scheduler), "volcano" for volcano.
+    scheduler_name: str | None = Field(default=None, max_length=253)
+    # Volcano PodGroups: fedbroker queue -> Volcano Queue (which must exist and be Open);
+    # an unmapped queue -> "default", the Queue Volcano installs.
+    volcano_queues: dict[DnsLabel, str] = Field(default_factory=dict, max_length=256)
     # How often the phases of our pods are read (one LIST for all gangs of the cluster):
     # a starting gang is confirmed, a running one noticed to end, within this.
     pod_poll_seconds: float = Field(default=2.0, gt=0, le=300)
@@ -187,11 +228,27 @@ class KubeSource(KubeconfigRef):
     @classmethod
     def _resource_names(cls, names: list[str]) -> list[str]:
         for name in names:
-            if not name or len(name) > 317 or any(c.isspace() for c in name):
-                raise ValueError(f"not a resource name: {name!r}")
+            extended_resource(name)
         if len(set(names)) != len(names):
             raise ValueError("duplicate resource name")
         return names
+
+    @field_validator("shared_gpu_resource")
+    @classmethod
+    def _shared_resource_name(cls, name: str | None) -> str | None:
+        return None if name is None else extended_resource(name)
+
+    @field_validator("scheduler_name")
+    @classmethod
+    def _scheduler_name(cls, name: str | None) -> str | None:
+        return None if name is None else dns_subdomain(name)
+
+    @field_validator("volcano_queues")
+    @classmethod
+    def _volcano_queues(cls, queues: dict[str, str]) -> dict[str, str]:
+        for name in queues.values():
+            dns_subdomain(name)
+        return queues
 
 
 class MqttSource(Section):

@@ -105,6 +105,8 @@ class KubeMembers:
                 spec_for=spec_for,
                 gpu_resource=source.gpu_resources[0],
                 shared_gpu_resource=source.shared_gpu_resource,
+                scheduler_name=source.scheduler_name,
+                volcano_queues=source.volcano_queues,
                 poll_seconds=source.pod_poll_seconds,
                 request_timeout=source.request_timeout_seconds,
                 run_poll_seconds=source.pod_poll_seconds,

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import kmock as kmocklib
 import pytest
+from crds import schema_problems
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
@@ -146,13 +147,39 @@ async def test_coscheduling_pod_group_and_pods(api: ApiClient, k8s: Emulator) ->
     want = {"nvidia.com/gpu": "4", "cpu": "8000m", "memory": "32768Mi"}
     assert container["resources"] == {"requests": want, "limits": want}
     assert "affinity" not in pod["spec"]
+    # no schedulerName configured: the member's default scheduler
+    assert "schedulerName" not in pod["spec"]
+    assert schema_problems(group, "scheduling.x-k8s.io_podgroups.yaml") == []
 
 
-async def test_volcano_pod_group_and_pods(api: ApiClient, k8s: Emulator) -> None:
-    await launcher(api, k8s, flavor="volcano").launch(placement())
+async def test_coscheduling_pods_name_the_configured_scheduler(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    # scheduler-plugins installed as a second scheduler (its chart's usual install): the
+    # pods must name it, or the default scheduler binds them one by one, ignoring the group.
+    name = "scheduler-plugins-scheduler"
+    await launcher(api, k8s, scheduler_name=name).launch(placement())
+    pods = stored(k8s, PODS)
+    assert {p["spec"]["schedulerName"] for p in pods.values()} == {name}
+    assert all(p["metadata"]["labels"][COSCHEDULING_LABEL] == "train" for p in pods.values())
+
+
+@pytest.mark.parametrize(
+    ("queues", "want"),
+    [
+        ({"gpu-q": "ml", "other": "x"}, "ml"),  # the job's queue is mapped
+        ({"other": "x"}, "default"),  # unmapped: Volcano's own default Queue
+        (None, "default"),
+    ],
+)
+async def test_volcano_pod_group_and_pods(
+    api: ApiClient, k8s: Emulator, queues: dict[str, str] | None, want: str
+) -> None:
+    await launcher(api, k8s, flavor="volcano", volcano_queues=queues).launch(placement())
     group = stored(k8s, VOLCANO)["train"]
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert group["spec"] == {"minMember": 2, "queue": "gpu-q"}
+    assert group["spec"] == {"minMember": 2, "queue": want}
+    assert schema_problems(group, "scheduling.volcano.sh_podgroups.yaml") == []
     pod = stored(k8s, PODS)["train-worker-1"]
     assert pod["metadata"]["annotations"][VOLCANO_ANNOTATION] == "train"
     assert pod["spec"]["schedulerName"] == "volcano"

@@ -209,6 +209,24 @@ ERRORS: list[tuple[str, str, str]] = [
     (KUBE.format("namespacePattern: \"fed-{tenant}\\n\""), PATTERN, "lowercase letters"),
     (KUBE.format("namespacePattern: '{tenant}" + "-x" * 32 + "'"), PATTERN, "at most 62"),
     (KUBE.format("namespacePattern: 5"), PATTERN, "must be a string"),
+    (KUBE.format("sharedGpuResource: gpu-milli"), "clusters[0].source.kube.sharedGpuResource",
+     "not a domain-qualified extended resource name (e.g. example.com/gpu-milli; "
+     "Kubernetes refuses others): 'gpu-milli'"),
+    (KUBE.format("sharedGpuResource: kubernetes.io/gpu"),
+     "clusters[0].source.kube.sharedGpuResource", "not a domain-qualified"),
+    (KUBE.format("sharedGpuResource: 'example.com/'"),
+     "clusters[0].source.kube.sharedGpuResource", "not a domain-qualified"),
+    (KUBE.format("gpuResources: [nvidia.com/gpu, gpu]"), "clusters[0].source.kube.gpuResources",
+     "not a domain-qualified extended resource name (e.g. example.com/gpu-milli; "
+     "Kubernetes refuses others): 'gpu'"),
+    (KUBE.format("gpuResources: ['Example.com/gpu']"), "clusters[0].source.kube.gpuResources",
+     "not a domain-qualified"),
+    (KUBE.format("schedulerName: Scheduler_Plugins"), "clusters[0].source.kube.schedulerName",
+     "not a DNS-1123 subdomain"),
+    (KUBE.format("volcanoQueues: {training: 'ML queue'}"),
+     "clusters[0].source.kube.volcanoQueues", "not a DNS-1123 subdomain"),
+    (KUBE.format("volcanoQueues: {training: ml}"),
+     "clusters[0].source.kube.volcanoQueues.training", "no queue named 'training'"),
     (PIN + tenant_named("t" * 54), PATTERN, "longer than 63 characters"),
     (KUBE.format("namespacePattern: '{tenant}'") + tenant_named("default"), PATTERN,
      "gives 'default' for tenant 'default'"),
@@ -228,6 +246,21 @@ ERRORS: list[tuple[str, str, str]] = [
      "must start with sqlite:// or postgresql://"),
     ("stores: {}", "stores", "unknown field"),
 ]  # fmt: skip
+
+
+def test_delegate_mode_keys_reach_the_member_config() -> None:
+    text = QUEUES + KUBE.format(
+        "schedulerName: scheduler-plugins-scheduler, volcanoQueues: {a: ml}, "
+        "sharedGpuResource: example.com/gpu-milli, gpuResources: [nvidia.com/gpu]"
+    )
+    kube = parse_config(text, "demo.yaml", {}).clusters[0].source.kube
+    assert kube is not None
+    assert kube.scheduler_name == "scheduler-plugins-scheduler"
+    assert kube.volcano_queues == {"a": "ml"}
+    assert kube.shared_gpu_resource == "example.com/gpu-milli"
+    default = parse_config(PIN, "demo.yaml", {}).clusters[0].source.kube
+    assert default is not None
+    assert (default.scheduler_name, default.volcano_queues) == (None, {})
 
 
 @pytest.mark.parametrize(("text", "path", "fragment"), ERRORS, ids=[e[1] for e in ERRORS])

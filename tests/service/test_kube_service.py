@@ -257,6 +257,29 @@ async def test_pods_ending_end_the_job_and_free_the_gpus(
         await service.close()
 
 
+async def test_delegate_mode_coscheduling_names_the_configured_scheduler(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    # member config -> broker.service.members -> KubeLauncher: the pods name the second
+    # scheduler scheduler-plugins runs as, the one that honours their PodGroup.
+    cosched = kmock.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+    k8s.resources["scheduling.x-k8s.io/v1alpha1/podgroups"] = kmocklib.ResourceInfo(namespaced=True)
+    kube = "launchMode: delegate, podPollSeconds: 0.02, schedulerName: scheduler-plugins-scheduler"
+    service = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), kube))
+    await service.start()
+    try:
+        await service.submit("team-a", manifest("train", count=2))
+        await service.schedule_once()
+        await until(lambda: our_pod(k8s, "train-worker-1") is not None)
+        for name in ("train-worker-0", "train-worker-1"):
+            pod = our_pod(k8s, name).raw
+            assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+            assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "train"
+        assert any(r == cosched and ns == NS for (r, ns, _) in k8s.objects)
+    finally:
+        await service.close()
+
+
 async def test_delegate_mode_volcano_through_the_service(
     k8s: kmock.KubernetesEmulator, tmp_path: Path
 ) -> None:
@@ -264,7 +287,12 @@ async def test_delegate_mode_volcano_through_the_service(
     k8s.resources["scheduling.volcano.sh/v1beta1/podgroups"] = kmocklib.ResourceInfo(
         namespaced=True
     )
-    kube = "launchMode: delegate, podGroup: volcano, podPollSeconds: 0.02"
+    # The job's queue "training" -> the Volcano Queue "ml" (a PodGroup naming a Queue that
+    # does not exist is refused by Volcano's admission webhook).
+    kube = (
+        "launchMode: delegate, podGroup: volcano, podPollSeconds: 0.02, "
+        "volcanoQueues: {training: ml}"
+    )
     service = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), kube))
     await service.start()
     template = {
@@ -279,7 +307,7 @@ async def test_delegate_mode_volcano_through_the_service(
         assert len(groups) == 1
         group = groups[0]
         assert group.raw["metadata"]["name"] == "train"
-        assert group.raw["spec"] == {"minMember": 2, "queue": "training"}
+        assert group.raw["spec"] == {"minMember": 2, "queue": "ml"}
         pod = our_pod(k8s, "train-worker-0").raw
         assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "train"
         assert pod["metadata"]["labels"]["app"] == "trainer"  # the manifest's template
