@@ -91,6 +91,10 @@ class LaunchSpec:
     # The tenant's Pod Security Standards level (privileged/baseline/restricted): the member
     # namespace the gang goes into is labelled to enforce it.
     pod_security: str = "baseline"
+    # The job's pod set names in manifest order (ranks run through them in this order;
+    # empty: order of first appearance in the placement) and its rendezvous port.
+    pod_sets: tuple[str, ...] = ()
+    master_port: int = 29500
 
     @property
     def key(self) -> str:

@@ -19,6 +19,12 @@ Two modes:
   ``scheduling.volcano.sh/v1beta1`` with minMember and queue) and pods labelled into it;
 * ``pin``: pods with required node affinity to the node the broker chose.
 
+In both, every gang gets rendezvous (``adapters.kube.rendezvous``): a headless Service
+selecting its pods, created before them, and on every pod ``hostname``/``subdomain`` and the
+env ``WORLD_SIZE``, ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``FEDBROKER_JOB``,
+``FEDBROKER_POD_SET``, ``FEDBROKER_POD_INDEX``. The Service carries our labels, so deleting
+the gang, its rollback and garbage collection remove it with the pods.
+
 What the service knows about a job beyond the ``Placement`` (tenant, job name, pod templates,
 minMember, timeout, queue) comes in a ``broker.ports.LaunchSpec``: passed to ``launch``
 directly, or looked up by the constructor's ``spec_for`` callback so ``launch(placement)``
@@ -50,6 +56,7 @@ from adapters.kube.objects import (
     pod_group_name,
     pod_name,
 )
+from adapters.kube.rendezvous import Rendezvous, service_name
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.model import Placement, PodBound, PodPlacement
@@ -129,8 +136,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             raise
 
     async def delete(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Delete every object of the gang: its pods (by name and by job label) and its
-        PodGroup. Objects already gone are fine; objects without our origin are left alone."""
+        """Delete every object of the gang: its pods (by name and by job label), its
+        rendezvous Service and its PodGroup. Objects already gone are fine; objects without
+        our origin are left alone."""
         spec = self.spec(placement, spec)
         namespace = self.objects.namespace(spec.tenant)
         names = {pod_name(p, spec) for p in placement.pods}
@@ -139,6 +147,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         )
         for name in sorted(names):
             await self._delete_pod(namespace, name, owner=spec)
+        await self._delete_service(namespace, service_name(spec), owner=spec)
         if self.mode == "delegate":
             await self._delete_pod_group(namespace, pod_group_name(spec), owner=spec)
         log.info("deleted gang %s in %s/%s", spec.key, self.cluster, namespace)
@@ -147,13 +156,16 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def create(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
         """Make the tenant's namespace exist, then create the PodGroup (delegate mode) and
-        the pods; objects that already exist with our labels count as created."""
+        the gang's rendezvous Service, then the pods; objects that already exist with our
+        labels count as created."""
         spec = self.spec(placement, spec)
         await self._ensure_namespace(spec)
         if self.mode == "delegate":
             await self._ensure_pod_group(placement, spec)
+        rendezvous = self.objects.rendezvous(placement, spec)
+        await self._ensure_service(rendezvous, spec)
         for pod in placement.pods:
-            await self._ensure_pod(pod, spec)
+            await self._ensure_pod(pod, spec, rendezvous)
         where = f"{self.cluster}/{self.objects.namespace(spec.tenant)}"
         log.info(
             "created gang %s (%d pods, %s) in %s", spec.key, len(placement.pods), self.mode, where
@@ -180,8 +192,27 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         await self._ensure_namespace(spec)
         await create()
 
-    async def _ensure_pod(self, pod: PodPlacement, spec: LaunchSpec) -> None:
-        body = self.objects.pod_body(pod, spec)
+    async def _ensure_service(self, rendezvous: Rendezvous, spec: LaunchSpec) -> None:
+        body = self.objects.service_body(rendezvous, spec)
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            await self._create_in_namespace(
+                spec, f"create service {namespace}/{name}", lambda: self.api.create_service(body)
+            )
+        except ApiException as exc:
+            if exc.status != HTTP_CONFLICT:
+                raise KubeLaunchError(f"create service {name}: {describe(exc)}") from exc
+            existing = await self.api.read_service(namespace, name)
+            if existing is None or not self.objects.ours(existing, spec):
+                raise KubeLaunchError(
+                    f"service {name} already exists and does not belong to {spec.key}"
+                ) from exc
+            log.info("service %s already exists with our labels; adopted", name)
+
+    async def _ensure_pod(
+        self, pod: PodPlacement, spec: LaunchSpec, rendezvous: Rendezvous | None = None
+    ) -> None:
+        body = self.objects.pod_body(pod, spec, rendezvous)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self._create_in_namespace(
@@ -293,6 +324,11 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 namespace, name = namespace_of(pod), pod["metadata"]["name"]
                 await self._delete_pod(namespace, name, owner=None)
                 deleted.append(f"Pod/{namespace}/{name}")
+        for service in await self.api.our_services():
+            if job_key(service) not in live_jobs:
+                namespace, name = namespace_of(service), service["metadata"]["name"]
+                await self._delete_service(namespace, name, owner=None)
+                deleted.append(f"Service/{namespace}/{name}")
         if self.mode == "delegate":
             for group in await self.api.our_pod_groups():
                 if job_key(group) not in live_jobs:
@@ -329,6 +365,17 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 log.warning("not deleting pod %s/%s: it is not %s's", namespace, name, owner.key)
                 return
         await self.api.delete_pod(namespace, name)
+
+    async def _delete_service(self, namespace: str, name: str, *, owner: LaunchSpec | None) -> None:
+        """Delete a Service if it is ours (with ``owner``: that job's)."""
+        existing = await self.api.read_service(namespace, name)
+        if existing is None:
+            return
+        mine = self.objects.ours(existing, owner) if owner else self.objects.has_origin(existing)
+        if not mine:
+            log.warning("not deleting service %s/%s: it is not ours to delete", namespace, name)
+            return
+        await self.api.delete_service(namespace, name)
 
     async def _delete_pod_group(
         self, namespace: str, name: str, *, owner: LaunchSpec | None

@@ -1,5 +1,5 @@
-"""The launcher's requests for pods and PodGroups: read, created and deleted in the tenant
-namespace an object names, listed across every namespace by our origin label.
+"""The launcher's requests for pods, rendezvous Services and PodGroups: read, created and
+deleted in the tenant namespace an object names, listed across every namespace by our origin label.
 
 Every request goes through ``adapters.kubeapi.calls.ApiCalls`` (bounded retries, a
 per-request timeout; other failures raise ``KubeLaunchError`` with the HTTP status only,
@@ -16,14 +16,15 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi, V1Pod
+from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi, V1Pod, V1Service
 
 from adapters.kube.objects import GangObjects
 from adapters.kubeapi.calls import ApiCalls
 
 
 class NamespaceApi:
-    """Pods and PodGroups of the tenant namespaces, as plain dicts (API JSON field names)."""
+    """Pods, Services and PodGroups of the tenant namespaces, as plain dicts (API JSON
+    field names)."""
 
     def __init__(self, api_client: ApiClient, objects: GangObjects, calls: ApiCalls) -> None:
         self.core = CoreV1Api(api_client)
@@ -85,6 +86,43 @@ class NamespaceApi:
 
             listing.add_done_callback(done)
         return await asyncio.shield(listing)
+
+    # -- rendezvous Services -----------------------------------------------------------------
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        svc = await self.calls.maybe(
+            f"read service {namespace}/{name}",
+            lambda: self.core.read_namespaced_service(name, namespace),
+        )
+        return None if svc is None else self._dict(svc)
+
+    async def create_service(self, body: Mapping[str, Any]) -> None:
+        """Create a Service in the namespace its body names; ``ApiException`` (409
+        AlreadyExists, 404 for a namespace gone, among them) propagates."""
+        meta = body["metadata"]
+        await self.calls.call(
+            f"create service {meta['namespace']}/{meta['name']}",
+            lambda: self.core.create_namespaced_service(
+                meta["namespace"],
+                V1Service.from_dict(body),  # type: ignore[arg-type]
+            ),
+        )
+
+    async def delete_service(self, namespace: str, name: str) -> None:
+        """Delete a Service; one already gone is fine."""
+        await self.calls.maybe(
+            f"delete service {namespace}/{name}",
+            lambda: self.core.delete_namespaced_service(name, namespace),
+        )
+
+    async def our_services(self) -> list[dict[str, Any]]:
+        """Our Services in every tenant namespace (filtered here too, not only by the server)."""
+        listed = await self.calls.checked(
+            "list services",
+            lambda: self.core.list_service_for_all_namespaces(label_selector=self.objects.selector),
+        )
+        items = self._dict(listed).get("items") or []
+        return [s for s in items if self.objects.in_its_namespace(s)]
 
     # -- PodGroups ---------------------------------------------------------------------------
 

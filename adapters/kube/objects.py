@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from adapters.kube.rendezvous import Rendezvous
 from adapters.kube.translate import (
     ANNOTATION_GPUS,
     ANNOTATION_POD,
@@ -213,6 +214,15 @@ class GangObjects:
 
     # -- bodies ------------------------------------------------------------------------------
 
+    def rendezvous(self, placement: Placement, spec: LaunchSpec) -> Rendezvous:
+        """The gang's rendezvous (Service, ranks, hostnames) in its tenant's namespace."""
+        names = [pod_name(p, spec) for p in placement.pods]
+        return Rendezvous.of(names, spec, self.namespace(spec.tenant))
+
+    def service_body(self, rendezvous: Rendezvous, spec: LaunchSpec) -> dict[str, Any]:
+        """The gang's headless Service, selecting (and labelled with) its job's labels."""
+        return rendezvous.service_body(self.labels(spec))
+
     def pod_group_body(self, placement: Placement, spec: LaunchSpec) -> dict[str, Any]:
         pg_spec: dict[str, Any] = {"minMember": spec.min_member or len(placement.pods)}
         if self.flavor == "coscheduling":
@@ -283,11 +293,14 @@ class GangObjects:
             for part in ("requests", "limits"):
                 res[part] = {**(res.get(part) or {}), **ours}
 
-    def pod_body(self, pod: PodPlacement, spec: LaunchSpec) -> dict[str, Any]:
+    def pod_body(
+        self, pod: PodPlacement, spec: LaunchSpec, rendezvous: Rendezvous | None = None
+    ) -> dict[str, Any]:
         """The pod from its pod set's template, with our labels, the broker's resources
-        (see ``_place_resources``), and its gang's PodGroup (delegate) or node (pin, ANDed
-        with the user's affinity). The user's nodeSelector and tolerations stay as given:
-        the broker adds none of its own, and a nodeSelector contradicting the pin only
+        (see ``_place_resources``), its gang's rendezvous (hostname, subdomain, env: see
+        ``adapters.kube.rendezvous``) when given, and its gang's PodGroup (delegate) or node
+        (pin, ANDed with the user's affinity). The user's nodeSelector and tolerations stay
+        as given: the broker adds none of its own, and a nodeSelector contradicting the pin only
         keeps the pod pending, it never moves it."""
         name = pod_name(pod, spec)
         template = spec.pod_templates.get(pod_set_of(name, spec), {})
@@ -304,6 +317,8 @@ class GangObjects:
             {"name": "main", "image": self.default_image, "securityContext": RESTRICTED_CONTAINER}
         ]
         self._place_resources(pod_spec, pod.resources)
+        if rendezvous is not None:
+            rendezvous.apply(pod_spec, name, spec.job)
         pod_spec.setdefault("restartPolicy", "Never")
         # The template policy refuses both; never let a stored template place a pod itself.
         pod_spec.pop("nodeName", None)

@@ -42,6 +42,8 @@ class Pending:
     # Pod set name -> the manifest's pod template (API JSON), for launchers that create
     # real pods; the placement core never reads it.
     pod_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The manifest's rendezvous port (MASTER_PORT of a launched gang's pods).
+    master_port: int = 29500
 
 
 @dataclass(slots=True)

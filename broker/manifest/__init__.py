@@ -27,7 +27,7 @@ from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
 from broker.manifest.parsing import parse_manifest
 from broker.manifest.podpolicy import PolicyViolation, admit_templates, template_violations
 from broker.manifest.podrequests import Violation, pod_requests
-from broker.manifest.translation import pod_templates, to_job
+from broker.manifest.translation import master_port, pod_templates, to_job
 from broker.quantity import parse_quantity
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "field_path",
     "first_error",
     "json_schema",
+    "master_port",
     "memory_mebibytes",
     "parse_manifest",
     "parse_quantity",

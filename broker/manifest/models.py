@@ -34,6 +34,7 @@ from broker.model import PolicyName
 
 API_VERSION = "fedbroker.io/v1alpha1"
 KIND = "FederatedJob"
+DEFAULT_MASTER_PORT = 29500
 
 
 class WireModel(BaseModel):
@@ -124,6 +125,11 @@ class PodSetSpec(WireModel):
         )
 
 
+class RendezvousSpec(WireModel):
+    # The port every pod of a podSets gang is told in MASTER_PORT (rank 0 listens on it).
+    master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
+
+
 class JobSpec(WireModel):
     queue: DnsLabel | None = None
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
@@ -131,6 +137,7 @@ class JobSpec(WireModel):
     gang: GangSpec = GangSpec()  # frozen, so one shared default is safe
     placement: PlacementSpec = PlacementSpec()
     pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
+    rendezvous: RendezvousSpec | None = None
 
     @model_validator(mode="after")
     def _whole_job(self) -> JobSpec:

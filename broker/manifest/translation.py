@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
-from broker.manifest.models import FederatedJob, ResourcesSpec
+from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.model import GpuType, Job, PodSet, Resources
 
 
@@ -41,6 +41,13 @@ def pod_templates(wire: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """Pod set name -> its non-empty pod template, from a stored manifest (wire names)."""
     pod_sets = (wire.get("spec") or {}).get("podSets") or []
     return {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
+
+
+def master_port(wire: Mapping[str, Any]) -> int:
+    """The job's rendezvous port (``spec.rendezvous.masterPort``, default 29500), from a
+    stored manifest (wire names)."""
+    rendezvous = (wire.get("spec") or {}).get("rendezvous") or {}
+    return int(rendezvous.get("masterPort", DEFAULT_MASTER_PORT))
 
 
 def _resources(spec: ResourcesSpec) -> Resources:

@@ -56,6 +56,8 @@ class Binding:
             queue=job.queue,
             pod_templates=launch.pending.pod_templates,
             pod_security=level,
+            pod_sets=tuple(ps.name for ps in job.pod_sets),
+            master_port=launch.pending.master_port,
         )
 
     def start_launch(self, placement: Placement) -> None:

@@ -316,7 +316,10 @@ async def test_cancel_and_gc_leave_nothing_of_ours(api: ApiClient, k8s: Emulator
         "theirs",
     ]
     deleted = await kube.collect_garbage({"acme/c"})
-    assert sorted(deleted) == [f"Pod/{NS}/b-worker-0", f"Pod/{NS}/b-worker-1", f"PodGroup/{NS}/b"]
+    # Issue 14: each gang's rendezvous Service goes with it (a's with the delete, b's here).
+    assert sorted(deleted) == [
+        f"Pod/{NS}/b-worker-0", f"Pod/{NS}/b-worker-1", f"PodGroup/{NS}/b", f"Service/{NS}/rdzv-b"
+    ]  # fmt: skip
     assert sorted(stored(k8s, PODS)) == ["c-worker-0", "c-worker-1", "theirs"]
     assert sorted(stored(k8s, COSCHED)) == ["c", "theirs"]
     await kube.collect_garbage(set())

@@ -285,6 +285,7 @@ async def test_read_back_and_garbage_collection_span_the_tenant_namespaces(
     assert sorted(deleted) == [
         "Pod/fedbroker-acme/train-w-0", "Pod/fedbroker-acme/train-w-1",
         "PodGroup/fedbroker-acme/train",
+        "Service/fedbroker-acme/rdzv-train",  # issue 14: the gang's rendezvous Service
     ]  # fmt: skip
     assert sorted(objects_in(k8s, PODS, "fedbroker-zeta")) == ["train-w-0"]
     assert sorted(objects_in(k8s, PODS, "elsewhere")) == ["train-w-0"]

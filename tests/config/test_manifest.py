@@ -289,6 +289,15 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
      "spec.placement.gpuTypes[0]", "GPU type"),
     ("selector key", _with((("spec", "placement"), {"clusterSelector": {"-x": "a"}})),
      "spec.placement.clusterSelector.-x", 'key "-x" is not a label key'),
+    # rendezvous (issue 14)
+    ("masterPort 0", _with((("spec", "rendezvous"), {"masterPort": 0})),
+     "spec.rendezvous.masterPort", "must be >= 1"),
+    ("masterPort 65536", _with((("spec", "rendezvous"), {"masterPort": 65536})),
+     "spec.rendezvous.masterPort", "must be <= 65535"),
+    ("masterPort as text", _with((("spec", "rendezvous"), {"masterPort": "29500"})),
+     "spec.rendezvous.masterPort", INT),
+    ("rendezvous unknown key", _with((("spec", "rendezvous"), {"port": 1})),
+     "spec.rendezvous.port", ""),
     ("template not plain JSON", _with(((*PS0, "template"), {"spec": {"x": float("nan")}})),
      "spec.podSets[0].template.spec.x", "finite"),
 ]  # fmt: skip

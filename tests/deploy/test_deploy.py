@@ -451,6 +451,8 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
     # Launch: pods and PodGroups in any tenant namespace, listed across them.
     for verb in ("create", "get", "list", "delete"):
         assert _allows(rules, "", "pods", verb), verb
+        # The podSets jobs' headless rendezvous Services (issue 14).
+        assert _allows(rules, "", "services", verb), ("services", verb)
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
         for verb in ("create", "get", "list", "patch", "delete"):
             assert _allows(rules, group, "podgroups", verb), (group, verb)

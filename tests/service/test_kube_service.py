@@ -475,3 +475,45 @@ def test_serve_with_a_broken_kubeconfig_exits_2_with_one_line(tmp_path: Path) ->
     assert len(lines) == 1 and f"kubeconfig {kubeconfig}: no context 'east'" in lines[0]
     assert "Traceback" not in done.stderr
     assert CANARY not in done.stderr + done.stdout
+
+
+async def test_a_submitted_jobs_pods_carry_its_rendezvous(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    """Issue 14: the manifest's pod set order and ``spec.rendezvous.masterPort`` reach the
+    pods through the service (``Pending`` -> ``LaunchSpec``); cancel deletes the Service."""
+    k8s.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    config = make_config(tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin")
+    service = Service(config)
+    await service.start()
+    try:
+        res = {"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}
+        body = {
+            "apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+            "metadata": {"name": "ddp"},
+            "spec": {"podSets": [{"name": "worker", "count": 2, "resources": res},
+                                 {"name": "chief", "count": 1, "resources": res}],
+                     "rendezvous": {"masterPort": 12345}},
+        }  # fmt: skip
+        await service.submit("team-a", parse_manifest(json.dumps(body).encode(), None))
+        await service.schedule_once()
+        names = ["ddp-worker-0", "ddp-worker-1", "ddp-chief-0"]
+        await until(lambda: all(our_pod(k8s, n) is not None for n in names))
+        envs = {}
+        for name in names:
+            container = our_pod(k8s, name).raw["spec"]["containers"][0]
+            envs[name] = {e["name"]: e["value"] for e in container["env"]}
+        assert [envs[n]["RANK"] for n in names] == ["0", "1", "2"]  # manifest order
+        assert {envs[n]["MASTER_PORT"] for n in names} == {"12345"}
+        assert {envs[n]["MASTER_ADDR"] for n in names} == {f"ddp-worker-0.rdzv-ddp.{NS}.svc"}
+        services = kmock.resource("", "v1", "services")
+
+        def service_names() -> list[str]:
+            return [n for (r, ns, n), o in k8s.objects.items()
+                    if r == services and ns == NS and not o.deleted]  # fmt: skip
+
+        assert service_names() == ["rdzv-ddp"]
+        await service.cancel("team-a", "ddp")
+        assert service_names() == []
+    finally:
+        await service.close()
