@@ -9,6 +9,7 @@ point below the field they check. The config (broker.config) reports its errors 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -85,12 +86,19 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
     return field_path(loc), one_line(prefix + message + more)
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]+")
+
+
 def field_path(loc: Sequence[str | int]) -> str:
-    """``("spec", "podSets", 0, "name")`` -> ``spec.podSets[0].name``."""
+    """``("spec", "podSets", 0, "name")`` -> ``spec.podSets[0].name``. A key that is not
+    plain (``nvidia.com/gpu`` is) is quoted as JSON, ASCII only: ``template[":x\\n"]``,
+    so a path stays one line and never reads as the message's own ``: ``."""
     path = ""
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(part):
+            path += f"[{json.dumps(part)}]"
         else:
             path += f".{part}" if path else str(part)
     return path

@@ -136,7 +136,7 @@ PATTERN = "clusters[0].source.kube.namespacePattern"
 ERRORS: list[tuple[str, str, str]] = [
     ("queues:\n- {name: a}\n- {name: b, quota: {A100: -1}}\n",
      "queues[1].quota.A100", "must be >= 0"),
-    ("queues: [{name: a, quota: {A 100: 1}}]", "queues[0].quota.A 100", "key "),
+    ("queues: [{name: a, quota: {A 100: 1}}]", 'queues[0].quota["A 100"]', "key "),
     ("queues: [{name: a, weight: 0}]", "queues[0].weight", "must be > 0"),
     ("queues: [{name: a, policy: fgd}]", "queues[0].policy", "'gang', 'binpack' or 'auto'"),
     ("queues: [{name: a}, {name: a}]", "queues[1].name", "duplicate name 'a'"),

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from adapters.kubeapi.quantity import parse_quantity as adapters_parse_quantity
 from broker.manifest import ManifestError, parse_manifest
 from broker.manifest.documents import MAX_DEPTH
+from broker.manifest.errors import field_path
 from broker.quantity import QuantityError, parse_quantity
 
 MINIMAL: dict[str, Any] = {
@@ -191,3 +192,17 @@ def test_there_is_one_parser() -> None:
 )))  # fmt: skip
 def test_a_number_and_a_suffix_scale_exactly(number: int, suffix: str) -> None:
     assert parse_quantity(f"{number}{suffix}") == number * parse_quantity(f"1{suffix}")
+
+
+@pytest.mark.parametrize(
+    ("loc", "shown"),
+    [
+        (("spec", "podSets", 0, "name"), "spec.podSets[0].name"),
+        (("spec", "resources", "limits", "nvidia.com/gpu"), "spec.resources.limits.nvidia.com/gpu"),
+        (("spec", "template", ":memory:", 0), 'spec.template[":memory:"][0]'),
+        (("spec", "a\nb: c"), 'spec["a\\nb: c"]'),
+        (("spec", "\ud800"), 'spec["\\ud800"]'),
+    ],
+)
+def test_odd_keys_are_quoted_in_field_paths(loc: tuple[str | int, ...], shown: str) -> None:
+    assert field_path(loc) == shown

@@ -38,7 +38,8 @@ from broker.http.openapi import openapi_document
 from broker.service.facade import Service
 
 TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
-_FIELD = re.compile(r"^(?P<root>[A-Za-z][\w/-]*)(?:[.\[][^:]*)?: \S")
+# A path's odd keys are quoted as JSON (``template[":x:"]``), colons and all.
+_FIELD = re.compile(r'^(?P<root>[A-Za-z][\w/-]*)(?:[.\[](?:"(?:[^"\\]|\\.)*"|[^:"])*)?: \S')
 _BODY_ROOTS = {"manifest", "body", "apiVersion", "kind", "metadata", "spec"}
 _ALWAYS = {"Authorization", "name", "rate limit"}
 # The published document (sorted keys). Regenerate it only for a change meant for users:
