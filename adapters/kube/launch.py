@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from kubernetes.aio.client import ApiClient
 from kubernetes.aio.client.exceptions import ApiException
@@ -194,39 +195,40 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def _ensure_service(self, rendezvous: Rendezvous, spec: LaunchSpec) -> None:
         body = self.objects.service_body(rendezvous, spec)
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            await self._create_in_namespace(
-                spec, f"create service {namespace}/{name}", lambda: self.api.create_service(body)
-            )
-        except ApiException as exc:
-            if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(f"create service {name}: {describe(exc)}") from exc
-            existing = await self.api.read_service(namespace, name)
-            if existing is None or not self.objects.ours(existing, spec):
-                raise KubeLaunchError(
-                    f"service {name} already exists and does not belong to {spec.key}"
-                ) from exc
-            log.info("service %s already exists with our labels; adopted", name)
+        await self._create_or_adopt(
+            "service", body, spec, self.api.create_service, self.api.read_service
+        )
 
     async def _ensure_pod(
         self, pod: PodPlacement, spec: LaunchSpec, rendezvous: Rendezvous | None = None
     ) -> None:
         body = self.objects.pod_body(pod, spec, rendezvous)
+        await self._create_or_adopt("pod", body, spec, self.api.create_pod, self.api.read_pod)
+
+    async def _create_or_adopt(
+        self,
+        kind: str,
+        body: dict[str, Any],
+        spec: LaunchSpec,
+        create: Callable[[Mapping[str, Any]], Awaitable[None]],
+        read: Callable[[str, str], Awaitable[dict[str, Any] | None]],
+    ) -> None:
+        """Create ``body``; AlreadyExists with this job's labels is success (idempotent
+        relaunch), anyone else's object of that name fails the launch and is left alone."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self._create_in_namespace(
-                spec, f"create pod {namespace}/{name}", lambda: self.api.create_pod(body)
+                spec, f"create {kind} {namespace}/{name}", lambda: create(body)
             )
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(f"create pod {name}: {describe(exc)}") from exc
-            existing = await self.api.read_pod(namespace, name)
+                raise KubeLaunchError(f"create {kind} {name}: {describe(exc)}") from exc
+            existing = await read(namespace, name)
             if existing is None or not self.objects.ours(existing, spec):
                 raise KubeLaunchError(
-                    f"pod {name} already exists and does not belong to {spec.key}"
+                    f"{kind} {name} already exists and does not belong to {spec.key}"
                 ) from exc
-            log.info("pod %s already exists with our labels; adopted", name)
+            log.info("%s %s already exists with our labels; adopted", kind, name)
 
     async def _ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
         body = self.objects.pod_group_body(placement, spec)
