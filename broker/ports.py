@@ -72,6 +72,30 @@ class CapacitySource(Protocol):
 # -- launching: the live broker's gangs ------------------------------------------------------
 
 
+TemplatePath = tuple[str | int, ...]
+"""Where a pod template sits in a workload object: keys and list indexes from its root
+(e.g. ``("spec", "replicatedJobs", 0, "template", "spec", "template")`` in a JobSet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """A job's embedded Kubernetes workload (``spec.workload``: batch Job, JobSet,
+    PyTorchJob, RayJob, RayCluster), as admitted: the launcher creates this object in the
+    member (its own controller makes the pods) instead of creating pods itself.
+
+    ``object`` holds ``apiVersion``, ``kind``, optional ``metadata.labels``/``annotations``
+    and ``spec`` (API JSON field names; no name or namespace: the launcher names it).
+    ``pod_sets`` maps each derived pod set's name, in the job's order, to the path of its
+    pod template in ``object``; the pod set names are those of the job's ``PodSet``s."""
+
+    object: Mapping[str, Any]
+    pod_sets: tuple[tuple[str, TemplatePath], ...]
+
+    @property
+    def kind(self) -> str:
+        return str(self.object.get("kind", ""))
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a launch needs besides the placement (the shell knows it, the launcher asks).
@@ -95,6 +119,8 @@ class LaunchSpec:
     # empty: order of first appearance in the placement) and its rendezvous port.
     pod_sets: tuple[str, ...] = ()
     master_port: int = 29500
+    # Set for a ``spec.workload`` job: the launcher creates this object, not pods.
+    workload: WorkloadSpec | None = None
 
     @property
     def key(self) -> str:
