@@ -7,7 +7,10 @@ names (``models``), reading JSON or YAML into them (``parsing``), pydantic's err
 line naming the field path (``errors``), the template policy every pod template passes
 before its job is stored (``podpolicy``, with the Pod Security Standards in ``podsecurity``
 and every container's requests in ``podrequests``), and ``to_job``, the only bridge to
-``broker.model`` (``translation``). The API validates requests and generates its OpenAPI
+``broker.model`` (``translation``). A job gives ``podSets`` or one embedded Kubernetes
+object, ``workload`` (batch Job, JobSet, PyTorchJob, RayJob, RayCluster), whose pod sets
+are derived as Kueue derives them, one integration module per kind (``workloads``).
+The API validates requests and generates its OpenAPI
 schema from these same models. Import from the package: its names below are the API.
 """
 
@@ -25,9 +28,23 @@ from broker.manifest.fields import (
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
 from broker.manifest.parsing import parse_manifest
-from broker.manifest.podpolicy import PolicyViolation, admit_templates, template_violations
+from broker.manifest.podpolicy import (
+    PolicyViolation,
+    admit_templates,
+    derived_resources,
+    template_violations,
+)
 from broker.manifest.podrequests import Violation, pod_requests
-from broker.manifest.translation import master_port, pod_templates, to_job
+from broker.manifest.translation import (
+    master_port,
+    pod_templates,
+    to_job,
+    workload_object,
+    workload_of,
+    workload_spec,
+)
+from broker.manifest.workloads import KINDS as WORKLOAD_KINDS
+from broker.manifest.workloads import SUPPORTED as SUPPORTED_WORKLOADS
 from broker.quantity import parse_quantity
 
 __all__ = [
@@ -35,6 +52,8 @@ __all__ = [
     "KIND",
     "MAX_GPUS_PER_POD",
     "MAX_PRIORITY",
+    "SUPPORTED_WORKLOADS",
+    "WORKLOAD_KINDS",
     "CpuQuantity",
     "DnsLabel",
     "FederatedJob",
@@ -47,6 +66,7 @@ __all__ = [
     "Violation",
     "admit_templates",
     "cpu_millicores",
+    "derived_resources",
     "field_path",
     "first_error",
     "json_schema",
@@ -58,4 +78,7 @@ __all__ = [
     "pod_templates",
     "template_violations",
     "to_job",
+    "workload_object",
+    "workload_of",
+    "workload_spec",
 ]

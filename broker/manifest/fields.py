@@ -30,6 +30,8 @@ MAX_CPU_MILLI = 1024 * 1000  # 1024 cores, above any node we know of
 MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
 MAX_LABELS = 32
 MAX_GPU_TYPES = 32
+MAX_ANNOTATION_LENGTH = 4096
+MAX_KIND_LENGTH = 253
 
 
 # --- Kubernetes quantities -------------------------------------------------------------
@@ -108,6 +110,8 @@ _DNS_WHAT = (
 DnsLabel = Annotated[
     str, AfterValidator(_name_check(_DNS_LABEL, 63, _DNS_WHAT)), _name_schema(_DNS_LABEL, 63)
 ]
+dns_label = _name_check(_DNS_LABEL, 63, _DNS_WHAT)
+"""``value`` if it is a DNS-1123 label, else ValueError saying what it must be."""
 GpuTypeName = Annotated[
     str,
     AfterValidator(_name_check(_LABEL_NAME, 63, "a GPU type name (letters, digits, '-_.')")),
@@ -122,3 +126,5 @@ LabelValue = Annotated[
     _name_schema(_LABEL_VALUE, 63),
 ]
 Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+AnnotationValue = Annotated[str, Field(max_length=MAX_ANNOTATION_LENGTH)]
+Annotations = Annotated[dict[LabelKey, AnnotationValue], Field(max_length=MAX_LABELS)]

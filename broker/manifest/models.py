@@ -14,22 +14,26 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import DEFAULT_REF_TEMPLATE
 
+from broker.manifest import workloads
 from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import (
     MAX_BACKOFF_LIMIT,
     MAX_GPU_TYPES,
     MAX_GPUS_PER_POD,
+    MAX_KIND_LENGTH,
     MAX_POD_SETS,
     MAX_PODS,
     MAX_PODS_PER_SET,
     MAX_PRIORITY,
     MAX_TIMEOUT_SECONDS,
+    Annotations,
     CpuQuantity,
     DnsLabel,
     GpuTypeName,
     Labels,
     MemoryQuantity,
 )
+from broker.manifest.workloads import Path
 from broker.model import PolicyName
 
 API_VERSION = "fedbroker.io/v1alpha1"
@@ -41,6 +45,26 @@ class WireModel(BaseModel):
     """camelCase on the wire, nothing unknown, no silent coercion ("8" is not a count)."""
 
     model_config = ConfigDict(alias_generator=to_camel, extra="forbid", strict=True, frozen=True)
+
+
+def plain_json(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` if it is plain JSON (string keys, finite numbers, no dates, sets or bytes),
+    so storing and echoing it can never fail later; FieldError naming the first culprit."""
+    stack: list[tuple[tuple[str | int, ...], object]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise FieldError(path, f"keys must be strings, got {show(key)}")
+                stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), item) for i, item in enumerate(value))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise FieldError(path, "must be a finite number")
+        elif value is not None and not isinstance(value, str | int | float | bool):
+            raise FieldError(path, f"must be plain JSON, got {type(value).__name__}")
+    return data
 
 
 class Metadata(WireModel):
@@ -97,21 +121,7 @@ class PodSetSpec(WireModel):
     @field_validator("template")
     @classmethod
     def _plain_json(cls, template: dict[str, Any]) -> dict[str, Any]:
-        stack: list[tuple[tuple[str | int, ...], object]] = [((), template)]
-        while stack:
-            path, value = stack.pop()
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    if not isinstance(key, str):
-                        raise FieldError(path, f"keys must be strings, got {show(key)}")
-                    stack.append(((*path, key), item))
-            elif isinstance(value, list):
-                stack.extend(((*path, i), item) for i, item in enumerate(value))
-            elif isinstance(value, float) and not math.isfinite(value):
-                raise FieldError(path, "must be a finite number")
-            elif value is not None and not isinstance(value, str | int | float | bool):
-                raise FieldError(path, f"must be plain JSON, got {type(value).__name__}")
-        return template
+        return plain_json(template)
 
     def tolerations(self) -> frozenset[str]:
         """Taint keys the template's pods tolerate (``spec.tolerations[].key``), so the
@@ -130,19 +140,63 @@ class RendezvousSpec(WireModel):
     master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
 
 
+class WorkloadMetadata(WireModel):
+    """A workload object's metadata: only labels and annotations (the launcher names it and
+    chooses its namespace)."""
+
+    labels: Labels = Field(default_factory=dict)
+    annotations: Annotations = Field(default_factory=dict)
+
+
+class WorkloadObject(WireModel):
+    """``spec.workload``: one Kubernetes object of a supported kind (``workloads``), created
+    in the member by the launcher; its controller makes the pods. Its pod sets are derived
+    from it as Kueue derives them, and every bound of ``podSets`` holds for them."""
+
+    api_version: str = Field(max_length=MAX_KIND_LENGTH)
+    kind: str = Field(max_length=MAX_KIND_LENGTH)
+    metadata: WorkloadMetadata | None = None
+    spec: dict[str, Any]
+
+    @field_validator("spec")
+    @classmethod
+    def _plain_json(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        return plain_json(spec)
+
+    @model_validator(mode="after")
+    def _derived(self) -> WorkloadObject:
+        found = workloads.integration(self.api_version, self.kind)
+        spec = found.completed(self.spec)
+        workloads.derive({"apiVersion": self.api_version, "kind": self.kind, "spec": spec})
+        return self if spec is self.spec else self.model_copy(update={"spec": spec})
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def pod_sets(self) -> list[workloads.DerivedPodSet]:
+        return workloads.derive(self.wire())
+
+
 class JobSpec(WireModel):
     queue: DnsLabel | None = None
     priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     policy: PolicyName = "auto"
     gang: GangSpec = GangSpec()  # frozen, so one shared default is safe
     placement: PlacementSpec = PlacementSpec()
-    pod_sets: list[PodSetSpec] = Field(min_length=1, max_length=MAX_POD_SETS)
+    pod_sets: list[PodSetSpec] | None = Field(default=None, min_length=1, max_length=MAX_POD_SETS)
+    workload: WorkloadObject | None = None
     rendezvous: RendezvousSpec | None = None
 
     @model_validator(mode="after")
     def _whole_job(self) -> JobSpec:
+        if (self.pod_sets is None) == (self.workload is None):
+            both = self.workload is not None
+            raise FieldError(
+                ["workload" if both else "podSets"],
+                "give podSets or workload, not both" if both else "required: podSets or workload",
+            )
         seen: set[str] = set()
-        for i, pod_set in enumerate(self.pod_sets):
+        for i, pod_set in enumerate(self.pod_sets or ()):
             if pod_set.name in seen:
                 raise FieldError(["podSets", i, "name"], f"duplicate pod set name {pod_set.name!r}")
             seen.add(pod_set.name)
@@ -153,9 +207,26 @@ class JobSpec(WireModel):
             raise FieldError(["gang", "minMember"], f"must be <= the job's {total} pods")
         return self
 
+    def pod_set_views(self) -> list[tuple[PodSetSpec, Path]]:
+        """Every pod set with its template's path from the manifest root: the given
+        ``podSets``, or those derived from ``workload`` (resources left out: the template
+        says them)."""
+        if self.workload is None:
+            return [(ps, ("spec", "podSets", i, "template"))
+                    for i, ps in enumerate(self.pod_sets or ())]  # fmt: skip
+        return [
+            (
+                PodSetSpec.model_construct(
+                    name=d.name, count=d.count, resources=ResourcesSpec(), template=d.template
+                ),
+                ("spec", "workload", *d.path),
+            )
+            for d in self.workload.pod_sets()
+        ]
+
     @property
     def total_pods(self) -> int:
-        return sum(ps.count for ps in self.pod_sets)
+        return sum(ps.count for ps, _ in self.pod_set_views())
 
 
 class FederatedJob(WireModel):

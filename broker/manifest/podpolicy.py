@@ -92,17 +92,40 @@ def admit_templates(
     """The manifest with every pod set's resources checked against (or derived from) its
     template; raises ``PolicyViolation`` or ``ManifestError`` naming the field."""
     accounts = frozenset(service_accounts)
+    spec = manifest.spec
+    if spec.workload is not None and spec.workload.metadata is not None:
+        _workload_metadata(spec.workload.metadata.labels, spec.workload.metadata.annotations)
     pod_sets: list[PodSetSpec] = []
-    for i, pod_set in enumerate(manifest.spec.pod_sets):
-        base: Path = ("spec", "podSets", i)
-        violations = template_violations(pod_set.template, level, accounts, (*base, "template"))
+    for pod_set, at in spec.pod_set_views():
+        violations = template_violations(pod_set.template, level, accounts, at)
         if violations:
             raise PolicyViolation(violations)
-        pod_sets.append(_reconciled(pod_set, base))
-    if pod_sets == list(manifest.spec.pod_sets):
-        return manifest
-    spec = manifest.spec.model_copy(update={"pod_sets": pod_sets})
-    return manifest.model_copy(update={"spec": spec})
+        stated = (*at[:-1], "resources") if spec.workload is None else None
+        pod_sets.append(_reconciled(pod_set, at, stated))
+    if spec.workload is not None or pod_sets == list(spec.pod_sets or ()):
+        return manifest  # a workload's pod sets are derived again from it (to_job)
+    return manifest.model_copy(update={"spec": spec.model_copy(update={"pod_sets": pod_sets})})
+
+
+def derived_resources(template: Mapping[str, Any], at: Path) -> ResourcesSpec:
+    """The resources of one pod from its template at ``at`` (a workload's pod set states
+    none); ManifestError naming the field when they do not add up."""
+    pod_set = PodSetSpec.model_construct(
+        name="derived", count=1, resources=ResourcesSpec(), template=dict(template)
+    )
+    return _reconciled(pod_set, at, None).resources
+
+
+def _workload_metadata(labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:
+    at: Path = ("spec", "workload", "metadata")
+    found = [
+        Violation((*at, kind, key), f"{BROKER_DOMAIN} {kind} are the broker's")
+        for kind, keys in (("labels", labels), ("annotations", annotations))
+        for key in keys
+        if _reserved_key(key)
+    ]
+    if found:
+        raise PolicyViolation(found)
 
 
 # -- the broker's rules ------------------------------------------------------------------
@@ -203,12 +226,14 @@ def _quantity(name: str, q: Fraction) -> str | int:
     return str(size)
 
 
-def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
-    """The pod set with resources the template agrees with, derived where it gave none."""
+def _reconciled(pod_set: PodSetSpec, at: Path, stated_at: Path | None) -> PodSetSpec:
+    """The pod set with resources the template (at ``at``) agrees with, derived where it
+    gave none; ``stated_at`` is where its resources are written (None: nowhere, all are
+    derived)."""
     spec = pod_set.template.get("spec")
     if not isinstance(spec, Mapping):
         return pod_set
-    req, found = pod_requests(spec, (*base, "template", "spec"))
+    req, found = pod_requests(spec, (*at, "spec"))
     if found:
         first, path = found[0], field_path(found[0].path)
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -226,7 +251,7 @@ def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
                 path,
             )
         elif amount < stated:
-            path = field_path((*base, "resources", name))
+            path = field_path((*(stated_at or (*at, "resources")), name))
             raise ManifestError(
                 f"{path}: is {_amount(stated)}, but the template's containers request "
                 f"{_amount(amount)} in all",
@@ -239,9 +264,14 @@ def _reconciled(pod_set: PodSetSpec, base: Path) -> PodSetSpec:
         resources = ResourcesSpec.model_validate(values)
     except ValidationError as exc:
         path, message = first_error(exc)
-        where = field_path((*base, "resources", path))
+        if stated_at is None:
+            where = field_path((*at, "spec"))
+            raise ManifestError(
+                f"{where}: the pod's {path} {message} (counted from its containers)", where
+            ) from None
+        where = field_path((*stated_at, path))
         raise ManifestError(f"{where}: {message} (derived from the template)", where) from None
     return pod_set.model_copy(update={"resources": resources})
 
 
-__all__ = ["PolicyViolation", "admit_templates", "template_violations"]
+__all__ = ["PolicyViolation", "admit_templates", "derived_resources", "template_violations"]

@@ -5,8 +5,9 @@ Every container's requests count (DESIGN.md invariant 8): the effective request 
 the larger of (a) the sum of its regular containers plus its sidecars (init containers with
 ``restartPolicy: Always``, KEP-753) and (b) each init container plus the sidecars started
 before it, and then ``overhead`` is added. A container's request defaults to its limit, as
-the API server defaults it. GPU-like resources are whole numbers and, when both are given,
-requests equal limits (Kubernetes refuses anything else for extended resources).
+the API server defaults it. GPU-like resources are whole numbers, requests equal limits when
+both are given, and a GPU request needs its limit (Kubernetes refuses anything else for
+extended resources).
 
 Only the resources the broker counts, plus the node-local ones it leaves to the member
 (``ephemeral-storage``, ``hugepages-*``), may be asked for; any other extended resource (a
@@ -130,6 +131,8 @@ def _container_requests(
     for name, (amount, where) in requests.items():
         limit = limits.get(name)
         if limit is None:
+            if name in (GPU, AMD_GPU):  # the API server refuses it: devices need limits
+                found.append(Violation(where, f"needs limits.{name} equal to it"))
             continue
         if name in _WHOLE and amount != limit[0]:
             found.append(Violation(where, f"must equal limits.{name} (it is not overcommitted)"))

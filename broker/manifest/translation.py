@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from broker.manifest import workloads
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
+from broker.manifest.podpolicy import derived_resources
 from broker.model import GpuType, Job, PodSet, Resources
+from broker.ports import WorkloadSpec
 
 
 def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
@@ -16,15 +19,18 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
 
     The namespace defaults to the tenant; a namespace naming another tenant is refused by
     the caller (who knows about tenants), not here. ``backoffLimit`` has no place in Job
-    and is read from the manifest by the lifecycle.
+    and is read from the manifest by the lifecycle. A ``workload``'s pod sets are derived
+    from it (``workloads``), each pod's resources counted from its template; ManifestError
+    when they do not add up (admission has refused such a manifest before).
     """
     spec = manifest.spec
+    pod_sets = []
+    for ps, at in spec.pod_set_views():
+        resources = ps.resources if spec.workload is None else derived_resources(ps.template, at)
+        pod_sets.append(PodSet(ps.name, ps.count, _resources(resources), ps.tolerations()))
     return Job(
         name=manifest.metadata.name,
-        pod_sets=tuple(
-            PodSet(ps.name, ps.count, _resources(ps.resources), ps.tolerations())
-            for ps in spec.pod_sets
-        ),
+        pod_sets=tuple(pod_sets),
         tenant=tenant,
         queue=spec.queue or default_queue,
         priority=spec.priority,
@@ -41,6 +47,24 @@ def pod_templates(wire: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """Pod set name -> its non-empty pod template, from a stored manifest (wire names)."""
     pod_sets = (wire.get("spec") or {}).get("podSets") or []
     return {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
+
+
+def workload_object(wire: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The embedded workload object (``spec.workload``) of a stored manifest, or None."""
+    found = (wire.get("spec") or {}).get("workload")
+    return found if isinstance(found, Mapping) else None
+
+
+def workload_spec(obj: Mapping[str, Any]) -> WorkloadSpec:
+    """What the launcher creates for an admitted workload object: the object and where each
+    pod set's template sits in it."""
+    return WorkloadSpec(object=obj, pod_sets=workloads.pod_set_paths(obj))
+
+
+def workload_of(wire: Mapping[str, Any]) -> WorkloadSpec | None:
+    """The launcher's WorkloadSpec of a stored manifest, None for a ``podSets`` job."""
+    obj = workload_object(wire)
+    return None if obj is None else workload_spec(obj)
 
 
 def master_port(wire: Mapping[str, Any]) -> int:

@@ -434,9 +434,12 @@ def test_json_schema_uses_wire_names() -> None:
         resources
     )
     assert {s["type"] for s in resources["cpu"]["anyOf"]} >= {"string", "number"}
-    assert defs["JobSpec"]["properties"]["podSets"]["items"]["$ref"] == (
-        "#/components/schemas/PodSetSpec"
-    )
+    pod_sets = defs["JobSpec"]["properties"]["podSets"]["anyOf"]
+    assert {"type": "array"}.items() <= pod_sets[0].items()
+    assert pod_sets[0]["items"]["$ref"] == "#/components/schemas/PodSetSpec"
+    workload = defs["JobSpec"]["properties"]["workload"]["anyOf"][0]["$ref"]
+    assert workload == "#/components/schemas/WorkloadObject"
+    assert set(defs["WorkloadObject"]["required"]) == {"apiVersion", "kind", "spec"}
     assert defs["PodSetSpec"]["properties"]["count"]["maximum"] == 1024
     assert defs["JobSpec"]["additionalProperties"] is False
     assert "additionalProperties" not in defs["PodSetSpec"]["properties"]["template"] or (

@@ -1,0 +1,97 @@
+"""The workload kinds a FederatedJob may embed in ``spec.workload``, one integration
+module per kind (as Kueue has one per ``pkg/controller/jobs/<kind>``), each deriving the
+pod sets the kind's controller will make: their names, counts and pod templates.
+
+| kind | module | pod sets |
+|---|---|---|
+| batch/v1 Job | ``batchjob`` | ``main`` |
+| jobset.x-k8s.io/v1alpha2 JobSet | ``jobset`` | one per replicated job, by its name |
+| kubeflow.org/v1 PyTorchJob | ``pytorchjob`` | ``master``, ``worker`` |
+| ray.io/v1 RayJob, RayCluster | ``ray`` | ``head``, one per worker group, ``submitter`` |
+
+Not supported, refused like any other kind: trainer.kubeflow.org/v1alpha1 TrainJob (its
+pods' shape lives in a ClusterTrainingRuntime in the member cluster, which the broker
+cannot read when it admits the job, so it could not count what it places), and anything
+else. Pure: no I/O; errors are ``FieldError``s with paths from the object's root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.manifest.errors import FieldError, show
+from broker.manifest.fields import MAX_POD_SETS, MAX_PODS
+from broker.manifest.workloads import batchjob, jobset, pytorchjob, ray
+from broker.manifest.workloads.reading import DerivedPodSet, Path
+
+
+def _unchanged(spec: dict[str, Any]) -> dict[str, Any]:
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class Integration:
+    """One kind: its pod sets from its ``spec``, and its ``spec`` as admitted (defaults the
+    broker must write in to count what the controller will make)."""
+
+    api_version: str
+    kind: str
+    pod_sets: Callable[[Mapping[str, Any]], list[DerivedPodSet]]
+    completed: Callable[[dict[str, Any]], dict[str, Any]] = _unchanged
+
+    @property
+    def name(self) -> str:
+        return f"{self.api_version} {self.kind}"
+
+
+INTEGRATIONS = (
+    Integration(batchjob.API_VERSION, batchjob.KIND, batchjob.pod_sets),
+    Integration(jobset.API_VERSION, jobset.KIND, jobset.pod_sets),
+    Integration(pytorchjob.API_VERSION, pytorchjob.KIND, pytorchjob.pod_sets),
+    Integration(ray.API_VERSION, ray.RAY_JOB, ray.ray_job_pod_sets, ray.completed_ray_job),
+    Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets),
+)
+_BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
+SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)
+KINDS = frozenset(i.kind for i in INTEGRATIONS)
+
+
+def integration(api_version: str, kind: str) -> Integration:
+    """The integration of a kind, or a FieldError at ``kind`` listing the supported ones."""
+    found = _BY_KIND.get((api_version, kind))
+    if found is None:
+        raise FieldError(
+            ("kind",),
+            f"{show(api_version)} {show(kind)} is not a supported workload ({SUPPORTED})",
+        )
+    return found
+
+
+def derive(obj: Mapping[str, Any]) -> list[DerivedPodSet]:
+    """The pod sets of a workload object (``apiVersion``, ``kind``, ``spec``), in order,
+    within the bounds of any job's pod sets; FieldError naming the field otherwise."""
+    api_version, kind, spec = obj.get("apiVersion"), obj.get("kind"), obj.get("spec")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        raise FieldError(("kind",), "apiVersion and kind must be strings")
+    found = integration(api_version, kind)
+    if not isinstance(spec, Mapping):
+        raise FieldError(("spec",), "must be a mapping")
+    pod_sets = found.pod_sets(spec)
+    if len(pod_sets) > MAX_POD_SETS:
+        raise FieldError(("spec",), f"makes {len(pod_sets)} pod sets, at most {MAX_POD_SETS} "
+                         "allowed")  # fmt: skip
+    total = sum(ps.count for ps in pod_sets)
+    if total > MAX_PODS:
+        raise FieldError(("spec",), f"makes {total} pods in all, at most {MAX_PODS} allowed")
+    return pod_sets
+
+
+def pod_set_paths(obj: Mapping[str, Any]) -> tuple[tuple[str, Path], ...]:
+    """Pod set name -> its template's path in the object, in the job's order."""
+    return tuple((ps.name, ps.path) for ps in derive(obj))
+
+
+__all__ = ["INTEGRATIONS", "KINDS", "SUPPORTED", "DerivedPodSet", "Integration", "Path",
+           "derive", "integration", "pod_set_paths"]  # fmt: skip

@@ -1,0 +1,153 @@
+"""ray.io/v1 RayJob and RayCluster: a ``head`` pod set of one pod
+(``headGroupSpec.template``) and one per ``workerGroupSpecs[i]``, named by its
+``groupName`` in lowercase (Kueue's names), its template ``workerGroupSpecs[i].template``.
+
+A worker group's count is the pods KubeRay keeps for it without its autoscaler:
+``replicas`` (defaulting to ``minReplicas``) clamped to ``[minReplicas, maxReplicas]``,
+times ``numOfHosts`` (default 1) — Kueue counts ``replicas`` the same way once the API
+server has defaulted it. A group of 0 pods is no pod set (it makes no pod).
+
+Autoscaling: refused. ``enableInTreeAutoscaling: true`` is a 4xx naming that field: the
+broker admits and places a fixed gang, and an autoscaler would grow the cluster beyond
+what was placed (Kueue, too, requires autoscaling off for a RayJob).
+
+RayJob only: ``spec.rayClusterSpec`` is required (running on an existing cluster through
+``clusterSelector`` leaves nothing to place), and in ``K8sJobMode`` (the default
+``submissionMode``) KubeRay runs a submitter Job, so there is a ``submitter`` pod set of one
+pod from ``spec.submitterPodTemplate``, as in Kueue. When that is left out, ``completed``
+writes KubeRay's default submitter template into the object (the head's image; requests
+500m CPU and 200Mi, limits 1 CPU and 1Gi) so that the pod is counted, checked by the
+template policy and launched from one template; the default also sets
+``automountServiceAccountToken: false`` and a restricted security context (non-root, no
+privilege escalation, every capability dropped, RuntimeDefault seccomp) so it passes every
+Pod Security level: the submitter only talks to the Ray dashboard, never to the API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from broker.manifest.errors import FieldError, show
+from broker.manifest.workloads.reading import (
+    DerivedPodSet,
+    Path,
+    bounded,
+    count,
+    flag,
+    items,
+    mapping,
+    pod_set_name,
+    pod_template,
+    text,
+)
+
+API_VERSION = "ray.io/v1"
+RAY_JOB = "RayJob"
+RAY_CLUSTER = "RayCluster"
+HEAD = "head"
+SUBMITTER = "submitter"
+K8S_JOB_MODE = "K8sJobMode"
+_INT32_MAX = 2**31 - 1
+
+
+def ray_cluster_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
+    return _cluster(spec, ("spec",), reserved=(HEAD,))
+
+
+def ray_job_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
+    at = ("spec",)
+    if spec.get("rayClusterSpec") is None:
+        raise FieldError(
+            (*at, "rayClusterSpec"),
+            "required: the broker places the Ray cluster (clusterSelector is not supported)",
+        )
+    cluster = mapping(spec, "rayClusterSpec", at)
+    assert cluster is not None
+    out = _cluster(cluster, (*at, "rayClusterSpec"), reserved=(HEAD, SUBMITTER))
+    if text(spec, "submissionMode", at, default=K8S_JOB_MODE) == K8S_JOB_MODE:
+        template, path = pod_template(spec, "submitterPodTemplate", at)
+        out.append(DerivedPodSet(SUBMITTER, 1, template, path))
+    return out
+
+
+def completed_ray_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The RayJob spec with KubeRay's default submitter template written in when it runs a
+    submitter Job (``K8sJobMode``) and names no template of its own."""
+    mode = spec.get("submissionMode", K8S_JOB_MODE)
+    if mode != K8S_JOB_MODE or spec.get("submitterPodTemplate") is not None:
+        return spec
+    head = _dig(spec, "rayClusterSpec", "headGroupSpec", "template", "spec")
+    containers = head.get("containers") if head is not None else None
+    if not isinstance(containers, list) or not containers or not isinstance(containers[0], Mapping):
+        return spec  # ray_job_pod_sets names what is missing
+    image = containers[0].get("image")
+    if not isinstance(image, str):
+        path = ("spec", "rayClusterSpec", "headGroupSpec", "template", "spec", "containers", 0)
+        raise FieldError((*path, "image"), "required: the default submitter runs the head's image")
+    return {**spec, "submitterPodTemplate": default_submitter(image)}
+
+
+def _dig(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any] | None:
+    for key in keys:
+        value = obj.get(key)
+        if not isinstance(value, Mapping):
+            return None
+        obj = value
+    return obj
+
+
+def default_submitter(image: str) -> dict[str, Any]:
+    """KubeRay's default submitter pod template (as Kueue counts it), made to pass every Pod
+    Security level."""
+    security = {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container = {
+        "name": "ray-job-submitter",
+        "image": image,
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "200Mi"},
+            "limits": {"cpu": "1", "memory": "1Gi"},
+        },
+        "securityContext": security,
+    }
+    return {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                     "containers": [container]}}  # fmt: skip
+
+
+def _cluster(
+    cluster: Mapping[str, Any], at: Path, reserved: tuple[str, ...]
+) -> list[DerivedPodSet]:
+    if flag(cluster, "enableInTreeAutoscaling", at):
+        raise FieldError(
+            (*at, "enableInTreeAutoscaling"),
+            "autoscaling must be off: the broker places a fixed gang of pods",
+        )
+    head = mapping(cluster, "headGroupSpec", at)
+    assert head is not None
+    template, path = pod_template(head, "template", (*at, "headGroupSpec"))
+    out = [DerivedPodSet(HEAD, 1, template, path)]
+    for group, where in items(cluster, "workerGroupSpecs", at):
+        raw = text(group, "groupName", where)
+        name = pod_set_name(raw.lower(), (*where, "groupName"))
+        if name in reserved or any(ps.name == name for ps in out):
+            raise FieldError((*where, "groupName"), f"pod set name {show(name)} is taken")
+        template, path = pod_template(group, "template", where)
+        pods = _worker_pods(group, where)
+        if pods:
+            out.append(bounded(DerivedPodSet(name, pods, template, path), where))
+    return out
+
+
+def _worker_pods(group: Mapping[str, Any], at: Path) -> int:
+    """KubeRay's desired pods of a worker group (without its autoscaler)."""
+    least = count(group, "minReplicas", at, default=0)
+    most = count(group, "maxReplicas", at, default=_INT32_MAX)
+    replicas = count(group, "replicas", at, default=least)
+    hosts = count(group, "numOfHosts", at, default=1, least=1)
+    if least > most:
+        return most * hosts
+    return min(max(replicas, least), most) * hosts
