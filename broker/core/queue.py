@@ -44,6 +44,9 @@ class Pending:
     pod_templates: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # The manifest's rendezvous port (MASTER_PORT of a launched gang's pods).
     master_port: int = 29500
+    # A ``spec.workload`` job's Kubernetes object (API JSON), which the launcher creates
+    # instead of pods; plain data here (the service builds the launcher's WorkloadSpec).
+    workload: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)

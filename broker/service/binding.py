@@ -17,6 +17,7 @@ import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from broker.core.lifecycle import Outcome
+from broker.manifest import workload_spec
 from broker.model import CapacityEvent, Placement
 from broker.ports import LaunchError, LaunchSpec, RunWatcher
 from broker.service.state import Shared
@@ -40,14 +41,15 @@ class Binding:
 
     def launch_spec(self, placement: Placement) -> LaunchSpec:
         """What the launcher needs besides the placement; the Pod Security level is the
-        tenant's (its member namespace is labelled to enforce it)."""
+        tenant's (its member namespace is labelled to enforce it); a ``spec.workload`` job
+        carries its object and where each pod set's template sits in it."""
         tenant, _, name = placement.job.partition("/")
         config = self.s.config.tenant(tenant)
         level = config.pod_security if config is not None else "baseline"
         launch = self.s.lifecycle.get(placement.job)
         if launch is None:
             return LaunchSpec(tenant=tenant, job=name, pod_security=level)
-        job = launch.pending.job
+        job, workload = launch.pending.job, launch.pending.workload
         return LaunchSpec(
             tenant=tenant,
             job=name,
@@ -58,6 +60,7 @@ class Binding:
             pod_security=level,
             pod_sets=tuple(ps.name for ps in job.pod_sets),
             master_port=launch.pending.master_port,
+            workload=None if workload is None else workload_spec(workload),
         )
 
     def start_launch(self, placement: Placement) -> None:

@@ -22,7 +22,7 @@ from broker.core.lifecycle import Lifecycle
 from broker.core.queue import JobQueue, Pending
 from broker.core.scheduler import PolicyBook, SchedulerSettings
 from broker.core.shapes import UnplaceableShapes
-from broker.manifest import master_port, parse_manifest, pod_templates, to_job
+from broker.manifest import master_port, parse_manifest, pod_templates, to_job, workload_object
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.ports import Launcher
 from broker.service.leader import Leadership
@@ -88,6 +88,7 @@ def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
         record.not_before or 0.0,
         pod_templates(record.manifest),
         master_port(record.manifest),
+        workload_object(record.manifest),
     )
 
 
