@@ -1,0 +1,109 @@
+"""spec.workload through the HTTP API: bad objects are a one-line 4xx naming the field and
+store nothing; a good JobSet is stored as sent, planned from its derived pod sets, and its
+launch spec carries the object and each pod set's template path."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock
+
+from broker.config import parse_config
+from broker.http.app import make_app
+from broker.manifest import workload_spec
+from broker.service.facade import Service
+
+CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+clusters:
+- name: small-a
+  source:
+    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
+queues:
+- {{name: training, policy: gang}}
+tenants:
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
+"""
+A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+Client = TestClient[Any, Any]
+POD = {"spec": {"containers": [{"name": "m", "image": "t:1", "resources": {
+    "limits": {"nvidia.com/gpu": 2, "cpu": "8", "memory": "32Gi"}}}]}}  # fmt: skip
+WORKERS = {"name": "workers", "replicas": 2,
+           "template": {"spec": {"parallelism": 2, "template": POD}}}  # fmt: skip
+JOBSET = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+          "spec": {"replicatedJobs": [WORKERS]}}  # fmt: skip
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Client, Service]]:
+    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
+    service = Service(config, clock=Clock())
+    await service.start()
+    client: Client = TestClient(TestServer(make_app(service, config)))
+    await client.start_server()
+    try:
+        yield client, service
+    finally:
+        await client.close()
+        await service.close()
+
+
+def job(name: str, workload: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+            "metadata": {"name": name}, "spec": {"workload": workload}}  # fmt: skip
+
+
+PRIV = {"spec": {"containers": [{"name": "m", "image": "t:1",
+                                 "securityContext": {"privileged": True}}]}}  # fmt: skip
+BAD: list[tuple[str, dict[str, Any], int, str]] = [
+    ("Deployment", {"apiVersion": "apps/v1", "kind": "Deployment", "spec": {}}, 400,
+     "spec.workload.kind"),
+    ("no containers", {"apiVersion": "batch/v1", "kind": "Job",
+                       "spec": {"template": {"spec": {"containers": []}}}}, 400,
+     "spec.workload.spec.template.spec.containers"),
+    ("privileged JobSet pod", {**JOBSET, "spec": {"replicatedJobs": [
+        {"name": "w", "template": {"spec": {"template": PRIV}}}]}}, 403,
+     "spec.workload.spec.replicatedJobs[0].template.spec.template.spec.containers[0]"
+     ".securityContext.privileged"),
+    ("Ray autoscaling", {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": {
+        "enableInTreeAutoscaling": True, "headGroupSpec": {"template": POD}}}, 400,
+     "spec.workload.spec.enableInTreeAutoscaling"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("workload", "status", "path"), [b[1:] for b in BAD],
+                         ids=[b[0] for b in BAD])  # fmt: skip
+async def test_a_bad_workload_is_refused_naming_the_field_and_nothing_is_stored(
+    served: tuple[Client, Service], workload: dict[str, Any], status: int, path: str
+) -> None:
+    api, _ = served
+    response = await api.post("/v1/jobs", json=job("bad", workload), headers=A)
+    assert response.status == status
+    error = (await response.json())["error"]
+    assert error.startswith(f"{path}: "), error
+    assert "\n" not in error
+    assert (await (await api.get("/v1/jobs", headers=A)).json())["items"] == []
+    assert (await api.get("/v1/jobs/bad", headers=A)).status == 404
+
+
+async def test_a_jobset_is_stored_placed_as_its_pod_sets_and_launched_as_itself(
+    served: tuple[Client, Service],
+) -> None:
+    api, service = served
+    response = await api.post("/v1/jobs", json=job("js", JOBSET), headers=A)
+    assert response.status == 201, await response.text()
+    stored = await (await api.get("/v1/jobs/js", headers=A)).json()
+    assert stored["spec"]["workload"] == JOBSET
+    pending = service.shared.queue.get("team-a/js")
+    assert pending is not None
+    (pod_set,) = pending.job.pod_sets
+    assert (pod_set.name, pod_set.count, pod_set.resources.gpus) == ("workers", 4, 2)
+    assert pending.workload == JOBSET
+    spec = workload_spec(pending.workload)  # what binding.launch_spec hands the launcher
+    assert spec.pod_sets == (
+        ("workers", ("spec", "replicatedJobs", 0, "template", "spec", "template")),
+    )
