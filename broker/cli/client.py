@@ -35,6 +35,8 @@ import aiohttp
 import yaml
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from broker.cli.wrap import WrapError, is_plain_object, wrap
+
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 EXIT_ERROR = 1
 DEFAULT_RETRY_SECONDS = 30.0
@@ -105,6 +107,10 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
 
     submit = sub.add_parser("submit", parents=[common], help="submit a FederatedJob manifest")
     submit.add_argument("-f", "--file", type=Path, required=True, help="YAML or JSON manifest")
+    submit.add_argument("--queue", help="queue of a plain workload object (else its label)")
+    submit.add_argument(
+        "--priority", type=int, help="priority of a plain workload object (else its label)"
+    )
     for name, text in (
         ("get", "show a job and its history"),
         ("cancel", "cancel a job"),
@@ -163,6 +169,9 @@ def _request_for(args: argparse.Namespace) -> _Request:
             except OSError as exc:
                 raise ClientError(f"{args.file}: {exc.strerror}") from None
             kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
+            wrapped = _wrapped(args, body)
+            if wrapped is not None:
+                return _Request("POST", "/v1/jobs", wrapped, content_type="application/json")
             return _Request("POST", "/v1/jobs", body, content_type=kind)
         case "get":
             return _Request("GET", f"/v1/jobs/{args.name}")
@@ -180,6 +189,23 @@ def _request_for(args: argparse.Namespace) -> _Request:
         case "pools":
             return _Request("GET", "/v1/pools")
     return _Request("GET", "")
+
+
+def _wrapped(args: argparse.Namespace, body: bytes) -> bytes | None:
+    """A plain workload object in the file, wrapped in a FederatedJob (``wrap``); None for
+    a FederatedJob or what does not parse (the broker names what is wrong)."""
+    try:
+        doc = yaml.safe_load(body)
+    except yaml.YAMLError:
+        return None
+    if not is_plain_object(doc):
+        if args.queue is not None or args.priority is not None:
+            raise ClientError("--queue/--priority: only for a plain workload object")
+        return None
+    try:
+        return json.dumps(wrap(doc, args.queue, args.priority)).encode()
+    except WrapError as exc:
+        raise ClientError(f"{args.file}: {exc}") from None
 
 
 async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
