@@ -1,0 +1,40 @@
+"""The workload examples in deploy/examples: each, wrapped as ``fedbroker submit -f`` wraps
+it, parses, passes the baseline template policy and derives the expected pod sets; each
+object validates against its kind's real CRD (FEDBROKER_CRDS; batch Job has none)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from crds import schema_problems
+
+from broker.cli.wrap import wrap
+from broker.manifest import admit_templates, parse_manifest, to_job
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+# (file, its CRD or None, [(pod set, count, GPUs per pod)])
+CASES: list[tuple[str, str | None, list[tuple[str, int, int]]]] = [
+    ("jobset.yaml", "jobset.x-k8s.io_jobsets.yaml", [("driver", 1, 0), ("workers", 4, 1)]),
+    ("pytorchjob.yaml", "kubeflow.org_pytorchjobs.yaml", [("master", 1, 2), ("worker", 3, 2)]),
+    ("rayjob.yaml", "ray.io_rayjobs.yaml", [("head", 1, 0), ("gpu", 2, 1), ("submitter", 1, 0)]),
+    ("indexed-job.yaml", None, [("main", 4, 1)]),
+]
+
+
+@pytest.mark.parametrize(("name", "crd", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_each_example_derives_its_pod_sets(
+    name: str, crd: str | None, expected: list[tuple[str, int, int]]
+) -> None:
+    doc = yaml.safe_load((EXAMPLES / name).read_text())
+    wrapped = wrap(doc, None, None)
+    assert wrapped["spec"]["queue"] == "training"
+    manifest = parse_manifest(json.dumps(wrapped).encode(), "application/json")
+    job = to_job(admit_templates(manifest, "baseline", ["default"]), "team-a", "training")
+    assert [(ps.name, ps.count, ps.resources.gpus) for ps in job.pod_sets] == expected
+    if crd is not None:
+        assert schema_problems(doc, crd) == []
+        # as admitted (defaults written in, the broker's labels off) it still validates
+        assert schema_problems(manifest.wire()["spec"]["workload"], crd) == []
