@@ -103,8 +103,11 @@ def banner(url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path)
 
 def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[str, Any]]:
     """(tenant, manifest): a gang for team-a's training queue (one in four; allowed to burst,
-    and one in seven of them asks for A100s, which only the cloud pool has), else a small
-    job for team-b's inference queue, on one whole GPU or a quarter or half of one."""
+    and one in seven of them asks for A100s, which only the cloud pool has; one in twenty
+    of all is a JobSet or PyTorchJob: ``workload_manifest``), else a small job for team-b's
+    inference queue, on one whole GPU or a quarter or half of one."""
+    if rng.random() < 0.05:  # now and then a JobSet or a PyTorchJob, as teams run them
+        return "team-a", workload_manifest(rng, f"wl-{run_id}-{seq:05d}")
     placement: dict[str, Any] = {}
     if rng.random() < 0.25:
         pods, gpus = rng.randint(2, 8), rng.choice((4, 8))
@@ -140,6 +143,30 @@ def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[
     manifest = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
                 "metadata": {"name": name}, "spec": spec}  # fmt: skip
     return tenant, manifest
+
+
+def workload_manifest(rng: random.Random, name: str) -> dict[str, Any]:
+    """A small JobSet (2 to 4 one-GPU workers) or PyTorchJob (a master and 1 to 3 workers
+    of one GPU each) for team-a's training queue, embedded as ``spec.workload``."""
+    limits = {"nvidia.com/gpu": 1, "cpu": "4", "memory": "16Gi"}
+    container = {"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                 "resources": {"limits": limits}}  # fmt: skip
+    pod = {"spec": {"restartPolicy": "Never", "containers": [container]}}
+    workers = rng.randint(1, 3)
+    if rng.random() < 0.5:
+        job_template = {"spec": {"parallelism": workers + 1, "template": pod}}
+        replicated = [{"name": "workers", "template": job_template}]
+        obj: dict[str, Any] = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                               "spec": {"replicatedJobs": replicated}}  # fmt: skip
+    else:
+        replicas = {"Master": {"replicas": 1, "template": pod},
+                    "Worker": {"replicas": workers, "template": pod}}  # fmt: skip
+        obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+               "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
+    spec = {"queue": "training", "policy": "gang", "workload": obj,
+            "placement": {"allowBurst": True}}  # fmt: skip
+    return {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
 
 
 def workload(tokens: Mapping[str, str], seed: int, per_second: float = 2.0) -> TaskFactory:
