@@ -186,14 +186,8 @@ class Recovery:
                 await self._collect_garbage_locked()
 
     async def _collect_garbage_locked(self) -> None:
-        live = {launch.placement.job for launch in self.s.lifecycle.launches()}
-        for name, member in self.s.kube.members.items():
-            if self.s.kube.stale(name):
-                continue
-            try:
-                await member.launcher.collect_garbage(live)
-            except _UNREACHABLE as exc:
-                log.warning("cluster %s: garbage collection failed: %s", name, exc)
+        """Per member: our objects whose job is not live on that member (``Failover``)."""
+        await self.cycles.failover.collect()
 
     async def _kube_upkeep(self) -> None:
         """Staleness every cycle, garbage collection every garbageCollectSeconds."""
