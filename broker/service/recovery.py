@@ -190,13 +190,18 @@ class Recovery:
         await self.cycles.failover.collect()
 
     async def _kube_upkeep(self) -> None:
-        """Staleness every cycle, garbage collection every garbageCollectSeconds."""
+        """Staleness every cycle (a member back from staleness garbage-collected at once),
+        garbage collection every garbageCollectSeconds."""
         cycle = self.s.config.scheduler.cycle_seconds
         every = self.s.config.scheduler.garbage_collect_seconds
         next_gc = time.monotonic() + every
         while True:
             await asyncio.sleep(cycle)
             self.s.check_stale()
+            if self.s.kube.returned() and self.s.leading:
+                async with self.s.lock:  # a member back: cleaned, then trusted again
+                    if self.s.rebuilt:
+                        await self.cycles.failover.clean_returned()
             if time.monotonic() >= next_gc and self.s.leading:
                 next_gc = time.monotonic() + every
                 try:
