@@ -4,9 +4,9 @@
 before trusting them, roll back expired gangs, fail over the jobs of lost members
 (``failover``), run the core's ``run_cycle`` (queues, quotas, fair share, preemption, holds,
 the shape memo), delete and record the preempted, record the admitted placements in one
-group commit, start their launches (``Binding``), and let the burst pools decide.
-A placement whose write is in doubt
-(the store went away) keeps its reservation until the store says whether it committed.
+group commit, start their launches (``Binding``), and let the burst pools decide. A
+placement whose write is in doubt (the store went away) keeps its reservation until the
+store says whether it committed.
 """
 
 from __future__ import annotations
