@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 from builders import Clock, federation, job, node, placement, pod, pod_set
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.config.tenancy import QueueConfig
 from broker.core.failover import due
@@ -81,3 +83,25 @@ def test_fail_over_requeues_at_once_keeping_attempts_and_releases_the_member() -
     assert set(ledger.reservations()) == {"default/c", "default/d"}
     # east now holds only c's GPU: a's (bound) and b's (reserved) are released.
     assert ledger.snapshot().clusters["east"].free_milli() == 3000
+
+
+@given(
+    east=st.none() | st.integers(0, 100_000),
+    west=st.none() | st.integers(0, 100_000),
+    bounds=st.fixed_dictionaries(
+        {q: st.none() | st.floats(30, 86_400) for q in ("fast", "slow", "off")}
+    ),
+)
+def test_a_job_fails_over_exactly_when_its_member_was_stale_for_its_bound(
+    east: int | None, west: int | None, bounds: dict[str, float | None]
+) -> None:
+    clock = Clock(200_000.0)
+    lifecycle, _ = setup(clock)
+    stale_for = {"east": east, "west": west}
+    since = {c: clock.now - s for c, s in stale_for.items() if s is not None}
+    lost = {lo.launch.placement.job for lo in due(lifecycle.launches(), since, bounds, clock.now)}
+    for launch in lifecycle.launches():
+        stale = stale_for[launch.placement.cluster]
+        bound = bounds[launch.pending.job.queue]
+        expected = stale is not None and bound is not None and stale >= bound
+        assert (launch.placement.job in lost) == expected
