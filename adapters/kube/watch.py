@@ -89,6 +89,14 @@ class StaleTracker:
     def is_stale(self, cluster: str) -> bool:
         return is_stale(self._down_since.get(cluster), self._clock(), self.stale_after)
 
+    def stale_since(self, cluster: str) -> float | None:
+        """When the cluster became stale (down since, plus ``stale_after``); None while
+        it is not stale."""
+        down = self._down_since.get(cluster)
+        if down is None or not self.is_stale(cluster):
+            return None
+        return down + self.stale_after
+
 
 class ClusterWatcher(CapacitySource):
     """Keeps one cluster's nodes and pods flowing into ``emit``."""

@@ -28,6 +28,9 @@ class QueueConfig(Section):
     )
     borrow: bool = False  # may use other queues' idle quota
     reclaimable: bool = False  # its jobs may be preempted, whole, by higher priority ones
+    # Failover (issue 14): a job Placed or Running on a Kubernetes member stale for this long
+    # is requeued (attempts kept) and placed elsewhere. Off (None) by default.
+    failover_after_seconds: float | None = Field(default=None, ge=30, le=86_400)
 
 
 class TenantConfig(Section):

@@ -108,12 +108,22 @@ class Lifecycle:
     def preempt(self, job: str, now: float, by: str) -> Outcome | None:
         """Evicted for a higher-priority gang: release everything, requeue at once (no
         backoff: the job did nothing wrong). The caller deletes its pods."""
+        return self._requeue_now(job, now, f"preempted by {by}")
+
+    def fail_over(self, job: str, now: float, reason: str) -> Outcome | None:
+        """Its member was lost (stale past the queue's failoverAfterSeconds): release what
+        it held there and requeue it at once, its attempt count kept (no backoff: the job
+        did nothing wrong). The caller stops its tasks; its objects there are deleted when
+        the member is back, before the member takes placements again."""
+        return self._requeue_now(job, now, reason)
+
+    def _requeue_now(self, job: str, now: float, reason: str) -> Outcome | None:
         launch = self._release(job)
         if launch is None:
             return None
         launch.pending.not_before = now
         self._queue.push(launch.pending)
-        return Outcome(job, "Queued", f"preempted by {by}", launch.pending.attempts, now)
+        return Outcome(job, "Queued", reason, launch.pending.attempts, now)
 
     def finished(self, job: str, succeeded: bool, reason: str) -> Outcome | None:
         """A running job ended: its pods are gone, its capacity is free."""

@@ -169,7 +169,9 @@ class Binding:
                 self.s.metrics.requeues.labels(kind).inc()
             await self.record(outcome, now, expect="Placed")
 
-    async def record(self, outcome: Outcome, now: float, expect: JobState) -> None:
+    async def record(
+        self, outcome: Outcome, now: float, expect: JobState | tuple[JobState, ...]
+    ) -> None:
         """Write a job's outcome; while the store is down, retried as long as we lead (a
         leader elected later rebuilds the job from the store)."""
         tenant, _, name = outcome.job.partition("/")
@@ -180,7 +182,8 @@ class Binding:
             async for attempt in self.while_leading(StoreUnavailable, what):
                 with attempt:
                     await self.s.store.transition(
-                        tenant, name, outcome.state, outcome.reason, now, expect=(expect,),
+                        tenant, name, outcome.state, outcome.reason, now,
+                        expect=expect if isinstance(expect, tuple) else (expect,),
                         attempts=outcome.attempts if outcome.state != "Running" else None,
                         not_before=outcome.not_before,
                     )  # fmt: skip

@@ -1,10 +1,12 @@
 """Driving the scheduler: the loop of cycles, one cycle, and the placements it records.
 
-``Cycles.schedule_once`` is one cycle under the lock: roll back expired gangs, run the
-core's ``run_cycle`` (queues, quotas, fair share, preemption, holds, the shape memo), delete
-and record the preempted, record the admitted placements in one group commit, start their
-launches (``Binding``), and let the burst pools decide. A placement whose write is in doubt
-(the store went away) keeps its reservation until the store says whether it committed.
+``Cycles.schedule_once`` is one cycle under the lock: clean members back from staleness
+before trusting them, roll back expired gangs, fail over the jobs of lost members
+(``failover``), run the core's ``run_cycle`` (queues, quotas, fair share, preemption, holds,
+the shape memo), delete and record the preempted, record the admitted placements in one
+group commit, start their launches (``Binding``), and let the burst pools decide. A
+placement whose write is in doubt (the store went away) keeps its reservation until the
+store says whether it committed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from broker.core.queue import Pending
 from broker.core.scheduler import CycleResult, run_cycle
 from broker.model import Placement
 from broker.service.binding import STORE_RETRY_SECONDS, Binding
+from broker.service.failover import Failover
 from broker.service.state import Shared, placement_json
 from broker.store import JobState, StoreError, StoreUnavailable
 
@@ -36,6 +39,7 @@ class Cycles:
     def __init__(self, shared: Shared, binding: Binding) -> None:
         self.s = shared
         self.binding = binding
+        self.failover = Failover(shared, binding)
         self.current: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
@@ -73,9 +77,11 @@ class Cycles:
             if now is None:
                 now = s.clock()
             s.check_stale()
+            await self.failover.clean_returned()  # a member back is cleaned before trusted
             if s.pools:
                 self.binding.on_capacity(s.pools.due(now))
             await self._expire(now)
+            await self.failover.fail_over(now)
             result = self._decide(now)
             await self._preempt(result, now)
             await self._admit(result, now)

@@ -73,6 +73,9 @@ class KubeMembers:
         self.configs = [cc for cc in clusters if cc.source.kube is not None]
         self.tracker = StaleTracker(stale_after, clock)
         self.members: dict[str, KubeMember] = {}
+        # Members seen down (stale) since their last garbage collection: kept out of
+        # placements until a collection on them succeeded (failover: no job runs twice).
+        self.dirty: set[str] = set()
 
     def __bool__(self) -> bool:
         return bool(self.configs)
@@ -114,12 +117,37 @@ class KubeMembers:
             self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher)
             launchers.by_cluster[cc.name] = launcher
 
-    def stale(self, name: str) -> bool:
-        """Down for staleAfterSeconds, or never listed: no new placements there. A cluster
-        that comes back is trusted only once its watcher has relisted it (the watcher
-        reports itself connected after the relist's events are emitted)."""
+    def down(self, name: str) -> bool:
+        """Down for staleAfterSeconds, or never listed. A cluster that comes back is up
+        only once its watcher has relisted it (the watcher reports itself connected after
+        the relist's events are emitted)."""
         member = self.members.get(name)
         return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
+
+    def stale(self, name: str) -> bool:
+        """No new placements there: down, or back but not yet garbage-collected (a member
+        seen down is marked dirty here, and stays stale until ``cleaned``)."""
+        if self.down(name):
+            self.dirty.add(name)
+            return True
+        return name in self.dirty
+
+    def cleaned(self, name: str) -> None:
+        """A garbage collection on the member succeeded while it was up: trust it again."""
+        self.dirty.discard(name)
+
+    def returned(self) -> list[str]:
+        """Members up again but not yet garbage-collected."""
+        return sorted(name for name in self.dirty if not self.down(name))
+
+    def stale_since(self) -> dict[str, float]:
+        """When each stale member became stale (for failover)."""
+        out: dict[str, float] = {}
+        for name in self.members:
+            since = self.tracker.stale_since(name)
+            if since is not None:
+                out[name] = since
+        return out
 
     def connected(self, name: str) -> bool:
         """A Kubernetes member's watch is connected; a cluster that is not a member

@@ -47,7 +47,11 @@ class SchedulerMetrics:
         )  # fmt: skip
         self.requeues = Counter(
             "fedbroker_requeues", "Jobs put back in their queue, by reason (timeout, "
-            "launch_failed, evicted, preempted, restart)", ["reason"], registry=r,
+            "launch_failed, evicted, preempted, restart, failover)", ["reason"], registry=r,
+        )  # fmt: skip
+        self.failovers = Counter(
+            "fedbroker_failovers", "Jobs taken off a lost member (stale past their queue's "
+            "failoverAfterSeconds) and requeued, by lost cluster", ["cluster"], registry=r,
         )  # fmt: skip
         self.preemptions = Counter(
             "fedbroker_preemptions", "Jobs preempted for a higher-priority gang", registry=r

@@ -186,23 +186,22 @@ class Recovery:
                 await self._collect_garbage_locked()
 
     async def _collect_garbage_locked(self) -> None:
-        live = {launch.placement.job for launch in self.s.lifecycle.launches()}
-        for name, member in self.s.kube.members.items():
-            if self.s.kube.stale(name):
-                continue
-            try:
-                await member.launcher.collect_garbage(live)
-            except _UNREACHABLE as exc:
-                log.warning("cluster %s: garbage collection failed: %s", name, exc)
+        """Per member: our objects whose job is not live on that member (``Failover``)."""
+        await self.cycles.failover.collect()
 
     async def _kube_upkeep(self) -> None:
-        """Staleness every cycle, garbage collection every garbageCollectSeconds."""
+        """Staleness every cycle (a member back from staleness garbage-collected at once),
+        garbage collection every garbageCollectSeconds."""
         cycle = self.s.config.scheduler.cycle_seconds
         every = self.s.config.scheduler.garbage_collect_seconds
         next_gc = time.monotonic() + every
         while True:
             await asyncio.sleep(cycle)
             self.s.check_stale()
+            if self.s.kube.returned() and self.s.leading:
+                async with self.s.lock:  # a member back: cleaned, then trusted again
+                    if self.s.rebuilt:
+                        await self.cycles.failover.clean_returned()
             if time.monotonic() >= next_gc and self.s.leading:
                 next_gc = time.monotonic() + every
                 try:

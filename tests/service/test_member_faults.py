@@ -31,6 +31,9 @@ pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 def k8s(kmock: kmocklib.KubernetesEmulator) -> kmocklib.KubernetesEmulator:
     kmock.resources["v1/pods"] = kmocklib.ResourceInfo(namespaced=True)
     kmock.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
+    # Served, as by any API server: a member back from staleness is garbage-collected
+    # (pods and rendezvous Services) before it is trusted again.
+    kmock.resources["v1/services"] = kmocklib.ResourceInfo(namespaced=True)
     kmock.objects[NODES, None, "n1"] = node_obj("n1")
     return kmock
 
