@@ -127,8 +127,9 @@ async def test_tenant_b_gets_404_on_as_job_and_nothing_for_a_queued_one(
     ("query", "param"),
     [
         ("pod=Bad_Name", "pod"), ("pod=" + "a" * 254, "pod"), ("container=a.b", "container"),
-        ("tailLines=0", "tailLines"), ("tailLines=100001", "tailLines"), ("tailLines=x", "tailLines"),
-        ("tailLines=-1", "tailLines"), ("follow=yes", "follow"), ("follow=2", "follow"),
+        ("tailLines=0", "tailLines"), ("tailLines=100001", "tailLines"),
+        ("tailLines=x", "tailLines"), ("tailLines=-1", "tailLines"), ("follow=yes", "follow"),
+        ("follow=2", "follow"),
     ],
 )  # fmt: skip
 async def test_bad_params_are_400_naming_the_parameter(
@@ -156,7 +157,7 @@ def test_log_params_table(query: dict[str, str], expected: tuple[Any, ...]) -> N
 
 
 def test_log_params_refuse_unicode_digits() -> None:
-    with pytest.raises(ParamError, match="^tailLines: "):
+    with pytest.raises(ParamError, match=r"^tailLines: "):
         log_params({"tailLines": "²"})
 
 
