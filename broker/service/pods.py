@@ -43,7 +43,7 @@ class JobPods:
         record = await self.admission.get(tenant, name)
         if record.state not in SHOWN_STATES or not record.cluster:
             raise Conflict(
-                f"state: job {name!r} is {record.state}; only a placed or running job has pods"
+                f"name: job {name!r} is {record.state}; only a placed or running job has pods"
             )
         return record.cluster, LaunchSpec(tenant=tenant, job=name)
 
