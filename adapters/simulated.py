@@ -5,7 +5,8 @@ counts, and driven by a virtual clock: a launched pod is bound at once and delet
 run time is over. They speak to the ledger in the same capacity events a real adapter emits.
 
 Ports (``broker.ports``): ``SimulatedFederation`` is the simulator's ``NodeInventory`` and
-``VirtualLauncher``; ``SimulatedLauncher`` the live broker's ``Launcher`` and ``RunWatcher``;
+``VirtualLauncher``; ``SimulatedLauncher`` the live broker's ``Launcher``, ``RunWatcher`` and
+``PodReader`` (a running job's pods, and a few deterministic log lines per pod);
 ``SimulatedPool`` is driven synchronously on the caller's clock (the service wraps it as a
 ``ScalePool``). Failures raise the ports' ``LaunchError`` and ``ScaleError``.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.model import (
@@ -33,7 +34,13 @@ from broker.model import (
 from broker.ports import (
     Launcher,
     LaunchError,
+    LaunchSpec,
+    LogRequest,
+    LogStream,
     NodeInventory,
+    PodNotFound,
+    PodReader,
+    PodRow,
     RunWatcher,
     ScaleError,
     VirtualLauncher,
@@ -208,7 +215,12 @@ def gpus_of(nodes: Iterable[Node]) -> int:
     return sum(n.allocatable.gpus for n in nodes)
 
 
-class SimulatedLauncher(Launcher, RunWatcher):
+def simulated_log_line(pod: str, step: int) -> bytes:
+    """The ``step``-th line of a simulated pod's log (the same on every run)."""
+    return f"{pod}: step {step} loss {4.0 / (step + 1):.4f}\n".encode()
+
+
+class SimulatedLauncher(Launcher, RunWatcher, PodReader):
     """Launches placed gangs in simulated clusters: every pod "runs" after a delay.
 
     ``sleep`` is injected (default ``asyncio.sleep``) so tests pass a zero delay or a fake.
@@ -221,7 +233,14 @@ class SimulatedLauncher(Launcher, RunWatcher):
     ``run_seconds`` gives a running job its run time (None: it runs until cancelled);
     ``finished`` returns when the run is over, so jobs end and capacity churns. The demo
     passes ``seeded_run_seconds``; without it every job runs until cancelled.
+
+    A running job's pods are shown Running on their nodes; each has ``log_lines`` lines of
+    log at once and, followed, one more every ``log_every_seconds`` (on ``sleep``) until the
+    job is no longer running.
     """
+
+    log_lines = 5
+    log_every_seconds = 5.0
 
     def __init__(
         self,
@@ -272,6 +291,37 @@ class SimulatedLauncher(Launcher, RunWatcher):
             await self._sleep(seconds)
         self.running.pop(placement.job, None)
         return True
+
+    async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
+        placement = self.running.get(spec.key)
+        if placement is None or placement.cluster != cluster:
+            return []
+        rows = []
+        for pod in placement.pods:
+            name = pod.pod.removeprefix(f"{spec.tenant}.")
+            pod_set, _, index = name.removeprefix(f"{spec.job}-").rpartition("-")
+            rows.append(
+                PodRow(name, pod_set, cluster, pod.node, "Running", 0, f"{pod_set}-{index}")
+            )
+        return rows
+
+    async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
+        names = [row.name for row in await self.pods(cluster, spec)]
+        if request.pod not in names or request.container not in (None, "main"):
+            raise PodNotFound(f"no pod {request.pod!r} (container main) in job {spec.job!r}")
+        return self._log(spec.key, request)
+
+    async def _log(self, job: str, request: LogRequest) -> AsyncGenerator[bytes, None]:
+        first = max(0, self.log_lines - (request.tail_lines or self.log_lines))
+        for step in range(first, self.log_lines):
+            yield simulated_log_line(request.pod, step)
+        step = self.log_lines
+        while request.follow and job in self.running:
+            await self._sleep(self.log_every_seconds)
+            if job not in self.running:
+                break
+            yield simulated_log_line(request.pod, step)
+            step += 1
 
 
 def seeded_run_seconds(

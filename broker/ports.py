@@ -7,13 +7,13 @@ port it implements and raises (subclasses of) the errors below. Adapters import
 broker.model and this module, nothing else of the broker.
 
 Live ports (asyncio, wall clock): ``CapacitySource`` feeding a ``CapacitySink``,
-``Launcher`` (+ ``RunWatcher``, ``GangRecovery``), ``ScalePool``, ``EventSink``.
+``Launcher`` (+ ``RunWatcher``, ``GangRecovery``, ``PodReader``), ``ScalePool``, ``EventSink``.
 Simulator ports (synchronous, virtual clock): ``NodeInventory``, ``VirtualLauncher``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -164,6 +164,69 @@ class GangRecovery(Protocol):
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
         """Delete the launcher's objects of jobs not in ``live_jobs``; ``kind/name`` each."""
+        ...
+
+
+# -- pods and logs back: what a job's pods are doing in their member -------------------------
+
+
+class PodNotFound(LookupError):
+    """The pod (or container) named is not one of the job's (the API answers 404)."""
+
+
+class PodReadError(Exception):
+    """A member could not be asked for a job's pods or logs (message: cluster, object and
+    HTTP status only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodRow:
+    """One pod of a job as its member sees it. ``slot`` is the placement slot the pod
+    holds (``<pod set>-<index>``, or the one the broker recorded on it); ``node`` is empty
+    while the pod is unbound."""
+
+    name: str
+    pod_set: str
+    cluster: str
+    node: str
+    phase: str
+    restarts: int
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogRequest:
+    """Which log to read: a pod of the job, its container (None: the pod's only or first
+    one), the last ``tail_lines`` lines (None: all), and whether to follow it."""
+
+    pod: str
+    container: str | None = None
+    tail_lines: int | None = None
+    follow: bool = False
+
+
+class LogStream(Protocol):
+    """A log being read: chunks of bytes as the member sends them; ``aclose`` stops the
+    read and closes the member's response (the reader calls it when its client leaves)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PodReader(Protocol):
+    """The pods and logs of a placed job in one cluster (``spec`` names tenant and job;
+    only that job's pods, in its tenant's namespace, are ever shown)."""
+
+    async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
+        """The job's pods in ``cluster`` (raises ``PodReadError``)."""
+        ...
+
+    async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
+        """Open one pod's log; ``PodNotFound`` when the pod or container is not the job's,
+        ``PodReadError`` when the member fails. The caller iterates the stream and always
+        ``aclose``s it."""
         ...
 
 

@@ -25,6 +25,7 @@ from broker.cli.plan import (
     run_inspect,
     run_plan,
 )
+from broker.cli.podlogs import PODS_COMMANDS, add_pods_commands, run_pods
 from broker.cli.runtime import add_serve_command, run_serve
 from broker.cli.simulate import add_simulate_command, run_simulate
 from broker.sim.traces import TraceError
@@ -40,6 +41,7 @@ def _add_client_commands(sub: Any) -> None:
 FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_simulate_command, {"simulate": run_simulate}),
     (_add_client_commands, dict.fromkeys(CLIENT_COMMANDS, run_client)),
+    (add_pods_commands, dict.fromkeys(PODS_COMMANDS, run_pods)),
     (add_serve_command, {"serve": run_serve}),
     (add_demo_command, {"demo": run_demo}),
     (add_inspect_command, {"inspect": run_inspect}),

@@ -97,6 +97,8 @@ class ApiConfig(Section):
         {"requestsPerSecond": 5.0, "burst": 20}
     )
     tls: TlsConfig | None = None
+    # The bytes of one log answer (GET /v1/jobs/{name}/logs); past it, a last line says so.
+    log_limit_bytes: int = Field(default=10 << 20, ge=1024, le=1 << 30)
 
 
 class RetentionConfig(Section):

@@ -51,6 +51,8 @@ class TenantConfig(Section):
     # not yet finished (a submit beyond it: 403) and open /v1/events streams (beyond: 429).
     max_active_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     max_event_streams: int = Field(default=8, ge=1, le=10_000)
+    # Logs followed at once (GET /v1/jobs/{name}/logs?follow=true; beyond: 429).
+    max_log_follows: int = Field(default=4, ge=1, le=10_000)
 
     @property
     def allowed_queues(self) -> frozenset[str]:

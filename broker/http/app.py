@@ -27,6 +27,7 @@ from broker.http.errors import Handler, errors
 from broker.http.forwarding import forwarder
 from broker.http.limits import ANONYMOUS, OPEN_STREAMS, unauthenticated
 from broker.http.openapi import openapi_document
+from broker.http.podlogs import OPEN_FOLLOWS, job_logs, job_pods
 from broker.http.protocol import common_headers, json_parser_errors
 from broker.http.ratelimit import RateLimiter
 from broker.http.state import (
@@ -87,6 +88,7 @@ def make_app(
     app[LIMITER] = RateLimiter(config.api.rate_limit_per_tenant, clock)
     app[ANONYMOUS] = RateLimiter(config.api.rate_limit_unauthenticated, clock)
     app[OPEN_STREAMS] = Counter()
+    app[OPEN_FOLLOWS] = Counter()
     app[AUTH] = Authenticator(config, clock)
     app[OPENAPI] = openapi_document(routes.MAX_LIST_LIMIT)
     if certificates is not None:
@@ -102,6 +104,8 @@ def make_app(
     app.router.add_get("/v1/jobs/{name}", routes.get_job)
     app.router.add_delete("/v1/jobs/{name}", routes.cancel_job)
     app.router.add_get("/v1/jobs/{name}/explain", routes.explain_job)
+    app.router.add_get("/v1/jobs/{name}/pods", job_pods)
+    app.router.add_get("/v1/jobs/{name}/logs", job_logs)
     app.router.add_post("/v1/plan", routes.plan)
     app.router.add_get("/v1/clusters", routes.clusters)
     app.router.add_get("/v1/queues", routes.queues)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import models_json_schema
 
+from broker.http.openapi_pods import POD_MODELS, pod_paths
 from broker.manifest import json_schema
 from broker.store import JOB_STATES
 
@@ -206,7 +207,7 @@ class Health(Out):
 
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (
-    Error, Job, JobList, Explain, Plan, Clusters, Queues, Pools, Nodes, Health,
+    Error, Job, JobList, Explain, Plan, Clusters, Queues, Pools, Nodes, Health, *POD_MODELS,
 )  # fmt: skip
 
 _DESCRIPTIONS = {
@@ -389,7 +390,10 @@ def _stream_paths() -> dict[str, Any]:
 
 
 def _paths(max_list_limit: int) -> dict[str, Any]:
-    return {**_job_paths(max_list_limit), **_view_paths(), **_stream_paths()}
+    return {
+        **_job_paths(max_list_limit), **pod_paths(_NAME, _TENANT), **_view_paths(),
+        **_stream_paths(),
+    }  # fmt: skip
 
 
 def openapi_document(max_list_limit: int = 1000) -> dict[str, Any]:

@@ -13,7 +13,8 @@ delegates to (built once by ``broker.service.compose``):
 - ``recovery``: on winning the lease every active job of the store goes back into the
   queue (or gets its reservation back from the pods read back from Kubernetes); on losing
   it placing stops at once and that state is dropped; Kubernetes garbage collection;
-- ``view``: the typed read model; ``explain``/``plan`` through ``broker.service.explain``.
+- ``view``: the typed read model; ``explain``/``plan`` through ``broker.service.explain``;
+- ``job_pods``: a placed job's pods and logs from its member (``broker.service.pods``).
 
 State changes run under one lock (``Shared.lock``). The clock is injected; tests drive
 ``schedule_once(now)`` directly. Several replicas on one store elect a leader
@@ -33,6 +34,7 @@ from broker.model import Job
 from broker.service.compose import Options, build
 from broker.service.explain import plan_of
 from broker.service.leader import default_identity
+from broker.service.pods import JobPods
 from broker.service.retention import Retention
 from broker.store import JobRecord, Store
 
@@ -60,6 +62,8 @@ class Service:
         self.submit, self.get, self.cancel = admission.submit, admission.get, admission.cancel
         self.schedule_once, self.run = parts.cycles.schedule_once, parts.cycles.run
         self.launches_done, self.runs_done = parts.binding.launches_done, parts.binding.runs_done
+        self.job_pods = JobPods(s, admission)
+        self.pods, self.logs = self.job_pods.pods, self.job_pods.logs
 
     @property
     def store(self) -> Store:

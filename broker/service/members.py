@@ -3,8 +3,9 @@
 ``KubeMembers`` is built by ``broker.service.compose`` for the clusters whose config
 source is ``kube``: one API client per cluster (from its kubeconfig context), a
 ``ClusterWatcher`` feeding the ledger, a ``StaleTracker`` fed by the watcher's status, and a
-``KubeLauncher``. ``ClusterLauncher`` dispatches each placement to its cluster's launcher;
-clusters without one (simulated) keep the default launcher.
+``KubeLauncher`` and a ``KubePods`` (the job's pods and logs). ``ClusterLauncher`` dispatches
+each placement to its cluster's launcher, and reads of pods and logs to its cluster's
+reader; clusters without one (simulated) keep the default launcher.
 """
 
 from __future__ import annotations
@@ -17,13 +18,23 @@ from dataclasses import dataclass
 from kubernetes.aio.client import ApiClient
 
 from adapters.kube.launch import KubeLauncher
+from adapters.kube.pods import KubePods
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher, StaleTracker
 from adapters.kubeapi.kubeconfig import load_clients
 from broker.config import ClusterConfig, KubeSource
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
-from broker.ports import Launcher, LaunchSpec, RunWatcher
+from broker.ports import (
+    Launcher,
+    LaunchSpec,
+    LogRequest,
+    LogStream,
+    PodReader,
+    PodReadError,
+    PodRow,
+    RunWatcher,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +46,7 @@ class ClusterLauncher:
     def __init__(self, default: Launcher) -> None:
         self.default = default
         self.by_cluster: dict[str, KubeLauncher] = {}
+        self.readers: dict[str, PodReader] = {}
 
     def _for(self, placement: Placement) -> Launcher:
         return self.by_cluster.get(placement.cluster) or self.default
@@ -54,6 +66,20 @@ class ClusterLauncher:
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
         return False  # pragma: no cover
 
+    def _reader(self, cluster: str) -> PodReader:
+        reader = self.readers.get(cluster)
+        if reader is None and isinstance(self.default, PodReader):
+            reader = self.default
+        if reader is None:
+            raise PodReadError(f"cluster {cluster}: its launcher cannot show pods")
+        return reader
+
+    async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
+        return await self._reader(cluster).pods(cluster, spec)
+
+    async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
+        return await self._reader(cluster).logs(cluster, spec, request)
+
 
 @dataclass(slots=True)
 class KubeMember:
@@ -62,6 +88,7 @@ class KubeMember:
     client: ApiClient
     watcher: ClusterWatcher
     launcher: KubeLauncher
+    pods: KubePods
 
 
 class KubeMembers:
@@ -114,8 +141,12 @@ class KubeMembers:
                 request_timeout=source.request_timeout_seconds,
                 run_poll_seconds=source.pod_poll_seconds,
             )
-            self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher)
+            pods = KubePods(
+                client, launcher.objects, request_timeout=source.request_timeout_seconds
+            )
+            self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher, pods)
             launchers.by_cluster[cc.name] = launcher
+            launchers.readers[cc.name] = pods
 
     def down(self, name: str) -> bool:
         """Down for staleAfterSeconds, or never listed. A cluster that comes back is up

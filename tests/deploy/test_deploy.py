@@ -456,6 +456,8 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
     for group in ("scheduling.x-k8s.io", "scheduling.volcano.sh"):
         for verb in ("create", "get", "list", "patch", "delete"):
             assert _allows(rules, group, "podgroups", verb), (group, verb)
+    # A placed job's logs (issue 14, item 3).
+    assert _allows(rules, "", "pods/log", "get")
     # Nodes are patched (labelled, cordoned) only for burst pools.
     assert _allows(rules, "", "nodes", "patch") == (target == BURST_MEMBER_TARGET)
     # Never: secrets, role bindings, pods/exec (nothing the launcher calls).

@@ -1,0 +1,118 @@
+"""``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD] [-c CONTAINER] [--tail N] [-f]``.
+
+Clients of a running broker like ``broker.cli.client`` (same ``--server``, ``--token``,
+``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o json``),
+``logs`` streams one pod's log to stdout as it arrives (``-f``: until the pod's log ends or
+the user interrupts). Every failure is one line on stderr (the server's error message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import ssl
+import sys
+from typing import Any, BinaryIO
+
+import aiohttp
+
+from broker.cli.client import DEFAULT_SERVER, EXIT_ERROR, ClientError, table
+
+POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
+CONNECT_TIMEOUT_SECONDS = 30.0
+
+
+def add_pods_commands(sub: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER))
+    common.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
+    common.add_argument("--ca-file", default=os.environ.get("FEDBROKER_CA_FILE") or None,
+                        metavar="FILE", help="PEM CA certificates of an https broker")  # fmt: skip
+    pods = sub.add_parser("pods", parents=[common], help="a placed job's pods")
+    pods.add_argument("name")
+    pods.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    logs = sub.add_parser("logs", parents=[common], help="stream a pod's log of a job")
+    logs.add_argument("name")
+    logs.add_argument("-p", "--pod", help="the pod (default: the job's first)")
+    logs.add_argument("-c", "--container", help="the container (default: the pod's first)")
+    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+
+
+def run_pods(args: argparse.Namespace) -> int:
+    return _run(args, sys.stdout.buffer)
+
+
+def _run(args: argparse.Namespace, out: BinaryIO) -> int:
+    try:
+        asyncio.run(call(args, out))
+    except ClientError as exc:
+        sys.stderr.write(f"fedbroker: error: {exc}\n")
+        return EXIT_ERROR
+    return 0
+
+
+def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    if args.command == "pods":
+        return f"/v1/jobs/{args.name}/pods", {}
+    params = {"pod": args.pod, "container": args.container,
+              "tailLines": None if args.tail is None else str(args.tail),
+              "follow": "true" if args.follow else None}  # fmt: skip
+    return f"/v1/jobs/{args.name}/logs", {k: v for k, v in params.items() if v is not None}
+
+
+def _trust(ca_file: str | None) -> ssl.SSLContext | bool:
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError):
+        raise ClientError(f"--ca-file {ca_file}: cannot load") from None
+
+
+async def call(args: argparse.Namespace, out: BinaryIO) -> None:
+    """Send the command's request; write the table or the log to ``out``."""
+    path, params = _request(args)
+    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    base = args.server.rstrip("/")
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS)
+    connector = aiohttp.TCPConnector(ssl=_trust(args.ca_file))
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+            session.get(base + path, params=params, headers=headers) as resp,
+        ):
+            if resp.status >= 400:
+                text = await resp.text()
+                try:
+                    message = json.loads(text).get("error")
+                except (ValueError, AttributeError):
+                    message = text.strip()[:200]
+                raise ClientError(" ".join(f"{resp.status} {message or resp.reason}".split()))
+            if args.command == "pods":
+                out.write(render_pods(await resp.json(), args.output).encode() + b"\n")
+                return
+            async for chunk in resp.content.iter_any():
+                out.write(chunk)
+                out.flush()
+    except aiohttp.ClientConnectionError:
+        raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
+
+
+def render_pods(doc: Any, output: str = "table") -> str:
+    if output == "json":
+        return json.dumps(doc, indent=2)
+    rows = [
+        [p.get("name"), p.get("podSet"), p.get("cluster"), p.get("node") or "-", p.get("phase"),
+         p.get("restarts"), p.get("slot") or "-"]
+        for p in doc.get("pods", [])
+    ]  # fmt: skip
+    return table(POD_HEADER, rows)
+
+
+PODS_COMMANDS = ("pods", "logs")
+
+__all__ = ["PODS_COMMANDS", "add_pods_commands", "call", "render_pods", "run_pods"]
