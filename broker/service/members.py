@@ -23,7 +23,7 @@ from adapters.kubeapi.kubeconfig import load_clients
 from broker.config import ClusterConfig, KubeSource
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
-from broker.ports import Launcher, LaunchSpec, RunWatcher
+from broker.ports import Launcher, LaunchSpec, RunEnd, RunWatcher
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,14 @@ class ClusterLauncher:
     async def delete(self, placement: Placement) -> None:
         await self._for(placement).delete(placement)
 
-    async def finished(self, placement: Placement) -> bool:
-        """The end of a running job's pods (True: all succeeded), from its cluster's
-        launcher; a launcher that cannot tell leaves the job running until cancelled."""
+    async def finished(self, placement: Placement) -> RunEnd:
+        """The end of a running job, from its cluster's launcher; a launcher that cannot
+        tell leaves the job running until cancelled."""
         launcher = self._for(placement)
         if isinstance(launcher, RunWatcher):
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
-        return False  # pragma: no cover
+        return RunEnd(False)  # pragma: no cover
 
 
 @dataclass(slots=True)
