@@ -41,6 +41,7 @@ from broker.ports import (
     PodNotFound,
     PodReader,
     PodRow,
+    RunEnd,
     RunWatcher,
     ScaleError,
     VirtualLauncher,
@@ -281,16 +282,16 @@ class SimulatedLauncher(Launcher, RunWatcher, PodReader):
         self.running.pop(placement.job, None)
         self.deleted.append(placement.job)
 
-    async def finished(self, placement: Placement) -> bool:
-        """Wait until the running job's pods exit; True when they succeeded. A job without
-        a run time runs until cancelled (this waits until the caller is cancelled)."""
+    async def finished(self, placement: Placement) -> RunEnd:
+        """Wait until the running job's pods exit (they always succeed). A job without a
+        run time runs until cancelled (this waits until the caller is cancelled)."""
         seconds = self._run_seconds(placement) if self._run_seconds is not None else None
         if seconds is None:
             await asyncio.get_running_loop().create_future()  # until cancelled
         else:
             await self._sleep(seconds)
         self.running.pop(placement.job, None)
-        return True
+        return RunEnd(True)
 
     async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
         placement = self.running.get(spec.key)

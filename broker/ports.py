@@ -7,7 +7,8 @@ port it implements and raises (subclasses of) the errors below. Adapters import
 broker.model and this module, nothing else of the broker.
 
 Live ports (asyncio, wall clock): ``CapacitySource`` feeding a ``CapacitySink``,
-``Launcher`` (+ ``RunWatcher``, ``GangRecovery``, ``PodReader``), ``ScalePool``, ``EventSink``.
+``Launcher`` (+ ``RunWatcher`` and its ``RunEnd``, ``GangRecovery``, ``PodReader``),
+``ScalePool``, ``EventSink``.
 Simulator ports (synchronous, virtual clock): ``NodeInventory``, ``VirtualLauncher``.
 """
 
@@ -146,12 +147,24 @@ class Launcher(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a running job ended, as its member reported it: ``reason`` and ``message`` are
+    the member's own (a workload's condition, e.g. ``BackoffLimitExceeded``), empty when
+    the launcher has nothing to add to ``succeeded``."""
+
+    succeeded: bool
+    reason: str = ""
+    message: str = ""
+
+
 @runtime_checkable
 class RunWatcher(Protocol):
     """A launcher that also reports when a running job's pods have exited."""
 
-    async def finished(self, placement: Placement) -> bool:
-        """Wait until the running job's pods exit; True when they all succeeded."""
+    async def finished(self, placement: Placement) -> RunEnd:
+        """Wait until the running job ends (its pods exit, or its workload's status says
+        so); ``RunEnd.succeeded`` when it succeeded."""
         ...
 
 

@@ -61,7 +61,7 @@ from adapters.kube.rendezvous import Rendezvous, service_name
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.model import Placement, PodBound, PodPlacement
-from broker.ports import GangRecovery, Launcher, LaunchSpec, RunWatcher
+from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunWatcher
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,14 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         are deleted and ``KubeLaunchError`` is raised. The caller applies the gang timeout
         (by cancelling this) and deletes the gang then."""
         spec = self.spec(placement, spec)
+        if spec.workload is not None:
+            # Not yet: creating the workload object (and pinning its controller's pods) is
+            # the rest of issue 14. Refused loudly rather than launching bare pods that
+            # would not be the tenant's workload.
+            raise KubeLaunchError(
+                f"gang {spec.key}: {spec.workload.kind} workloads are not launched on "
+                "Kubernetes members yet (simulated members run them)"
+            )
         try:
             await self.create(placement, spec)
             await self.wait_running(placement, spec)
@@ -294,11 +302,12 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                     return
             await self._sleep(self.poll_seconds)
 
-    async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> bool:
-        """Wait for a running gang to end: True once every pod Succeeded, False as soon as
-        one Failed or vanished (deleted behind our back). Polls every ``run_poll_seconds``
-        on a listing shared by every gang waiting in this cluster; an API error is logged
-        and polled again (an unreachable cluster does not end a job)."""
+    async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
+        """Wait for a running gang to end: succeeded once every pod Succeeded, failed as
+        soon as one Failed (its reason and message carried back) or vanished (deleted
+        behind our back). Polls every ``run_poll_seconds`` on a listing shared by every gang
+        waiting in this cluster; an API error is logged and polled again (an unreachable
+        cluster does not end a job)."""
         spec = self.spec(placement, spec)
         expected = {pod_name(p, spec) for p in placement.pods}
         while True:
@@ -307,12 +316,14 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             except KubeLaunchError as exc:
                 log.warning("gang %s: cannot read its pods (%s); polling again", spec.key, exc)
             else:
-                if any(phase == "Failed" for phase in phases.values()):
-                    return False
-                if expected - phases.keys():
-                    return False
+                failed = sorted(n for n, phase in phases.items() if phase == "Failed")
+                if failed:
+                    return RunEnd(False, "PodFailed", f"pod {failed[0]} failed")
+                missing = sorted(expected - phases.keys())
+                if missing:
+                    return RunEnd(False, "PodDeleted", f"pod {missing[0]} disappeared")
                 if all(phase == "Succeeded" for phase in phases.values()):
-                    return True
+                    return RunEnd(True)
             await self._sleep(self.run_poll_seconds)
 
     # -- the GangRecovery port ---------------------------------------------------------------

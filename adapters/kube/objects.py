@@ -268,15 +268,14 @@ class GangObjects:
             return self.shared_gpu_resource
         return name
 
-    def _place_resources(self, pod_spec: dict[str, Any], resources: Resources) -> None:
-        """Every container keeps the requests and limits its template gave (admission made
-        them add up to the pod set's, GPU names translated to this cluster's); a resource
-        the template gives nowhere goes to the first container, requests = limits."""
+    def rename_resources(self, pod_spec: dict[str, Any]) -> set[str]:
+        """Every container's requests and limits (and the pod's overhead) with the GPU
+        names translated to this cluster's, in place; returns the resource names given."""
         declared: set[str] = set()
         maps: list[dict[str, Any]] = []
         for kind in ("containers", "initContainers"):
             for container in pod_spec.get(kind) or ():
-                res = container.get("resources")
+                res = container.get("resources") if isinstance(container, dict) else None
                 if isinstance(res, dict):
                     maps += [res[p] for p in ("requests", "limits") if isinstance(res.get(p), dict)]
         if isinstance(pod_spec.get("overhead"), dict):
@@ -286,6 +285,13 @@ class GangObjects:
             amounts.clear()
             amounts.update(renamed)
             declared.update(renamed)
+        return declared
+
+    def _place_resources(self, pod_spec: dict[str, Any], resources: Resources) -> None:
+        """Every container keeps the requests and limits its template gave (admission made
+        them add up to the pod set's, GPU names translated to this cluster's); a resource
+        the template gives nowhere goes to the first container, requests = limits."""
+        declared = self.rename_resources(pod_spec)
         ours = {k: v for k, v in self.resource_list(resources).items() if k not in declared}
         if ours:
             first = pod_spec["containers"][0]

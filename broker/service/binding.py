@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from broker.core.lifecycle import Outcome
 from broker.manifest import workload_spec
 from broker.model import CapacityEvent, Placement
-from broker.ports import LaunchError, LaunchSpec, RunWatcher
+from broker.ports import LaunchError, LaunchSpec, RunEnd, RunWatcher
 from broker.service.state import Shared
 from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
 
@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 # A job change the store could not take (StoreUnavailable) is retried after the first delay,
 # doubling up to the second.
 STORE_RETRY_SECONDS = (0.2, 2.0)
+# The member's own reason and message in a job's history are cut to this many characters.
+END_MESSAGE_CHARS = 300
+
+
+def end_reason(end: RunEnd, ran: str) -> str:
+    """The history's reason for a run's end: the member's reason and message when it gave
+    them (a workload's status), else what the pods did; ``ran`` says for how long."""
+    if not end.reason:
+        return f"all pods completed{ran}" if end.succeeded else f"pods failed{ran}"
+    said = f"{end.reason}: {end.message}" if end.message else end.reason
+    return f"{said[:END_MESSAGE_CHARS]}{ran}"
 
 
 class Binding:
@@ -130,14 +141,13 @@ class Binding:
 
     async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
         """Wait for a running job's pods to exit, then free its capacity and record the end."""
-        succeeded = await watcher.finished(placement)
+        end = await watcher.finished(placement)
         s, key = self.s, placement.job
         async with s.lock:
             now = s.clock()
             launch = s.lifecycle.get(key)
             ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
-            reason = f"all pods completed{ran}" if succeeded else f"pods failed{ran}"
-            outcome = s.lifecycle.finished(key, succeeded, reason)
+            outcome = s.lifecycle.finished(key, end.succeeded, end_reason(end, ran))
             if outcome is not None:
                 await self.record(outcome, now, expect="Running")
             # Only now: runs_done() waits for the end to be recorded, not just noticed.

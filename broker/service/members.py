@@ -33,6 +33,7 @@ from broker.ports import (
     PodReader,
     PodReadError,
     PodRow,
+    RunEnd,
     RunWatcher,
 )
 
@@ -57,14 +58,14 @@ class ClusterLauncher:
     async def delete(self, placement: Placement) -> None:
         await self._for(placement).delete(placement)
 
-    async def finished(self, placement: Placement) -> bool:
-        """The end of a running job's pods (True: all succeeded), from its cluster's
-        launcher; a launcher that cannot tell leaves the job running until cancelled."""
+    async def finished(self, placement: Placement) -> RunEnd:
+        """The end of a running job, from its cluster's launcher; a launcher that cannot
+        tell leaves the job running until cancelled."""
         launcher = self._for(placement)
         if isinstance(launcher, RunWatcher):
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
-        return False  # pragma: no cover
+        return RunEnd(False)  # pragma: no cover
 
     def _reader(self, cluster: str) -> PodReader:
         reader = self.readers.get(cluster)
