@@ -37,7 +37,7 @@ class LogEmulator(kmocklib.KubernetesEmulator):
             return await super().__call__(raw)
         self.queries.append(dict(raw.query))
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
-        await response.prepare(raw)  # type: ignore[arg-type]
+        await response.prepare(raw)
         ended = False
         try:
             while (line := await self.lines.get()) is not None:
@@ -71,7 +71,9 @@ def reader(api: ApiClient) -> KubePods:
     return KubePods(api, objects, attempts=1, retry_wait=wait_none())
 
 
-async def put_pod(api: ApiClient, name: str, labels: dict[str, str], ns: str = NS, **extra: Any):
+async def put_pod(
+    api: ApiClient, name: str, labels: dict[str, str], ns: str = NS, **extra: Any
+) -> None:
     body = {
         "metadata": {"name": name, "namespace": ns, "labels": labels, **extra.get("meta", {})},
         "spec": {"nodeName": extra.get("node", "n1"), "containers": [{"name": "main"}]},

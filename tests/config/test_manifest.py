@@ -163,7 +163,8 @@ def test_fields_the_job_does_not_carry_stay_on_the_manifest() -> None:
     assert design.spec.placement.allow_burst is True
     assert design.spec.gang.backoff_limit is None
     assert design.metadata.namespace == "ml-research"
-    assert design.spec.pod_sets[0].template["spec"]["containers"][0]["image"] == "trainer:1.0"
+    template = (design.spec.pod_sets or [])[0].template
+    assert template["spec"]["containers"][0]["image"] == "trainer:1.0"
     mixed = parse_manifest(json.dumps(JSON_JOB).encode(), None)
     assert mixed.spec.gang.backoff_limit == 4
     assert mixed.spec.placement.allow_burst is False  # burst costs money: opt in

@@ -115,13 +115,14 @@ def test_hostile_manifest_is_refused_naming_the_field(
 def test_cpu_in_nanocores_rounds_up_to_a_millicore() -> None:
     doc = _with(("spec", "podSets", 0, "resources", "cpu"), "1n")
     job = parse_manifest(json.dumps(doc).encode(), "application/json")
-    assert job.spec.pod_sets[0].resources.cpu == "1n"
+    assert (job.spec.pod_sets or [])[0].resources.cpu == "1n"
 
 
 def test_nesting_up_to_the_bound_is_accepted() -> None:
     # the template sits 4 levels down (spec, podSets, [0], template)
     doc = _with(TEMPLATE, _nested(MAX_DEPTH - 5))
-    assert parse_manifest(json.dumps(doc).encode(), "application/json").spec.pod_sets[0].template
+    pod_sets = parse_manifest(json.dumps(doc).encode(), "application/json").spec.pod_sets
+    assert pod_sets is not None and pod_sets[0].template
     deeper = _with(TEMPLATE, _nested(MAX_DEPTH - 4))
     with pytest.raises(ManifestError, match="levels deep"):
         parse_manifest(json.dumps(deeper).encode(), "application/json")

@@ -204,7 +204,7 @@ def test_a_podsets_job_is_no_workload() -> None:
 
 def _with(workload: Obj, path: tuple[str | int, ...], value: Any) -> Obj:
     out = copy.deepcopy(workload)
-    target = out
+    target: Any = out
     for part in path[:-1]:
         target = target[part]
     target[path[-1]] = value
