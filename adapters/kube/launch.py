@@ -30,6 +30,11 @@ minMember, timeout, queue) comes in a ``broker.ports.LaunchSpec``: passed to ``l
 directly, or looked up by the constructor's ``spec_for`` callback so ``launch(placement)``
 keeps the port's signature. Without either, a spec is derived from the placement alone.
 
+A ``spec.workload`` job (batch Job, JobSet, PyTorchJob, RayJob, RayCluster) gets its
+workload object instead of pods and a Service: ``adapters.kube.workload_runs`` creates it,
+pins its controller's pods to the placement (pin mode: ``adapters.kube.slots``) and reads
+its end from the workload's own status.
+
 The objects themselves are built by ``adapters.kube.objects`` and sent by
 ``adapters.kube.namespace``. Logs and errors name objects and HTTP statuses only, never the
 client configuration (tokens, keys).
@@ -59,6 +64,7 @@ from adapters.kube.objects import (
 )
 from adapters.kube.rendezvous import Rendezvous, service_name
 from adapters.kube.tenancy import TenantNamespaces
+from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.model import Placement, PodBound, PodPlacement
 from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunWatcher
@@ -113,7 +119,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self._spec_for = spec_for
         self.poll_seconds = poll_seconds
         self.run_poll_seconds = run_poll_seconds
-        self._sleep = sleep
+        self.pause = sleep
+        self.workloads = WorkloadRuns(self)
 
     def spec(self, placement: Placement, spec: LaunchSpec | None = None) -> LaunchSpec:
         if spec is not None:
@@ -129,17 +136,13 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         are deleted and ``KubeLaunchError`` is raised. The caller applies the gang timeout
         (by cancelling this) and deletes the gang then."""
         spec = self.spec(placement, spec)
-        if spec.workload is not None:
-            # Not yet: creating the workload object (and pinning its controller's pods) is
-            # the rest of issue 14. Refused loudly rather than launching bare pods that
-            # would not be the tenant's workload.
-            raise KubeLaunchError(
-                f"gang {spec.key}: {spec.workload.kind} workloads are not launched on "
-                "Kubernetes members yet (simulated members run them)"
-            )
         try:
-            await self.create(placement, spec)
-            await self.wait_running(placement, spec)
+            if spec.workload is not None:
+                await self.workloads.create(placement, spec)
+                await self.workloads.wait_running(placement, spec)
+            else:
+                await self.create(placement, spec)
+                await self.wait_running(placement, spec)
         except KubeLaunchError:
             await self._delete_quietly(placement, spec)
             raise
@@ -150,6 +153,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         our origin are left alone."""
         spec = self.spec(placement, spec)
         namespace = self.objects.namespace(spec.tenant)
+        if spec.workload is not None:
+            await self.workloads.delete(spec)
         names = {pod_name(p, spec) for p in placement.pods}
         names.update(
             p["metadata"]["name"] for p in await self.api.our_pods() if job_key(p) == spec.key
@@ -168,9 +173,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         the gang's rendezvous Service, then the pods; objects that already exist with our
         labels count as created."""
         spec = self.spec(placement, spec)
-        await self._ensure_namespace(spec)
+        await self.ensure_namespace(spec)
         if self.mode == "delegate":
-            await self._ensure_pod_group(placement, spec)
+            await self.ensure_pod_group(placement, spec)
         rendezvous = self.objects.rendezvous(placement, spec)
         await self._ensure_service(rendezvous, spec)
         for pod in placement.pods:
@@ -180,7 +185,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             "created gang %s (%d pods, %s) in %s", spec.key, len(placement.pods), self.mode, where
         )
 
-    async def _ensure_namespace(self, spec: LaunchSpec) -> None:
+    async def ensure_namespace(self, spec: LaunchSpec) -> None:
         namespace = self.objects.namespace(spec.tenant)
         await self.namespaces.ensure(namespace, spec.tenant, spec.pod_security)
 
@@ -198,12 +203,12 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         namespace = self.objects.namespace(spec.tenant)
         log.warning("%s: 404 Not Found; ensuring namespace %s again", what, namespace)
         self.namespaces.forget(namespace)
-        await self._ensure_namespace(spec)
+        await self.ensure_namespace(spec)
         await create()
 
     async def _ensure_service(self, rendezvous: Rendezvous, spec: LaunchSpec) -> None:
         body = self.objects.service_body(rendezvous, spec)
-        await self._create_or_adopt(
+        await self.create_or_adopt(
             "service", body, spec, self.api.create_service, self.api.read_service
         )
 
@@ -211,9 +216,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self, pod: PodPlacement, spec: LaunchSpec, rendezvous: Rendezvous | None = None
     ) -> None:
         body = self.objects.pod_body(pod, spec, rendezvous)
-        await self._create_or_adopt("pod", body, spec, self.api.create_pod, self.api.read_pod)
+        await self.create_or_adopt("pod", body, spec, self.api.create_pod, self.api.read_pod)
 
-    async def _create_or_adopt(
+    async def create_or_adopt(
         self,
         kind: str,
         body: dict[str, Any],
@@ -238,7 +243,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 ) from exc
             log.info("%s %s already exists with our labels; adopted", kind, name)
 
-    async def _ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
+    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
         body = self.objects.pod_group_body(placement, spec)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
@@ -300,7 +305,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 group = await self.api.read_pod_group(namespace, pod_group_name(spec))
                 if group is not None and (group.get("status") or {}).get("phase") == "Running":
                     return
-            await self._sleep(self.poll_seconds)
+            await self.pause(self.poll_seconds)
 
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
         """Wait for a running gang to end: succeeded once every pod Succeeded, failed as
@@ -309,6 +314,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         waiting in this cluster; an API error is logged and polled again (an unreachable
         cluster does not end a job)."""
         spec = self.spec(placement, spec)
+        if spec.workload is not None:
+            return await self.workloads.finished(placement, spec)
         expected = {pod_name(p, spec) for p in placement.pods}
         while True:
             try:
@@ -324,14 +331,15 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                     return RunEnd(False, "PodDeleted", f"pod {missing[0]} disappeared")
                 if all(phase == "Succeeded" for phase in phases.values()):
                     return RunEnd(True)
-            await self._sleep(self.run_poll_seconds)
+            await self.pause(self.run_poll_seconds)
 
     # -- the GangRecovery port ---------------------------------------------------------------
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
         """Delete our objects, in every tenant namespace, whose job (``tenant/name``) is not
         in ``live_jobs``; returns what was deleted as ``kind/namespace/name``."""
-        deleted: list[str] = []
+        # Workloads first: their controllers would make again the pods deleted before them.
+        deleted = await self.workloads.collect_garbage(live_jobs)
         for pod in await self.api.our_pods():
             if job_key(pod) not in live_jobs:
                 namespace, name = namespace_of(pod), pod["metadata"]["name"]

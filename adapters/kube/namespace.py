@@ -1,25 +1,43 @@
-"""The launcher's requests for pods, rendezvous Services and PodGroups: read, created and
-deleted in the tenant namespace an object names, listed across every namespace by our origin label.
+"""The launcher's requests for pods, rendezvous Services, PodGroups and workloads (batch
+Job, JobSet, PyTorchJob, RayJob, RayCluster): read, created and deleted in the tenant
+namespace an object names, listed across every namespace by our origin label; pods patched
+(pin mode's slot grants) and Warning Events recorded on them.
 
 Every request goes through ``adapters.kubeapi.calls.ApiCalls`` (bounded retries, a
 per-request timeout; other failures raise ``KubeLaunchError`` with the HTTP status only,
 never the client configuration). Listings span all namespaces (one LIST per kind, whatever
 the number of tenants) and are filtered here by our origin label and by the namespace the
 object's tenant maps to (``GangObjects.in_its_namespace``): an object labelled ours in any
-other namespace is never read back nor deleted. One pod listing is shared by every caller
-waiting at the same time.
+other namespace is never read back nor deleted. One pod listing (and one listing per
+workload kind) is shared by every caller waiting at the same time.
+
+Workloads are deleted with ``propagationPolicy: Background``: a batch/v1 Job deleted
+through the API without it orphans its pods.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
-from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi, V1Pod, V1Service
+from kubernetes.aio.client import (
+    ApiClient,
+    CoreV1Api,
+    CoreV1Event,
+    CustomObjectsApi,
+    V1Pod,
+    V1Service,
+)
+from kubernetes.aio.client.exceptions import ApiException
 
-from adapters.kube.objects import GangObjects
-from adapters.kubeapi.calls import ApiCalls
+from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects
+from adapters.kube.workloads import WorkloadKind
+from adapters.kubeapi.calls import ApiCalls, describe
+
+Listing = list[dict[str, Any]]
+MERGE_PATCH = "application/merge-patch+json"
+HTTP_CONFLICT = 409
 
 
 class NamespaceApi:
@@ -31,7 +49,7 @@ class NamespaceApi:
         self.custom = CustomObjectsApi(api_client)
         self.objects = objects
         self.calls = calls
-        self._listing: asyncio.Future[list[dict[str, Any]]] | None = None
+        self._listings: dict[str, asyncio.Future[Listing]] = {}
 
     def _dict(self, obj: object) -> dict[str, Any]:
         return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(obj))
@@ -69,23 +87,62 @@ class NamespaceApi:
         items = self._dict(pods).get("items") or []
         return [p for p in items if self.objects.in_its_namespace(p)]
 
-    async def shared_listing(self) -> list[dict[str, Any]]:
+    async def shared_listing(self) -> Listing:
         """Our pods, listed once for every caller waiting at the same time: a thousand gangs
         polling their phases cost one LIST per poll, not a thousand. Always a fresh listing
         (one started after the call, or the one in flight), never a cached one."""
-        listing = self._listing
-        if listing is None:
-            listing = asyncio.ensure_future(self.our_pods())
-            self._listing = listing
+        return await self._shared("pods", self.our_pods)
 
-            def done(future: asyncio.Future[list[dict[str, Any]]]) -> None:
-                if self._listing is future:
-                    self._listing = None
+    async def _shared(self, key: str, list_them: Callable[[], Awaitable[Listing]]) -> Listing:
+        listing = self._listings.get(key)
+        if listing is None:
+            listing = asyncio.ensure_future(list_them())
+            self._listings[key] = listing
+
+            def done(future: asyncio.Future[Listing]) -> None:
+                if self._listings.get(key) is future:
+                    del self._listings[key]
                 if not future.cancelled():
                     future.exception()  # retrieved here, so an error nobody awaits is quiet
 
             listing.add_done_callback(done)
         return await asyncio.shield(listing)
+
+    async def job_pods(self, namespace: str, tenant: str, job: str) -> Listing:
+        """A fresh listing of one job's pods in its namespace (not shared: what a slot grant
+        decides on must include the grants made before it)."""
+        selector = f"{self.objects.selector},{LABEL_TENANT}={tenant},{LABEL_JOB}={job}"
+        pods = await self.calls.checked(
+            f"list pods of {tenant}/{job}",
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
+        )
+        items = self._dict(pods).get("items") or []
+        return [p for p in items if self.objects.in_its_namespace(p)]
+
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge-patch a pod; ``ApiException`` (409 Conflict, 422 Invalid) propagates."""
+        await self.calls.call(
+            f"patch pod {namespace}/{name}",
+            lambda: self.core.patch_namespaced_pod(
+                name, namespace, dict(patch), _content_type=MERGE_PATCH
+            ),
+        )
+
+    async def create_event(self, body: Mapping[str, Any]) -> None:
+        """Record an Event; one of that name already there (409) is fine."""
+        meta = body["metadata"]
+        what = f"create event {meta['namespace']}/{meta['name']}"
+        try:
+            await self.calls.call(
+                what,
+                lambda: self.core.create_namespaced_event(
+                    meta["namespace"],
+                    CoreV1Event.from_dict(body),  # type: ignore[arg-type]
+                ),
+            )
+        except ApiException as exc:
+            if exc.status != HTTP_CONFLICT:
+                raise self.calls.error(f"{what}: {describe(exc)}") from exc
 
     # -- rendezvous Services -----------------------------------------------------------------
 
@@ -182,3 +239,56 @@ class NamespaceApi:
             return []
         items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
         return [g for g in items if self.objects.in_its_namespace(g)]
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    async def read_workload(
+        self, kind: WorkloadKind, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        obj = await self.calls.maybe(
+            f"read {kind.kind} {namespace}/{name}",
+            lambda: self.custom.get_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name
+            ),
+        )
+        return None if obj is None else cast(dict[str, Any], obj)
+
+    async def create_workload(self, kind: WorkloadKind, body: dict[str, Any]) -> None:
+        """Create a workload in the namespace its body names; ``ApiException`` (409
+        AlreadyExists, 404 for a namespace gone, among them) propagates."""
+        meta = body["metadata"]
+        await self.calls.call(
+            f"create {kind.kind} {meta['namespace']}/{meta['name']}",
+            lambda: self.custom.create_namespaced_custom_object(
+                kind.group, kind.version, meta["namespace"], kind.plural, body
+            ),
+        )
+
+    async def delete_workload(self, kind: WorkloadKind, namespace: str, name: str) -> None:
+        """Delete a workload and, in the background, what its controller made; one already
+        gone is fine."""
+        await self.calls.maybe(
+            f"delete {kind.kind} {namespace}/{name}",
+            lambda: self.custom.delete_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, name,
+                propagation_policy="Background",
+            ),
+        )  # fmt: skip
+
+    async def our_workloads(self, kind: WorkloadKind) -> Listing:
+        """Our workloads of ``kind`` in every tenant namespace; none when the kind is not
+        served (404: its CRD is not installed)."""
+        listed = await self.calls.maybe(
+            f"list {kind.plural}",
+            lambda: self.custom.list_custom_object_for_all_namespaces(
+                kind.group, kind.version, kind.plural, label_selector=self.objects.selector
+            ),
+        )
+        if listed is None:
+            return []
+        items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+        return [w for w in items if self.objects.in_its_namespace(w)]
+
+    async def shared_workloads(self, kind: WorkloadKind) -> Listing:
+        """``our_workloads(kind)``, one listing for every caller waiting at the same time."""
+        return await self._shared(kind.plural, lambda: self.our_workloads(kind))

@@ -1,0 +1,228 @@
+"""The workload half of ``KubeLauncher``: a ``spec.workload`` job's object created in its
+member, its controller's pods pinned to the placement, its end read from its own status.
+
+* launch: the tenant's namespace, then (delegate mode) the PodGroup, then the workload
+  (``adapters.kube.workloads.workload_body``; one already there with this job's labels is
+  adopted, so a restarted broker creates no second one). Its controller makes the pods.
+* wait_running: every poll, in pin mode, the job's gated pods get slots of the placement
+  (``adapters.kube.slots``; a pod left without one stays gated, with one Warning Event).
+  The gang has started when as many of the job's pods run (or already succeeded) as the
+  placement has pods, or (delegate mode) its PodGroup is Running. A pod of the job Failed,
+  or the workload failed or vanished, before that: ``KubeLaunchError`` (the service rolls
+  the gang back and requeues it with backoff).
+* finished: the workload's own status (``workload_end``), with its reason and message; the
+  workload gone: failed, ``WorkloadDeleted``. Pods its controller makes again (a retried
+  Job pod) are granted the slots freed meanwhile.
+* delete and garbage collection: the workload, with ``propagationPolicy: Background`` so
+  its controller's pods go too.
+
+Listings of pods and of each kind's workloads are shared by every gang polling at the same
+time (``NamespaceApi.shared_listing``/``shared_workloads``): a poll costs one LIST per kind
+per cluster, whatever the number of jobs. Slot grants decide on a fresh listing of the one
+job's pods, so a grant made in the previous poll is always seen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.aio.client.exceptions import ApiException
+
+from adapters.kube.objects import KubeLaunchError, job_key, namespace_of, pod_group_name
+from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
+from adapters.kube.workloads import (
+    WORKLOAD_KINDS,
+    WorkloadKind,
+    kind_of,
+    workload_body,
+    workload_end,
+)
+from adapters.kubeapi.calls import describe
+from broker.model import Placement
+from broker.ports import LaunchSpec, RunEnd
+
+if TYPE_CHECKING:
+    from adapters.kube.launch import KubeLauncher
+
+log = logging.getLogger(__name__)
+
+
+class WorkloadRuns:
+    """Creates, confirms, watches and deletes the workload objects of one launcher."""
+
+    def __init__(self, launcher: KubeLauncher) -> None:
+        self.launcher = launcher
+        self.api = launcher.api
+        self.objects = launcher.objects
+        self._noted: set[str] = set()  # pods already given a no-slot Event (namespace/name)
+
+    @staticmethod
+    def kind(spec: LaunchSpec) -> WorkloadKind:
+        if spec.workload is None:
+            raise KubeLaunchError(f"job {spec.key} has no workload")
+        return kind_of(spec.workload)
+
+    # -- create ------------------------------------------------------------------------------
+
+    async def create(self, placement: Placement, spec: LaunchSpec) -> None:
+        kind = self.kind(spec)
+        body = workload_body(self.objects, spec)
+        launcher = self.launcher
+        await launcher.ensure_namespace(spec)
+        if self.objects.mode == "delegate":
+            await launcher.ensure_pod_group(placement, spec)
+        await launcher.create_or_adopt(
+            kind.kind, body, spec,
+            lambda b: self.api.create_workload(kind, dict(b)),
+            lambda ns, name: self.api.read_workload(kind, ns, name),
+        )  # fmt: skip
+        where = f"{launcher.cluster}/{self.objects.namespace(spec.tenant)}"
+        log.info("created %s %s (%s) in %s", kind.kind, spec.key, self.objects.mode, where)
+
+    # -- confirm -----------------------------------------------------------------------------
+
+    async def _workload(self, spec: LaunchSpec) -> dict[str, Any] | None:
+        """The job's workload from the shared listing of its kind (None: not there)."""
+        namespace = self.objects.namespace(spec.tenant)
+        for obj in await self.api.shared_workloads(self.kind(spec)):
+            meta = obj.get("metadata") or {}
+            here = meta.get("name") == spec.job and namespace_of(obj) == namespace
+            if here and self.objects.ours(obj, spec):
+                return obj
+        return None
+
+    async def _pods(self, spec: LaunchSpec) -> list[dict[str, Any]]:
+        return [p for p in await self.api.shared_listing() if self.objects.ours(p, spec)]
+
+    async def wait_running(self, placement: Placement, spec: LaunchSpec) -> None:
+        """Return once the gang has started (see the module's docstring); raise
+        ``KubeLaunchError`` as soon as it cannot. Polls every ``poll_seconds``; the caller
+        applies the gang timeout."""
+        kind = self.kind(spec)
+        what = f"{kind.kind} {self.objects.namespace(spec.tenant)}/{spec.job}"
+        while True:
+            obj = await self._workload(spec)
+            if obj is None:
+                raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
+            end = workload_end(kind.kind, obj)
+            if end is not None and not end.succeeded:
+                raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
+            pods = await self._pods(spec)
+            failed = sorted(p["metadata"]["name"] for p in pods if _phase(p) == "Failed")
+            if failed:
+                raise KubeLaunchError(
+                    f"gang {spec.key}: pod {failed[0]} Failed before the gang ran"
+                )
+            if end is not None:
+                return  # succeeded before we saw it run
+            started = sum(1 for p in pods if _phase(p) in ("Running", "Succeeded"))
+            if started >= len(placement.pods):
+                return
+            if self.objects.mode == "pin":
+                await self.grant_slots(placement, spec, pods)
+            elif await self._pod_group_running(spec):
+                return
+            await self.launcher.pause(self.launcher.poll_seconds)
+
+    async def _pod_group_running(self, spec: LaunchSpec) -> bool:
+        namespace = self.objects.namespace(spec.tenant)
+        group = await self.api.read_pod_group(namespace, pod_group_name(spec))
+        return group is not None and (group.get("status") or {}).get("phase") == "Running"
+
+    async def grant_slots(
+        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
+    ) -> None:
+        """Give the job's gated pods slots of the placement (pin mode). Only when the shared
+        listing shows a gated pod: the grants are decided on a fresh listing of the job's
+        pods. A pod changed or gone meanwhile (409/404) is tried again next poll."""
+        if not any(gated(p) and not terminal(p) for p in pods):
+            return
+        namespace = self.objects.namespace(spec.tenant)
+        fresh = await self.api.job_pods(namespace, spec.tenant, spec.job)
+        to_grant, left = grants(placement, spec, fresh)
+        for grant in to_grant:
+            try:
+                await self.api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
+            except ApiException as exc:
+                log.info("pod %s/%s not granted now (%s)", namespace, grant.name, describe(exc))
+                continue
+            log.info(
+                "pod %s/%s: slot %s on node %s", namespace, grant.name,
+                slot_name(grant.slot, spec), grant.slot.node,
+            )  # fmt: skip
+        await self._note_unslotted(spec, left)
+
+    async def _note_unslotted(self, spec: LaunchSpec, pods: list[Mapping[str, Any]]) -> None:
+        """One Warning Event per pod left gated (best effort: a failure is logged)."""
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for pod in pods:
+            key = f"{namespace_of(pod)}/{pod['metadata']['name']}"
+            if key in self._noted:
+                continue
+            self._noted.add(key)
+            log.warning("pod %s stays gated: no slot of %s's placement is free", key, spec.key)
+            try:
+                await self.api.create_event(no_slot_event(pod, spec, self.objects.origin, now))
+            except KubeLaunchError as exc:
+                log.warning("no event for pod %s: %s", key, exc)
+
+    async def finished(self, placement: Placement, spec: LaunchSpec) -> RunEnd:
+        """Wait for the running workload to end, by its own status (see the module's
+        docstring). An API error is logged and polled again (an unreachable cluster does
+        not end a job)."""
+        kind = self.kind(spec)
+        namespace = self.objects.namespace(spec.tenant)
+        while True:
+            try:
+                obj = await self._workload(spec)
+                if obj is None:
+                    message = f"{kind.kind} {namespace}/{spec.job} was deleted"
+                    return RunEnd(False, "WorkloadDeleted", message)
+                end = workload_end(kind.kind, obj)
+                if end is not None:
+                    return end
+                if self.objects.mode == "pin":
+                    await self.grant_slots(placement, spec, await self._pods(spec))
+            except KubeLaunchError as exc:
+                log.warning("job %s: cannot read its workload (%s); polling again", spec.key, exc)
+            await self.launcher.pause(self.launcher.run_poll_seconds)
+
+    # -- delete ------------------------------------------------------------------------------
+
+    async def delete(self, spec: LaunchSpec) -> None:
+        """Delete the job's workload if it is this job's (its controller's pods go with it)."""
+        kind = self.kind(spec)
+        namespace = self.objects.namespace(spec.tenant)
+        existing = await self.api.read_workload(kind, namespace, spec.job)
+        if existing is None:
+            return
+        if not self.objects.ours(existing, spec):
+            log.warning("not deleting %s %s/%s: it is not %s's", kind.kind, namespace,
+                        spec.job, spec.key)  # fmt: skip
+            return
+        await self.api.delete_workload(kind, namespace, spec.job)
+
+    async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
+        """Delete our workloads of every kind whose job is not live; a kind that cannot be
+        listed (not served, not allowed) is skipped with a warning."""
+        deleted: list[str] = []
+        for kind in WORKLOAD_KINDS.values():
+            try:
+                found = await self.api.our_workloads(kind)
+            except KubeLaunchError as exc:
+                log.warning("cannot list %s in %s: %s", kind.plural, self.launcher.cluster, exc)
+                continue
+            for obj in found:
+                if job_key(obj) in live_jobs:
+                    continue
+                namespace, name = namespace_of(obj), obj["metadata"]["name"]
+                await self.api.delete_workload(kind, namespace, name)
+                deleted.append(f"{kind.kind}/{namespace}/{name}")
+        return deleted
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
