@@ -84,6 +84,10 @@ def _slot_index(slot: PodPlacement) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
+def _recorded(pod: Mapping[str, Any]) -> str:
+    return str((_meta(pod).get("annotations") or {}).get(ANNOTATION_POD) or "")
+
+
 def _order(pod: Mapping[str, Any]) -> tuple[int, str, str]:
     index = _index(pod)
     meta = _meta(pod)
@@ -98,17 +102,22 @@ def grants(
     the job's pods), and the gated pods left without a slot. A gated pod recording a free
     slot of its pod set gets that one again; the others take the free slot of their own
     index when there is one, else the lowest free one."""
-    slots = {p.pod: p for p in placement.pods}
+    set_of = {p.pod: pod_set_of(pod_name(p, spec), spec) for p in placement.pods}
     free: dict[str, dict[str, PodPlacement]] = {}
     for slot in placement.pods:
-        free.setdefault(pod_set_of(pod_name(slot, spec), spec), {})[slot.pod] = slot
+        free.setdefault(set_of[slot.pod], {})[slot.pod] = slot
+    live = sorted((p for p in pods if not terminal(p)), key=_order)
+    # Pods past the gate hold the slot they record (they may run on its node), whatever
+    # their labels say now; then a gated pod gets back the free slot it recorded.
+    for pod in (p for p in live if not gated(p)):
+        recorded = _recorded(pod)
+        if recorded in set_of:
+            free[set_of[recorded]].pop(recorded, None)
     waiting: list[tuple[Mapping[str, Any], PodPlacement | None]] = []
-    for pod in sorted((p for p in pods if not terminal(p)), key=_order):
-        recorded = str((_meta(pod).get("annotations") or {}).get(ANNOTATION_POD) or "")
-        pod_set = labels_of(pod).get(LABEL_POD_SET, "")
-        held = free.get(pod_set, {}).pop(recorded, None) if recorded in slots else None
-        if gated(pod):
-            waiting.append((pod, held))
+    for pod in (p for p in live if gated(p)):
+        recorded = _recorded(pod)
+        mine = recorded in set_of and set_of[recorded] == labels_of(pod).get(LABEL_POD_SET)
+        waiting.append((pod, free[set_of[recorded]].pop(recorded, None) if mine else None))
     out: list[Grant] = []
     left: list[Mapping[str, Any]] = []
     for pod, held in waiting:
