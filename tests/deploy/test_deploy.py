@@ -26,6 +26,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+from adapters.kube.workloads import WORKLOAD_KINDS
 from broker.config import Config, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -458,6 +459,13 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
             assert _allows(rules, group, "podgroups", verb), (group, verb)
     # A placed job's logs (issue 14, item 3).
     assert _allows(rules, "", "pods/log", "get")
+    # Workload jobs (issue 14): every kind the launcher creates, follows, deletes and
+    # garbage-collects; pin mode patches its controller's pods and records Events on them.
+    for kind in WORKLOAD_KINDS.values():
+        for verb in ("create", "get", "list", "delete"):
+            assert _allows(rules, kind.group, kind.plural, verb), (kind.kind, verb)
+    assert _allows(rules, "", "pods", "patch")
+    assert _allows(rules, "", "events", "create")
     # Nodes are patched (labelled, cordoned) only for burst pools.
     assert _allows(rules, "", "nodes", "patch") == (target == BURST_MEMBER_TARGET)
     # Never: secrets, role bindings, pods/exec (nothing the launcher calls).
