@@ -168,7 +168,7 @@ class GangShape:
 # The generated gang workload (no public trace has multi-pod gangs; see traces/README.md).
 # Sizes follow the shape of published training-job mixes: most jobs are one pod, a long tail
 # of data-parallel gangs of whole 8-GPU nodes. Seeded; the whole distribution (with arrival
-# and run times) is documented in broker/arrivals.py, its one user. Mean 2.5 pods and 15.5 GPUs
+# and run times) is documented in broker/sim/arrivals.py, its one user. Mean 2.5 pods and 15.5 GPUs
 # per job; 42 % of jobs are gangs (more than one pod), holding 94 % of the GPUs asked for.
 GANG_MIX: tuple[GangShape, ...] = (
     GangShape(1, 1, 0.40),
@@ -210,10 +210,6 @@ def generated_pod_mix(rng: random.Random) -> Resources:
         )
     gpus = rng.choice((2, 4, 8))
     return Resources(gpus=gpus, cpu_milli=gpus * 8000, memory_mib=gpus * 32768)
-
-
-def gpus_of(nodes: Iterable[Node]) -> int:
-    return sum(n.allocatable.gpus for n in nodes)
 
 
 def simulated_log_line(pod: str, step: int) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from adapters.simulated import seeded_run_seconds
-from broker.cli.client import table as render_table
+from broker.cli.render import table as render_table
 from broker.cli.runtime import EXIT_USAGE, TaskFactory, configure_logging, serve
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
 from broker.process import run_loop

@@ -18,7 +18,8 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
-from broker.cli.client import DEFAULT_SERVER, EXIT_ERROR, ClientError, table
+from broker.cli.client import DEFAULT_SERVER, EXIT_ERROR, ClientError
+from broker.cli.render import table
 
 POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
 CONNECT_TIMEOUT_SECONDS = 30.0

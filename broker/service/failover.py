@@ -50,7 +50,10 @@ class Failover:
         bounds = self._bounds()
         if not any(bounds.values()):
             return  # off by default
-        for lost in due(s.lifecycle.launches(), s.kube.stale_since(), bounds, now):
+        stale = s.kube.stale_since()
+        if not stale:
+            return  # the usual cycle: no need to walk every live launch
+        for lost in due(s.lifecycle.launches(), stale, bounds, now):
             job = lost.launch.placement.job
             log.warning("job %s: %s", job, lost.reason)
             self.binding.stop(job)

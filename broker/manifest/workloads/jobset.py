@@ -35,9 +35,7 @@ def pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
         name = pod_set_name(text(rj, "name", where), (*where, "name"))
         replicas = count(rj, "replicas", where, default=1, least=1)
         job = mapping(rj, "template", where)
-        assert job is not None
         job_spec = mapping(job, "spec", (*where, "template"))
-        assert job_spec is not None
         job_at = (*where, "template", "spec")
         template, path = pod_template(job_spec, "template", job_at)
         pods = replicas * pods_of_job(job_spec, job_at)

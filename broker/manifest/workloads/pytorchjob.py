@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.manifest.errors import FieldError, show
-from broker.manifest.workloads.reading import DerivedPodSet, bounded, count, mapping, pod_template
+from broker.manifest.workloads.reading import (
+    DerivedPodSet,
+    bounded,
+    count,
+    mapping,
+    optional_mapping,
+    pod_template,
+)
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -20,13 +27,12 @@ REPLICA_TYPES = ("Master", "Worker")
 def pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
     at = ("spec", "pytorchReplicaSpecs")
     replica_specs = mapping(spec, "pytorchReplicaSpecs", ("spec",))
-    assert replica_specs is not None
     for key in replica_specs:
         if key not in REPLICA_TYPES:
             raise FieldError((*at, key), f"replica type {show(key)} is not Master or Worker")
     out: list[DerivedPodSet] = []
     for kind in REPLICA_TYPES:
-        replica = mapping(replica_specs, kind, at, required=False)
+        replica = optional_mapping(replica_specs, kind, at)
         if replica is None:
             continue
         where = (*at, kind)

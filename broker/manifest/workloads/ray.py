@@ -62,7 +62,6 @@ def ray_job_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
             "required: the broker places the Ray cluster (clusterSelector is not supported)",
         )
     cluster = mapping(spec, "rayClusterSpec", at)
-    assert cluster is not None
     out = _cluster(cluster, (*at, "rayClusterSpec"), reserved=(HEAD, SUBMITTER))
     if text(spec, "submissionMode", at, default=K8S_JOB_MODE) == K8S_JOB_MODE:
         template, path = pod_template(spec, "submitterPodTemplate", at)
@@ -127,7 +126,6 @@ def _cluster(
             "autoscaling must be off: the broker places a fixed gang of pods",
         )
     head = mapping(cluster, "headGroupSpec", at)
-    assert head is not None
     template, path = pod_template(head, "template", (*at, "headGroupSpec"))
     out = [DerivedPodSet(HEAD, 1, template, path)]
     for group, where in items(cluster, "workerGroupSpecs", at):

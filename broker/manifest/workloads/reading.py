@@ -29,14 +29,18 @@ class DerivedPodSet:
     path: Path
 
 
-def mapping(
-    obj: Mapping[str, Any], key: str, at: Path, *, required: bool = True
-) -> Mapping[str, Any] | None:
-    """``obj[key]`` as a mapping; None when absent and not ``required``."""
+def mapping(obj: Mapping[str, Any], key: str, at: Path) -> Mapping[str, Any]:
+    """``obj[key]`` as a mapping; refused as "required" when absent."""
+    value = optional_mapping(obj, key, at)
+    if value is None:
+        raise FieldError((*at, key), "required")
+    return value
+
+
+def optional_mapping(obj: Mapping[str, Any], key: str, at: Path) -> Mapping[str, Any] | None:
+    """``obj[key]`` as a mapping; None when absent."""
     value = obj.get(key)
     if value is None:
-        if required:
-            raise FieldError((*at, key), "required")
         return None
     if not isinstance(value, Mapping):
         raise FieldError((*at, key), "must be a mapping")
@@ -99,10 +103,8 @@ def pods_of_job(job_spec: Mapping[str, Any], at: Path) -> int:
 def pod_template(obj: Mapping[str, Any], key: str, at: Path) -> tuple[Mapping[str, Any], Path]:
     """The pod template at ``obj[key]``, which must have at least one container."""
     template = mapping(obj, key, at)
-    assert template is not None
     where = (*at, key)
     spec = mapping(template, "spec", where)
-    assert spec is not None
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
         raise FieldError((*where, "spec", "containers"), "required: at least one container")

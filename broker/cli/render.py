@@ -1,0 +1,138 @@
+"""The tables a person reads: ``table`` lays out rows in aligned columns, and ``render``
+turns each client command's answer (``submit``, ``get``, ``list``, ``cancel``, ``explain``,
+``clusters``, ``pools``) into one (pure but for ages, measured from the wall clock). Other
+CLI commands (``pods``, the demo's live status) lay out their own rows with ``table``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    delta = max(0.0, time.time() - seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if delta >= size:
+            return f"{int(delta // size)}{unit}"
+    return f"{int(delta)}s"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in header], *[[("-" if c is None else str(c)) for c in r] for r in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _job_row(job: dict[str, Any]) -> list[object]:
+    meta, status = job.get("metadata", {}), job.get("status", {})
+    return [
+        meta.get("name"),
+        status.get("queue"),
+        status.get("state"),
+        status.get("cluster"),
+        _age(status.get("createdAt")),
+        status.get("reason"),
+    ]
+
+
+JOB_HEADER = ("NAME", "QUEUE", "STATE", "CLUSTER", "AGE", "REASON")
+
+
+def _render_job(doc: Any) -> str:
+    return table(JOB_HEADER, [_job_row(doc)])
+
+
+def _render_get(doc: Any) -> str:
+    out = _render_job(doc)
+    history = doc.get("status", {}).get("history") or []
+    if history:
+        rows = [
+            [_age(h.get("at")), h.get("state"), h.get("cluster"), h.get("reason")] for h in history
+        ]
+        out += "\n\nHISTORY\n" + table(("AGO", "STATE", "CLUSTER", "REASON"), rows)
+    return out
+
+
+def _render_list(doc: Any) -> str:
+    return table(JOB_HEADER, [_job_row(j) for j in doc.get("items", [])])
+
+
+def _render_explain(doc: Any) -> str:
+    head = f"{doc.get('job')}: {doc.get('state')}" + (
+        f" on {doc['cluster']}" if doc.get("cluster") else ""
+    )
+    rows = [
+        [
+            c.get("cluster"),
+            "yes" if c.get("fits") else "no",
+            c.get("largestFit"),
+            "; ".join(f"{r.get('code')}: {r.get('message')}" for r in c.get("reasons", [])) or "-",
+        ]
+        for c in doc.get("clusters", [])
+    ]
+    return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows)
+
+
+def _render_clusters(doc: Any) -> str:
+    rows = []
+    for c in doc.get("clusters", []):
+        # A cluster with no GPU nodes (yet: a burst cluster) still gets its row.
+        for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
+            rows.append(
+                [
+                    c.get("cluster") or c.get("name"),
+                    t.get("gpuType"),
+                    t.get("total"),
+                    t.get("allocated"),
+                    t.get("reserved"),
+                    t.get("free"),
+                    t.get("largestGang"),
+                ]
+            )
+    return table(("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows)
+
+
+def _render_pools(doc: Any) -> str:
+    pools = [
+        [p.get("pool"), p.get("cluster"), p.get("gpuType"), p.get("replicas"),
+         p.get("ready"), p.get("coming"), "yes" if p.get("failing") else "no",
+         p.get("scaleUps"), p.get("scaleDowns"), p.get("nodeHours"),
+         p.get("idleNodeHours"), p.get("cost")]
+        for p in doc.get("pools", [])
+    ]  # fmt: skip
+    text = table(
+        ("POOL", "CLUSTER", "GPU", "REPLICAS", "UP", "COMING", "FAILING", "SCALE-UPS",
+         "REMOVED", "NODE-H", "IDLE-H", "COST"), pools,
+    )  # fmt: skip
+    waiting = [[r.get("job"), r.get("pool"), r.get("nodes"), r.get("arrived")]
+               for r in doc.get("requests", [])]  # fmt: skip
+    if waiting:
+        text += "\n\n" + table(("WAITING GANG", "POOL", "NODES", "UP"), waiting)
+    return text
+
+
+_RENDERERS: dict[str, Callable[[Any], str]] = {
+    "submit": _render_job,
+    "cancel": _render_job,
+    "get": _render_get,
+    "list": _render_list,
+    "explain": _render_explain,
+    "clusters": _render_clusters,
+    "pools": _render_pools,
+}
+
+
+def render(command: str, doc: Any) -> str:
+    """The table a person reads for ``command``'s answer (JSON for an unknown command)."""
+    renderer = _RENDERERS.get(command)
+    return json.dumps(doc, indent=2) if renderer is None else renderer(doc)
+
+
+__all__ = ["JOB_HEADER", "render", "table"]
