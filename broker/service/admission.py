@@ -174,7 +174,7 @@ class Admission:
         # The cluster's API is called outside the lock: an unreachable cluster delays this
         # answer (bounded by the launcher's timeouts and retries), never the scheduler.
         if launch is not None:
-            await self.binding.delete(launch.placement)
+            await self.binding.delete(launch.placement, launch)
         return record
 
 

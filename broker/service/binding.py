@@ -16,7 +16,7 @@ import logging
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
-from broker.core.lifecycle import Outcome
+from broker.core.lifecycle import Launch, Outcome
 from broker.manifest import workload_spec
 from broker.model import CapacityEvent, Placement
 from broker.ports import LaunchError, LaunchSpec, RunEnd, RunWatcher
@@ -49,6 +49,9 @@ class Binding:
         self.launching: dict[str, asyncio.Task[None]] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self.runs: dict[str, asyncio.Task[None]] = {}
+        # Launches the lifecycle has already forgotten (cancelled, preempted) whose objects
+        # are being deleted: the launcher still needs their spec (a workload job's kind).
+        self._deleting: dict[str, Launch] = {}
 
     def launch_spec(self, placement: Placement) -> LaunchSpec:
         """What the launcher needs besides the placement; the Pod Security level is the
@@ -57,7 +60,7 @@ class Binding:
         tenant, _, name = placement.job.partition("/")
         config = self.s.config.tenant(tenant)
         level = config.pod_security if config is not None else "baseline"
-        launch = self.s.lifecycle.get(placement.job)
+        launch = self.s.lifecycle.get(placement.job) or self._deleting.get(placement.job)
         if launch is None:
             return LaunchSpec(tenant=tenant, job=name, pod_security=level)
         job, workload = launch.pending.job, launch.pending.workload
@@ -154,10 +157,14 @@ class Binding:
             if self.runs.get(key) is asyncio.current_task():
                 del self.runs[key]
 
-    async def delete(self, placement: Placement) -> None:
+    async def delete(self, placement: Placement, forgotten: Launch | None = None) -> None:
         """Delete a gang's objects; a cluster that cannot be reached now does not stop the
         job's cancel or requeue: what is left has our origin label and no live job, so the
-        garbage collector removes it once the cluster answers again."""
+        garbage collector removes it once the cluster answers again. ``forgotten``: the
+        job's launch when the lifecycle no longer holds it (cancel, preemption), so that
+        its spec (a ``spec.workload`` job's object to delete) is still known."""
+        if forgotten is not None:
+            self._deleting[placement.job] = forgotten
         try:
             await self.s.launcher.delete(placement)
         except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -165,6 +172,9 @@ class Binding:
                 "could not delete %s in %s now (%s); garbage collection will",
                 placement.job, placement.cluster, exc,
             )  # fmt: skip
+        finally:
+            if forgotten is not None and self._deleting.get(placement.job) is forgotten:
+                del self._deleting[placement.job]
 
     async def roll_back(self, placement: Placement, now: float, reason: str, kind: str) -> None:
         """Delete every pod, release the reservation, requeue with backoff (or fail).

@@ -122,7 +122,7 @@ class Cycles:
             self.s.metrics.preemptions.inc()
             self.s.metrics.requeues.labels("preempted").inc()
             self.binding.stop(victim.placement.job)
-            await self.binding.delete(victim.placement)
+            await self.binding.delete(victim.placement, victim)
             was: JobState = "Running" if victim.running else "Placed"
             await self.binding.record(evicted, now, expect=was)
 
