@@ -124,6 +124,27 @@ async def test_pin_mode_runs_the_planned_pods_on_their_slots_and_holds_extras(
     assert split(member.pods())[1].keys() == {extra}
 
 
+async def test_two_jobs_in_one_namespace_get_only_their_own_slots(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    """Launched at once by one launcher (their polls share listings), each job's pods get
+    slots of its own placement only, on its own nodes."""
+    jobs = {job: admitted("JobSet", job, nodes=f"{job}-node") for job in ("a", "b")}
+    members = {job: cluster(k8s, "JobSet", *jobs[job]) for job in jobs}
+
+    async def step(_: float) -> None:
+        for member in members.values():
+            await member.step(0)
+
+    kube = launcher(api, step)
+    await asyncio.gather(*(kube.launch(*jobs[job]) for job in jobs))
+    for job, member in members.items():
+        granted, held = split({n: p for n, p in member.pods().items() if n.startswith(f"{job}-")})
+        assert len(granted) == 5 and not held
+        assert_pinned(member, jobs[job][0], granted)
+    assert not stored(k8s, EVENTS)
+
+
 async def test_a_restarted_launcher_adopts_the_workload_and_keeps_granted_slots(
     api: ApiClient, k8s: Emulator
 ) -> None:
