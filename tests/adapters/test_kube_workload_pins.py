@@ -79,6 +79,10 @@ def assert_pinned(member: Cluster, placement: Placement, granted: dict[str, Obj]
         assert notes[ANNOTATION_GPUS] == ",".join(map(str, slot.gpus))
         assert notes[ANNOTATION_SLOT] == slot.pod.removeprefix(f"acme.{job}-")
         assert "schedulingGates" not in pod["spec"]
+        labels = pod["metadata"]["labels"]
+        index = labels.get("training.kubeflow.org/replica-index", labels.get(INDEX))
+        if index is not None and member.kind != "JobSet":  # a JobSet's: within its child Job
+            assert slot.pod.rpartition("-")[2] == index, f"{name}: the slot of its own index"
     per_node = Counter(p.node for p in placement.pods)
     assert set(per_node) <= set(member.peak), "the scheduler ran pods on every node"
     assert all(member.peak[node] <= n for node, n in per_node.items()), member.peak
@@ -121,6 +125,7 @@ async def test_pin_mode_runs_the_planned_pods_on_their_slots_and_holds_extras(
     assert [(e["involvedObject"]["name"], e["reason"], e["type"]) for e in events] == [
         (extra, NO_SLOT_REASON, "Warning")
     ]
+    assert len(k8s["post"][EVENTS]) == 1  # noted once, not at every poll
     assert split(member.pods())[1].keys() == {extra}
 
 
