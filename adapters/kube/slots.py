@@ -103,7 +103,9 @@ def grants(
     for slot in placement.pods:
         free.setdefault(pod_set_of(pod_name(slot, spec), spec), {})[slot.pod] = slot
     waiting: list[tuple[Mapping[str, Any], PodPlacement | None]] = []
-    for pod in sorted((p for p in pods if not terminal(p)), key=_order):
+    # Pods already let go claim their recorded slot before any gated pod: a slot a pod runs
+    # on is never granted to another, whatever else records it.
+    for pod in sorted((p for p in pods if not terminal(p)), key=lambda p: (gated(p), _order(p))):
         recorded = str((_meta(pod).get("annotations") or {}).get(ANNOTATION_POD) or "")
         pod_set = labels_of(pod).get(LABEL_POD_SET, "")
         held = free.get(pod_set, {}).pop(recorded, None) if recorded in slots else None
