@@ -129,6 +129,22 @@ async def test_pin_mode_runs_the_planned_pods_on_their_slots_and_holds_extras(
     assert split(member.pods())[1].keys() == {extra}
 
 
+@pytest.mark.parametrize("flavor", ["coscheduling", "volcano"])
+async def test_delegate_mode_leaves_placement_to_the_gang_scheduler(
+    api: ApiClient, k8s: Emulator, flavor: Flavor
+) -> None:
+    placement, spec = admitted("JobSet")
+    member = cluster(k8s, "JobSet", placement, spec)
+    await launcher(api, member.step, "delegate", flavor).launch(placement, spec)
+    pods = member.pods()
+    assert len(pods) == len(placement.pods)
+    assert {p["status"]["phase"] for p in pods.values()} == {"Running"}
+    assert {node_of(p) for p in pods.values()} == {None}  # no pin, no gate, no grant
+    assert not any(gated(p) for p in pods.values())
+    assert not k8s["patch"][PODS]
+    assert list(stored(k8s, COSCHED if flavor == "coscheduling" else VOLCANO)) == [JOB]
+
+
 async def test_two_jobs_in_one_namespace_get_only_their_own_slots(
     api: ApiClient, k8s: Emulator
 ) -> None:
