@@ -74,16 +74,16 @@ async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
         yield client
 
 
-def polls(n: int) -> Any:
-    """A poll pause that lets ``n`` polls pass, then raises ``Stop``; counts in ``.calls``."""
+class Polls:
+    """A poll pause that lets ``n`` polls pass, then raises ``Stop``; counts in ``calls``."""
 
-    async def pause(_: float) -> None:
-        pause.calls += 1  # type: ignore[attr-defined]
-        if pause.calls > n:  # type: ignore[attr-defined]
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    async def __call__(self, _: float) -> None:
+        self.calls += 1
+        if self.calls > self.n:
             raise Stop
-
-    pause.calls = 0  # type: ignore[attr-defined]
-    return pause
 
 
 def gpu_amounts(pod_spec: Mapping[str, Any]) -> dict[str, int]:
@@ -107,7 +107,7 @@ async def test_each_kind_is_created_dressed_and_valid(
 ) -> None:
     placement, spec = admitted(kind)
     scheduler = SCHEDULER if flavor == "coscheduling" and mode == "delegate" else None
-    kube = launcher(api, polls(0), mode, flavor, gpu_resource=gpu, scheduler_name=scheduler)
+    kube = launcher(api, Polls(0), mode, flavor, gpu_resource=gpu, scheduler_name=scheduler)
     await kube.workloads.create(placement, spec)
     obj = workload(k8s, kind)
     assert obj is not None and spec.workload is not None
@@ -229,7 +229,7 @@ async def test_finished_reads_each_kinds_own_status(
     api: ApiClient, k8s: Emulator, kind: str, status: dict[str, Any], end: RunEnd
 ) -> None:
     placement, spec = admitted(kind)
-    pause = polls(2)
+    pause = Polls(2)
     kube = launcher(api, pause)
     await kube.workloads.create(placement, spec)
     k8s.objects[KIND_RES[kind], NS, JOB].patch({"status": status})
@@ -243,7 +243,7 @@ async def test_a_running_workload_is_polled_until_deleted(
     api: ApiClient, k8s: Emulator, kind: str, status: dict[str, Any]
 ) -> None:
     placement, spec = admitted(kind)
-    kube = launcher(api, polls(3))
+    kube = launcher(api, Polls(3))
     await kube.workloads.create(placement, spec)
     k8s.objects[KIND_RES[kind], NS, JOB].patch({"status": status})
     _valid_status(kind, k8s.objects[KIND_RES[kind], NS, JOB].raw)
@@ -262,7 +262,7 @@ async def test_a_running_workload_is_polled_until_deleted(
 async def test_garbage_collection_keeps_live_and_foreign_workloads(
     api: ApiClient, k8s: Emulator
 ) -> None:
-    kube = launcher(api, polls(0))
+    kube = launcher(api, Polls(0))
     for kind in KINDS:
         for job in (f"{kind.lower()}-live", f"{kind.lower()}-dead"):
             await kube.workloads.create(*admitted(kind, job))
@@ -293,7 +293,7 @@ async def test_another_jobs_workload_of_that_name_fails_the_launch_and_stays(
     }
     k8s.objects[KIND_RES["JobSet"], NS, JOB] = theirs
     placement, spec = admitted("JobSet")
-    kube = launcher(api, polls(5), mode, flavor)
+    kube = launcher(api, Polls(5), mode, flavor)
     with pytest.raises(KubeLaunchError, match="does not belong to acme/train") as caught:
         await kube.launch(placement, spec)
     assert isinstance(caught.value, LaunchError)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -114,10 +114,16 @@ def admitted(kind: str, job: str = JOB, nodes: str = "node") -> tuple[Placement,
     return Placement(f"acme/{job}", "east", pods), spec
 
 
-def launcher(api: ApiClient, sleep: Any, mode: Mode = "pin", flavor: Flavor = "coscheduling",
-             **kwargs: Any) -> KubeLauncher:  # fmt: skip
+Pause = Callable[[float], Awaitable[None]]
+
+
+def launcher(
+    api: ApiClient, sleep: Pause, mode: Mode = "pin", flavor: Flavor = "coscheduling", **kw: Any
+) -> KubeLauncher:
+    """A launcher of tenant namespaces ``team-<tenant>`` in cluster ``east``, polling by
+    ``sleep`` (the test's controller, scheduler and kubelet), without retry waits."""
     return KubeLauncher(api, "team-{tenant}", mode, flavor, cluster="east",
-                        retry_wait=wait_none(), sleep=sleep, **kwargs)  # fmt: skip
+                        retry_wait=wait_none(), sleep=sleep, **kw)  # fmt: skip
 
 
 def stored(k8s: Emulator, res: Any) -> dict[str, Obj]:
