@@ -31,7 +31,7 @@ from kubernetes.aio.client import (
 )
 from kubernetes.aio.client.exceptions import ApiException
 
-from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects
+from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects, labels_of
 from adapters.kube.workloads import WorkloadKind
 from adapters.kubeapi.calls import ApiCalls, describe
 
@@ -110,14 +110,20 @@ class NamespaceApi:
 
     async def job_pods(self, namespace: str, tenant: str, job: str) -> Listing:
         """A fresh listing of one job's pods in its namespace (not shared: what a slot grant
-        decides on must include the grants made before it)."""
+        decides on must include the grants made before it). Filtered here too, not only by
+        the server: another job's pod in this listing would be given this job's slots."""
         selector = f"{self.objects.selector},{LABEL_TENANT}={tenant},{LABEL_JOB}={job}"
         pods = await self.calls.checked(
             f"list pods of {tenant}/{job}",
             lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
         )
         items = self._dict(pods).get("items") or []
-        return [p for p in items if self.objects.in_its_namespace(p)]
+        wanted = {LABEL_TENANT: tenant, LABEL_JOB: job}
+        return [
+            p for p in items
+            if self.objects.in_its_namespace(p)
+            and all(labels_of(p).get(k) == v for k, v in wanted.items())
+        ]  # fmt: skip
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Merge-patch a pod; ``ApiException`` (409 Conflict, 422 Invalid) propagates."""
