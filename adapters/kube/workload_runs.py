@@ -142,8 +142,7 @@ class WorkloadRuns:
             return
         namespace = self.objects.namespace(spec.tenant)
         fresh = await self.api.job_pods(namespace, spec.tenant, spec.job)
-        mine = [p for p in fresh if self.objects.ours(p, spec)]  # not only the server's word
-        to_grant, left = grants(placement, spec, mine)
+        to_grant, left = grants(placement, spec, fresh)  # (job_pods keeps only this job's)
         for grant in to_grant:
             try:
                 await self.api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
