@@ -93,7 +93,8 @@ class JobQueue:
     def __init__(self, queues: Iterable[QueueSpec]) -> None:
         self._queues = {q.name: _QueueState(q) for q in queues}
         self._pending: dict[str, Pending] = {}
-        self._charged: dict[str, tuple[str, dict[str, int]]] = {}
+        # job -> (queue, its GPU milli by type as pairs: smaller than a dict per job)
+        self._charged: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
         self._token: dict[str, int] = {}  # job key -> the token of its live entry
         self._pushes = 0
         self._ready: dict[str, list[_Entry]] = {name: [] for name in self._queues}
@@ -220,7 +221,7 @@ class JobQueue:
         usage = self._queues[queue].usage
         for gpu_type, milli in demand.items():
             usage[gpu_type] = usage.get(gpu_type, 0) + milli
-        self._charged[job] = (queue, dict(demand))
+        self._charged[job] = (queue, tuple(demand.items()))
 
     def release(self, job: str) -> None:
         charged = self._charged.pop(job, None)
@@ -228,7 +229,7 @@ class JobQueue:
             return
         queue, demand = charged
         usage = self._queues[queue].usage
-        for gpu_type, milli in demand.items():
+        for gpu_type, milli in demand:
             usage[gpu_type] = usage.get(gpu_type, 0) - milli
             if usage[gpu_type] <= 0:
                 del usage[gpu_type]
