@@ -8,12 +8,21 @@ reservation released, and the job requeued with exponential backoff (60 s base, 
 capacity until they end.
 
 The state machine is synchronous and takes ``now`` from its caller (an injected clock), so
-timeouts and backoff are tested without sleeping. The service drives it: it calls the
+timeouts and backoff are tested without sleeping.
+
+What a cycle asks of it costs nothing per live job (issue 15): the gangs still starting sit
+in a deadline heap (``expired``: O(k log n) for the k due, entries of launches that ran or
+ended dropped lazily when they come up), and the priorities of the launches preemption may
+reclaim are counted (``lowest_reclaimable``: O(distinct priorities); ``reclaimable``: the
+launches of reclaimable queues, indexed by cluster). The service drives it: it calls the
 launcher's async ``launch``/``delete`` and reports what the clusters say back here.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,18 +64,81 @@ class Lifecycle:
         self._queue = queue
         self._settings = settings
         self._launches: dict[str, Launch] = {}
+        # (deadline, placed order, job, launch) of gangs not yet running; stale entries
+        # (the launch ran, ended or was replaced) are dropped when they come up.
+        self._deadlines: list[tuple[float, int, str, Launch]] = []
+        self._placed = 0
+        self._starting = 0  # launches not yet running: the live entries of the heap
+        # Launches of reclaimable queues: their priorities counted, and by cluster.
+        self._reclaimable_priorities: Counter[int] = Counter()
+        self._reclaimable: dict[str, dict[str, Launch]] = {}
+        # Bumped whenever a launch preemption could reclaim appears: a job found
+        # unplaceable even by preemption stays so while this and the ledger's growth hold.
+        self.reclaim_version = 0
 
     def get(self, job: str) -> Launch | None:
         return self._launches.get(job)
 
     def launches(self) -> list[Launch]:
+        """Every live launch: O(live jobs), for rebuilds and reports, never per cycle."""
         return list(self._launches.values())
+
+    def __len__(self) -> int:
+        return len(self._launches)
 
     def placed(self, pending: Pending, placement: Placement, now: float) -> Launch:
         """A placement was reserved (the scheduler assumed it): start its timeout."""
+        job = placement.job
+        if job in self._launches:
+            self._forget(job)
         launch = Launch(pending, placement, now, now + pending.job.schedule_timeout_seconds)
-        self._launches[placement.job] = launch
+        self._launches[job] = launch
+        self._placed += 1
+        heapq.heappush(self._deadlines, (launch.deadline, self._placed, job, launch))
+        self._starting += 1
+        self._compact()
+        if self._queue.spec(pending.job.queue).reclaimable:
+            self._reclaimable_priorities[pending.job.priority] += 1
+            self.reclaim_version += 1
+            self._reclaimable.setdefault(placement.cluster, {})[job] = launch
         return launch
+
+    def _forget(self, job: str) -> Launch | None:
+        """Drop a launch from every index (its deadline entry goes stale)."""
+        launch = self._launches.pop(job, None)
+        if launch is None:
+            return None
+        if not launch.running:
+            self._starting -= 1
+        by_job = self._reclaimable.get(launch.placement.cluster)
+        if by_job is not None and by_job.get(job) is launch:
+            del by_job[job]
+            if not by_job:
+                del self._reclaimable[launch.placement.cluster]
+            priority = launch.pending.job.priority
+            self._reclaimable_priorities[priority] -= 1
+            if not self._reclaimable_priorities[priority]:
+                del self._reclaimable_priorities[priority]
+        return launch
+
+    def _compact(self) -> None:
+        """Rebuild the deadline heap once stale entries outnumber live ones (amortised
+        O(1) per launch): its size follows the gangs starting, not those placed lately."""
+        heap = self._deadlines
+        if len(heap) > 64 and len(heap) > 2 * self._starting:
+            self._deadlines = [
+                e for e in heap if self._launches.get(e[2]) is e[3] and not e[3].running
+            ]
+            heapq.heapify(self._deadlines)
+
+    def lowest_reclaimable(self) -> int | None:
+        """The lowest priority among launches of reclaimable queues (None: there are none)."""
+        return min(self._reclaimable_priorities, default=None)
+
+    def reclaimable(self) -> Iterable[Launch]:
+        """The launches of reclaimable queues (what preemption may evict)."""
+        for by_job in self._reclaimable.values():
+            yield from by_job.values()
 
     def all_running(self, job: str, now: float) -> Outcome | None:
         """Every pod of the gang runs: the reservation becomes bound usage."""
@@ -74,6 +146,7 @@ class Lifecycle:
         if launch is None or launch.running:
             return None
         launch.running = True
+        self._starting -= 1
         self._ledger.confirm(job)
         waited = now - launch.pending.enqueued_at
         return Outcome(
@@ -81,13 +154,24 @@ class Lifecycle:
         )
 
     def expired(self, now: float) -> list[Launch]:
-        """Launches whose gang did not fully start in time (the caller deletes their pods)."""
-        return [la for la in self._launches.values() if not la.running and la.deadline <= now]
+        """Launches whose gang did not fully start in time (the caller rolls them back).
+        They stay due until then: asked again, they are returned again."""
+        due: list[Launch] = []
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            launch = entry[3]
+            if self._launches.get(entry[2]) is launch and not launch.running:
+                due.append(launch)
+        for launch in due:
+            self._placed += 1
+            heapq.heappush(heap, (launch.deadline, self._placed, launch.placement.job, launch))
+        return due
 
     def roll_back(self, job: str, now: float, reason: str) -> Outcome | None:
         """The gang's pods are deleted (or never made it): release everything it held and
         requeue it with backoff, or fail it once past its backoff limit."""
-        launch = self._launches.pop(job, None)
+        launch = self._forget(job)
         if launch is None:
             return None
         self._ledger.forget(job)
@@ -135,7 +219,7 @@ class Lifecycle:
     def _release(self, job: str) -> Launch | None:
         """Forget a launch and give back what it held: bound usage if it ran, else its
         reservation; and its queue's charge."""
-        launch = self._launches.pop(job, None)
+        launch = self._forget(job)
         if launch is None:
             return None
         if launch.running:

@@ -21,21 +21,6 @@ from broker.model import Job, Placement
 from policies import Policy
 
 
-def lowest_reclaimable(queue: JobQueue, lifecycle: Lifecycle) -> int | None:
-    """The lowest priority among running jobs of reclaimable queues (None: there are none):
-    only a job above it might preempt. Without a reclaimable queue, no walk at all."""
-    if not any(spec.reclaimable for spec in queue.queues()):
-        return None
-    return min(
-        (
-            launch.pending.job.priority
-            for launch in lifecycle.launches()
-            if queue.spec(launch.pending.job.queue).reclaimable
-        ),
-        default=None,
-    )
-
-
 def choose_victims(
     job: Job,
     policy: Policy,
@@ -47,9 +32,9 @@ def choose_victims(
     """The fewest GPUs of whole lower-priority reclaimable jobs whose eviction lets the job
     fit, or None when no such set exists."""
     by_cluster: dict[str, list[Launch]] = {}
-    for launch in lifecycle.launches():
+    for launch in lifecycle.reclaimable():
         other = launch.pending.job
-        if other.priority < job.priority and queue.spec(other.queue).reclaimable:
+        if other.priority < job.priority:
             by_cluster.setdefault(launch.placement.cluster, []).append(launch)
     best: tuple[int, str, list[Launch]] | None = None
     for cluster, candidates in sorted(by_cluster.items()):
@@ -77,6 +62,8 @@ def _victims_in(
         what_if = ledger.snapshot_without(v.placement for v in victims)
         return isinstance(policy.decide(job, views.only(what_if, cluster)), Placement)
 
+    if not fits(candidates):
+        return None  # evicting them all is not enough: no need to try them one by one
     chosen: list[Launch] = []
     for launch in candidates:
         chosen.append(launch)

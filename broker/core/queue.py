@@ -9,11 +9,19 @@ its backoff (``not_before``) before it is tried again. Quotas (nominal GPUs per 
 or without borrowing idle capacity) are checked here against what each queue has admitted.
 
 Pure and synchronous: the clock is passed in.
+
+Kept in order as jobs come and go, not sorted per cycle (issue 15), as Kueue keeps a heap
+per ClusterQueue: each queue's eligible jobs sit in a heap by (-priority, seq), jobs in
+backoff in one heap by ``not_before``; a cycle walks the queues' heads merged by the full
+order (``Ordering``), so taking the first k jobs costs O(q + k log n) for q queues and n
+jobs, whatever else waits. Removal is O(1) (an entry whose token is no longer its job's is
+dropped when it comes up); a heap is rebuilt once stale entries outnumber live ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,11 +84,23 @@ def gpu_milli_by_type(
     return out
 
 
+# A queue heap's entry: (-priority, seq, token, job key). The token is the push it came
+# from: an entry is live while its token is still its job's.
+_Entry = tuple[int, int, int, str]
+
+
 class JobQueue:
     def __init__(self, queues: Iterable[QueueSpec]) -> None:
         self._queues = {q.name: _QueueState(q) for q in queues}
         self._pending: dict[str, Pending] = {}
-        self._charged: dict[str, tuple[str, dict[str, int]]] = {}
+        # job -> (queue, its GPU milli by type as pairs: smaller than a dict per job)
+        self._charged: dict[str, tuple[str, tuple[tuple[str, int], ...]]] = {}
+        self._token: dict[str, int] = {}  # job key -> the token of its live entry
+        self._pushes = 0
+        self._ready: dict[str, list[_Entry]] = {name: [] for name in self._queues}
+        self._live: dict[str, int] = dict.fromkeys(self._queues, 0)  # pending per queue
+        self._backoff: list[tuple[float, int, str]] = []  # (not_before, token, job key)
+        self._now = float("-inf")  # the latest ``now`` an ordering was asked for
 
     # -- what is waiting --------------------------------------------------------------------
 
@@ -94,12 +114,37 @@ class JobQueue:
         return [s.spec for s in self._queues.values()]
 
     def push(self, pending: Pending) -> None:
-        if pending.job.queue not in self._queues:
-            raise KeyError(f"unknown queue {pending.job.queue!r}")
-        self._pending[pending.job.key] = pending
+        """Queue a job (again): O(log n). A job already queued is replaced."""
+        name = pending.job.queue
+        if name not in self._queues:
+            raise KeyError(f"unknown queue {name!r}")
+        key = pending.job.key
+        before = self._pending.pop(key, None)
+        if before is not None:
+            self._live[before.job.queue] -= 1
+        self._pending[key] = pending
+        self._live[name] += 1
+        self._pushes += 1
+        token = self._token[key] = self._pushes
+        if pending.not_before <= self._now:
+            self._heap_push(name, (-pending.job.priority, pending.seq, token, key))
+        else:
+            heapq.heappush(self._backoff, (pending.not_before, token, key))
+
+    def _heap_push(self, name: str, entry: _Entry) -> None:
+        heap = self._ready[name]
+        heapq.heappush(heap, entry)
+        if len(heap) > 64 and len(heap) > 2 * self._live[name]:
+            self._ready[name] = [e for e in heap if self._token.get(e[3]) == e[2]]
+            heapq.heapify(self._ready[name])
 
     def remove(self, job: str) -> Pending | None:
-        return self._pending.pop(job, None)
+        """O(1): its heap entry goes stale."""
+        pending = self._pending.pop(job, None)
+        if pending is not None:
+            del self._token[job]
+            self._live[pending.job.queue] -= 1
+        return pending
 
     def get(self, job: str) -> Pending | None:
         return self._pending.get(job)
@@ -108,18 +153,28 @@ class JobQueue:
         return len(self._pending)
 
     def pending(self, queue: str | None = None) -> list[Pending]:
+        """Every waiting job (O(n): for reports and rebuilds, never per cycle)."""
         return [p for p in self._pending.values() if queue is None or p.job.queue == queue]
 
-    def ordered(self, now: float, capacity: Mapping[str, int]) -> list[Pending]:
-        """The jobs eligible now (backoff over), in the order to try them. ``capacity`` is
-        the federation's GPU milli per type, the denominator of the dominant shares."""
+    def ordering(self, now: float, capacity: Mapping[str, int]) -> Ordering:
+        """The jobs eligible now (backoff over), lazily in the order to try them: job
+        priority, queue priority, fair share (``capacity``: the federation's GPU milli per
+        type, the denominator of the dominant shares, taken once), FIFO. Close it when done
+        (``with``): the jobs it yielded that are still queued go back into their heaps."""
+        self._now = max(self._now, now)
+        backoff = self._backoff
+        while backoff and backoff[0][0] <= now:
+            _, token, key = heapq.heappop(backoff)
+            pending = self._pending.get(key)
+            if pending is not None and self._token[key] == token:
+                self._heap_push(pending.job.queue, (-pending.job.priority, pending.seq, token, key))
         shares = {name: self.dominant_share(name, capacity) for name in self._queues}
+        return Ordering(self, now, shares, self._pushes)
 
-        def key(p: Pending) -> tuple[int, int, float, int]:
-            spec = self._queues[p.job.queue].spec
-            return (-p.job.priority, -spec.priority, shares[spec.name], p.seq)
-
-        return sorted((p for p in self._pending.values() if p.not_before <= now), key=key)
+    def ordered(self, now: float, capacity: Mapping[str, int]) -> list[Pending]:
+        """Every job eligible now, in order (O(n log n): the whole ``ordering``)."""
+        with self.ordering(now, capacity) as ordering:
+            return list(ordering)
 
     # -- fair share and quota -------------------------------------------------------------------
 
@@ -166,7 +221,7 @@ class JobQueue:
         usage = self._queues[queue].usage
         for gpu_type, milli in demand.items():
             usage[gpu_type] = usage.get(gpu_type, 0) + milli
-        self._charged[job] = (queue, dict(demand))
+        self._charged[job] = (queue, tuple(demand.items()))
 
     def release(self, job: str) -> None:
         charged = self._charged.pop(job, None)
@@ -174,7 +229,67 @@ class JobQueue:
             return
         queue, demand = charged
         usage = self._queues[queue].usage
-        for gpu_type, milli in demand.items():
+        for gpu_type, milli in demand:
             usage[gpu_type] = usage.get(gpu_type, 0) - milli
             if usage[gpu_type] <= 0:
                 del usage[gpu_type]
+
+
+class Ordering(Iterator[Pending]):
+    """The queues' heads merged by the full order (see ``JobQueue.ordering``). Jobs queued
+    after it began are not yielded (a victim requeued during the cycle waits for the next);
+    a job yielded and still queued when it closes is put back."""
+
+    def __init__(
+        self, queue: JobQueue, now: float, shares: Mapping[str, float], last_token: int
+    ) -> None:
+        self._queue = queue
+        self._now = now
+        self._last_token = last_token
+        self._rank = {n: (-s.spec.priority, shares[n]) for n, s in queue._queues.items()}
+        self._heads: list[tuple[int, int, float, int, int, str, str]] = []
+        self._taken: list[tuple[str, _Entry]] = []  # popped from their queue's heap
+        for name in queue._queues:
+            self._advance(name)
+
+    def _advance(self, name: str) -> None:
+        """Move the queue's next live entry from its heap to the heads."""
+        heap = self._queue._ready[name]
+        tokens = self._queue._token
+        while heap:
+            entry = heapq.heappop(heap)
+            if tokens.get(entry[3]) != entry[2]:
+                continue  # stale: dropped for good
+            self._taken.append((name, entry))
+            if entry[2] > self._last_token:
+                continue  # queued during this ordering: put back at close
+            qprio, share = self._rank[name]
+            head = (entry[0], qprio, share, entry[1], entry[2], entry[3], name)
+            heapq.heappush(self._heads, head)
+            return
+
+    def __next__(self) -> Pending:
+        while self._heads:
+            _, _, _, _, token, key, name = heapq.heappop(self._heads)
+            self._advance(name)
+            pending = self._queue._pending.get(key)
+            if pending is None or self._queue._token.get(key) != token:
+                continue
+            if pending.not_before > self._now:
+                continue  # asked for an earlier ``now`` than before: not yet
+            return pending
+        raise StopIteration
+
+    def close(self) -> None:
+        """Put back what was taken from the heaps and is still queued."""
+        queue, taken = self._queue, self._taken
+        self._taken, self._heads = [], []
+        for name, entry in taken:
+            if queue._token.get(entry[3]) == entry[2]:
+                queue._heap_push(name, entry)
+
+    def __enter__(self) -> Ordering:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

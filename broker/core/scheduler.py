@@ -38,8 +38,8 @@ from broker.core.decide import decide
 from broker.core.holds import Holds, hidden_with, nodes_to_hold
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Launch, Lifecycle, Outcome
-from broker.core.preemption import choose_victims, lowest_reclaimable
-from broker.core.queue import JobQueue, Pending, gpu_milli_by_type
+from broker.core.preemption import choose_victims
+from broker.core.queue import JobQueue, Ordering, Pending, gpu_milli_by_type
 from broker.core.shapes import UnplaceableShapes, shape_of
 from broker.model import (
     CapacitySnapshot,
@@ -136,18 +136,18 @@ def run_cycle(
     caller's unplaceable shapes, kept from cycle to cycle (None: every job is decided)."""
     cycle = _Cycle(queue, ledger, policies, now, settings, on_decision, lifecycle, hiding, memo)
     # 1. The eligible jobs, in order: priority, queue priority, fair share, FIFO.
-    ordered = cycle.eligible()
     decided = 0
     began = time.perf_counter()
     budget = settings.max_cycle_seconds
-    for pending in ordered:
-        if decided >= settings.max_jobs_per_cycle:
-            break
-        if budget is not None and decided and time.perf_counter() - began >= budget:
-            cycle.result.cut_short = True
-            break
-        # 2.-5. Decide (unless the memo knows the shape), check quota, reserve, or wait.
-        decided += cycle.consider(pending)
+    with cycle.eligible() as ordered:
+        for pending in ordered:
+            if decided >= settings.max_jobs_per_cycle:
+                break
+            if budget is not None and decided and time.perf_counter() - began >= budget:
+                cycle.result.cut_short = True
+                break
+            # 2.-5. Decide (unless the memo knows the shape), check quota, reserve, or wait.
+            decided += cycle.consider(pending)
     return cycle.result
 
 
@@ -165,19 +165,17 @@ class _Cycle:
     hiding: Callable[[Job], Mapping[str, Collection[str]]] | None
     memo: UnplaceableShapes | None
     result: CycleResult = field(default_factory=CycleResult)
-    floor: int | None = None  # lowest_reclaimable(), once known
+    floor: int | None = None  # Lifecycle.lowest_reclaimable(), once known
     floor_known: bool = False
     held_keys: set[tuple[str, str]] = field(default_factory=set)  # result.held, as pairs
     holders: int = 0  # gangs holding nodes so far this cycle
     # The snapshot without the held nodes, for the ledger version and holds it was made at.
     held_view: tuple[int, int, CapacitySnapshot] | None = None
 
-    def eligible(self) -> list[Pending]:
+    def eligible(self) -> Ordering:
+        """The eligible jobs, lazily in order: a cycle pays for the jobs it looks at."""
         total, _ = federation_capacity(self.ledger.snapshot())
-        ordered = self.queue.ordered(self.now, total)
-        if self.memo is None:
-            ordered = ordered[: self.settings.max_jobs_per_cycle]
-        return ordered
+        return self.queue.ordering(self.now, total)
 
     def consider(self, pending: Pending) -> int:
         """Steps 2 to 5 for one job: 1 if a decision was made, 0 if the memo skipped it."""
@@ -188,10 +186,14 @@ class _Cycle:
         waited = self.now - pending.enqueued_at
         starving = job.total_pods > 1 and waited >= self.settings.starvation_seconds
         shape: Hashable = None
-        if self.memo is not None and not self._may_preempt(job):
+        if self.memo is not None:
             # A starving gang's decision is remembered apart: made in full (no precheck),
-            # it carries the largest fits its hold is chosen by.
-            shape = (shape_of(job, policy.name, hidden), starving)
+            # it carries the largest fits its hold is chosen by. A job that may preempt was
+            # refused with preemption tried: that holds until a launch it might reclaim
+            # appears (or the ledger grows).
+            life = self.lifecycle
+            reclaim = life.reclaim_version if life is not None and self._may_preempt(job) else None
+            shape = (shape_of(job, policy.name, hidden), starving, reclaim)
             known = self.memo.lookup(shape, self.ledger, self.held_keys)
             if known is not None:
                 self.result.skipped += 1
@@ -240,7 +242,7 @@ class _Cycle:
         if self.lifecycle is None:
             return False
         if not self.floor_known:
-            self.floor, self.floor_known = lowest_reclaimable(self.queue, self.lifecycle), True
+            self.floor, self.floor_known = self.lifecycle.lowest_reclaimable(), True
         return self.floor is not None and job.priority > self.floor
 
     def _preempt_for(self, pending: Pending, policy: Policy) -> bool:

@@ -34,7 +34,7 @@ from broker.manifest.fields import (
     MemoryQuantity,
 )
 from broker.manifest.workloads import Path
-from broker.model import PolicyName
+from broker.model import PolicyName, frozen
 
 API_VERSION = "fedbroker.io/v1alpha1"
 KIND = "FederatedJob"
@@ -129,8 +129,8 @@ class PodSetSpec(WireModel):
         spec = self.template.get("spec")
         items = spec.get("tolerations") if isinstance(spec, dict) else None
         if not isinstance(items, list):
-            return frozenset()
-        return frozenset(
+            return frozen(())
+        return frozen(
             t["key"] for t in items if isinstance(t, dict) and isinstance(t.get("key"), str)
         )
 

@@ -4,13 +4,14 @@ the only bridge between the wire models and ``broker.model``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from broker.manifest import workloads
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.manifest.podpolicy import derived_resources
-from broker.model import GpuType, Job, PodSet, Resources
+from broker.model import GpuType, Job, PodSet, Resources, frozen
 from broker.ports import WorkloadSpec
 
 
@@ -34,7 +35,7 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         tenant=tenant,
         queue=spec.queue or default_queue,
         priority=spec.priority,
-        gpu_types=frozenset(GpuType(t) for t in spec.placement.gpu_types),
+        gpu_types=frozen(GpuType(t) for t in spec.placement.gpu_types),
         cluster_selector=dict(spec.placement.cluster_selector),
         min_member=spec.gang.min_member,
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
@@ -43,10 +44,14 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     )
 
 
-def pod_templates(wire: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+NO_TEMPLATES: Mapping[str, Mapping[str, Any]] = MappingProxyType({})  # shared, read-only
+
+
+def pod_templates(wire: Mapping[str, Any]) -> Mapping[str, Mapping[str, Any]]:
     """Pod set name -> its non-empty pod template, from a stored manifest (wire names)."""
     pod_sets = (wire.get("spec") or {}).get("podSets") or []
-    return {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
+    found = {ps["name"]: ps["template"] for ps in pod_sets if ps.get("template")}
+    return found if found else NO_TEMPLATES
 
 
 def workload_object(wire: Mapping[str, Any]) -> Mapping[str, Any] | None:
