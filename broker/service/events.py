@@ -236,9 +236,11 @@ class PublishingStore:
         self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         records = await self.inner.transition_many(jobs, state, reason, now)
-        before: JobState | None = "Placed" if state in FINAL_STATES or state == "Queued" else None
         for record in records:  # as transition does, per job moved
-            self._published(record, before)
+            self.bus.publish("job", record.tenant, job_event(record))
+        # One capacity change for the batch: it says "look again", not what changed.
+        if records and (state in _HOLDS_CAPACITY or state in FINAL_STATES or state == "Queued"):
+            self.bus.publish("capacity", None, {"cause": f"{state} {len(records)} jobs"})
         return records
 
     async def active_jobs(

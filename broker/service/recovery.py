@@ -11,9 +11,12 @@ keeps their staleness current, and deletes our objects that belong to no live jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import logging
 import time
+from collections.abc import AsyncGenerator, Iterator
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
@@ -41,6 +44,21 @@ def _key(record: JobRecord) -> tuple[str, str]:
     return record.tenant, record.name
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector off while a rebuild loads every live job (bounded work): its
+    passes would walk the growing heap again and again, and what the rebuild keeps is frozen
+    out of later passes afterwards (``broker.process.settle_heap``). Reference counting
+    still frees the rebuild's garbage."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class Recovery:
     """Takeover and loss of the lease, Kubernetes members' start and upkeep."""
 
@@ -58,7 +76,8 @@ class Recovery:
         found, self.found = self.found, None
         async with s.lock:
             started = time.perf_counter()
-            jobs = await self._rebuild(found)
+            with _collector_paused():
+                jobs = await self._rebuild(found)
             s.rebuilt = True
         # The restart benchmark (broker/bench/restart.py) reads this line: keep its shape.
         log.info(REBUILT_LOG, jobs, time.perf_counter() - started)
@@ -97,16 +116,33 @@ class Recovery:
         if found is None:
             found = await self._read_back()
         now = s.clock()
-        after: int | None = None
         jobs = 0
         # Paged by seq, and each page's requeues written as one batch: time to ready grows
-        # per job by reading it, not by a commit of its own; memory by a page at a time.
-        while page := await s.store.active_jobs(after_seq=after, limit=REBUILD_PAGE):
-            after, jobs = page[-1].seq, jobs + len(page)
-            await self._rebuild_page(page, found, now)
+        # per job by reading it, not by a commit of its own; memory by two pages at a time.
+        async with contextlib.aclosing(self._pages()) as pages:
+            async for page in pages:
+                jobs += len(page)
+                await self._rebuild_page(page, found, now)
         if s.kube:
             await self._collect_garbage_locked()  # leftovers of jobs that were requeued
         return jobs
+
+    async def _pages(self) -> AsyncGenerator[list[JobRecord], None]:
+        """The active jobs by seq, a page at a time, the next page read while the caller
+        works on this one (the store's reads run off the event loop)."""
+        store = self.s.store
+        page = await store.active_jobs(limit=REBUILD_PAGE)
+        while page:
+            ahead = asyncio.ensure_future(
+                store.active_jobs(after_seq=page[-1].seq, limit=REBUILD_PAGE)
+            )
+            try:
+                yield page
+            except BaseException:  # the caller stopped early (an error): not left behind
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
+                raise
+            page = await ahead
 
     async def _rebuild_page(self, page: list[JobRecord], found: Found, now: float) -> None:
         """One page of active jobs: restored from their pods, or requeued (one batch), then
