@@ -9,6 +9,7 @@ only.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from fractions import Fraction
@@ -45,10 +46,17 @@ def parse_quantity(value: object) -> Fraction:
     """
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise QuantityError(f"not a quantity: {_show(value)}")
-    text = value if isinstance(value, str) else str(value)
+    return _parse_text(value if isinstance(value, str) else str(value))
+
+
+# A broker reads the same few spellings ("4", "16Gi", "500m") over and over, most of all
+# when a restart rebuilds every live job: each is parsed once (a Fraction is immutable).
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Fraction:
+    """``parse_quantity`` of a string; errors show ``text`` (a number's str is its repr)."""
     match = _QUANTITY.fullmatch(text) if len(text) <= MAX_TEXT else None
     if match is None:
-        raise QuantityError(f"not a quantity: {_show(value)}")
+        raise QuantityError(f"not a quantity: {_show(text)}")
     sign, number, suffix = match.group(1), match.group(2), match.group(3) or ""
     amount = Fraction(number)
     if suffix in SUFFIXES:
@@ -56,7 +64,7 @@ def parse_quantity(value: object) -> Fraction:
     else:  # an exponent: e3, E-2, e+5
         exponent = int(suffix[1:])
         if abs(exponent) > MAX_EXPONENT:
-            raise QuantityError(f"not a quantity: {_show(value)} (exponent out of range)")
+            raise QuantityError(f"not a quantity: {_show(text)} (exponent out of range)")
         amount *= Fraction(10) ** exponent
     return -amount if sign == "-" else amount
 

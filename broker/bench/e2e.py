@@ -53,6 +53,16 @@ def job_body(name: str) -> bytes:
 
 
 def bench_config(data_dir: Path, token: str, clusters: int, nodes_per_cluster: int) -> Config:
+    store = f"sqlite://{data_dir / 'bench.db'}"
+    doc = bench_document(store, token, clusters, nodes_per_cluster)
+    return parse_config(json.dumps(doc), "bench config", {})
+
+
+def bench_document(
+    store_url: str, token: str, clusters: int, nodes_per_cluster: int
+) -> dict[str, Any]:
+    """The benchmarks' config document: one tenant ``bench`` with a binpack queue ``bench``
+    on simulated clusters of 8-GPU nodes."""
     cluster_list = [
         {
             "name": f"sim-{i:03d}",
@@ -72,8 +82,8 @@ def bench_config(data_dir: Path, token: str, clusters: int, nodes_per_cluster: i
         }
         for i in range(clusters)
     ]
-    doc = {
-        "store": {"url": f"sqlite://{data_dir / 'bench.db'}"},
+    return {
+        "store": {"url": store_url},
         "api": {"rateLimitPerTenant": {"requestsPerSecond": 100000.0, "burst": 100000}},
         "scheduler": {"cycleSeconds": 0.05},
         "clusters": cluster_list,
@@ -81,7 +91,6 @@ def bench_config(data_dir: Path, token: str, clusters: int, nodes_per_cluster: i
         "tenants": [{"name": "bench", "defaultQueue": "bench", "queues": ["bench"],
                      "token": {"value": token}}],
     }  # fmt: skip
-    return parse_config(json.dumps(doc), "bench config", {})
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

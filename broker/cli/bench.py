@@ -1,5 +1,6 @@
 """``fedbroker bench``: its flags, and which benchmark of broker.bench a run means
-(placement decisions per second, ``--e2e`` through HTTP and the service, ``--cycle``)."""
+(placement decisions per second, ``--e2e`` through HTTP and the service, ``--cycle``,
+``--restart``: time to ready after ``kill -9``)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,23 @@ def add_bench_command(sub: Any) -> None:
     cmd.add_argument(
         "--queued", type=positive("--queued"), default=100_000, help="cycle: jobs queued"
     )
+    cmd.add_argument(
+        "--restart", action="store_true",
+        help="time to ready of `serve` after kill -9 with --jobs live jobs in the store",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--store", default=None, metavar="URL",
+        help="restart: a postgresql:// server to use a fresh database on (default: SQLite)",
+    )  # fmt: skip
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
     if args.clusters is None:
         args.clusters = 100 if args.cycle else 20
+    if args.restart:
+        from broker.bench.restart import main_restart
+
+        return main_restart(args)
     if args.cycle:
         from broker.bench.cycle import main_cycle
 

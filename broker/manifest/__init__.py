@@ -27,7 +27,7 @@ from broker.manifest.fields import (
     memory_mebibytes,
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
-from broker.manifest.parsing import parse_manifest
+from broker.manifest.parsing import parse_manifest, stored_manifest
 from broker.manifest.podpolicy import (
     PolicyViolation,
     admit_templates,
@@ -76,6 +76,7 @@ __all__ = [
     "parse_quantity",
     "pod_requests",
     "pod_templates",
+    "stored_manifest",
     "template_violations",
     "to_job",
     "workload_object",

@@ -73,6 +73,18 @@ def parse_manifest(body: bytes, content_type: str | None) -> FederatedJob:
         raise ManifestError(f"{path or 'manifest'}: {message}", path or "manifest") from None
 
 
+def stored_manifest(data: dict[str, Any]) -> FederatedJob:
+    """A manifest the store holds (``FederatedJob.wire()`` of an admitted one), validated
+    into the models again, as the rules may have changed since; ManifestError as
+    ``parse_manifest``. No text to parse, and its document bounds (``check_document``) held
+    when it was admitted: a restart reads every live job through here."""
+    try:
+        return FederatedJob.model_validate(data)
+    except ValidationError as exc:
+        path, message = first_error(exc)
+        raise ManifestError(f"{path or 'manifest'}: {message}", path or "manifest") from None
+
+
 # libyaml's C loader when the wheel has it: the pure-Python one costs about 2 ms per
 # manifest, the largest share of a submission.
 _FAST_LOADER: Any = getattr(yaml, "CSafeLoader", None)

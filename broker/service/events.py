@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -232,8 +232,21 @@ class PublishingStore:
     async def history(self, tenant: str, name: str) -> list[Transition]:
         return await self.inner.history(tenant, name)
 
-    async def active_jobs(self) -> list[JobRecord]:
-        return await self.inner.active_jobs()
+    async def transition_many(
+        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+    ) -> list[JobRecord]:
+        records = await self.inner.transition_many(jobs, state, reason, now)
+        for record in records:  # as transition does, per job moved
+            self.bus.publish("job", record.tenant, job_event(record))
+        # One capacity change for the batch: it says "look again", not what changed.
+        if records and (state in _HOLDS_CAPACITY or state in FINAL_STATES or state == "Queued"):
+            self.bus.publish("capacity", None, {"cause": f"{state} {len(records)} jobs"})
+        return records
+
+    async def active_jobs(
+        self, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[JobRecord]:
+        return await self.inner.active_jobs(after_seq=after_seq, limit=limit)
 
 
 __all__ = ["Event", "EventBus", "PublishingStore", "Subscription", "job_event"]

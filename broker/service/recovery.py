@@ -11,9 +11,12 @@ keeps their staleness current, and deletes our objects that belong to no live jo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import logging
 import time
+from collections.abc import AsyncGenerator, Iterator
 
 import aiohttp
 from kubernetes.aio.client import ApiClient
@@ -26,12 +29,34 @@ from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.members import ClusterLauncher
 from broker.service.state import Shared, pending_of
-from broker.store import JobRecord
+from broker.store import FINAL_STATES, JobRecord
 
 log = logging.getLogger(__name__)
 
 Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
 _UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
+REBUILD_PAGE = 1000  # active jobs read, and requeued in one transaction, at a time
+RESTART_REASON = "requeued after broker restart"
+REBUILT_LOG = "state rebuilt from the store: %d active jobs in %.3f s"
+
+
+def _key(record: JobRecord) -> tuple[str, str]:
+    return record.tenant, record.name
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic collector off while a rebuild loads every live job (bounded work): its
+    passes would walk the growing heap again and again, and what the rebuild keeps is frozen
+    out of later passes afterwards (``broker.process.settle_heap``). Reference counting
+    still frees the rebuild's garbage."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Recovery:
@@ -50,8 +75,12 @@ class Recovery:
         s = self.s
         found, self.found = self.found, None
         async with s.lock:
-            await self._rebuild(found)
+            started = time.perf_counter()
+            with _collector_paused():
+                jobs = await self._rebuild(found)
             s.rebuilt = True
+        # The restart benchmark (broker/bench/restart.py) reads this line: keep its shape.
+        log.info(REBUILT_LOG, jobs, time.perf_counter() - started)
         if s.pools:
             self._pools = s.tasks.keep("burst-pools", lambda: s.pools.run(s.lock))
         s.wake.set()
@@ -78,29 +107,74 @@ class Recovery:
         for pending in s.queue.pending():
             s.queue.remove(pending.job.key)
 
-    async def _rebuild(self, found: Found | None) -> None:
+    async def _rebuild(self, found: Found | None) -> int:
         """Every active job of the store back into the queue (under the lock). The jobs the
         store says are Placed or Running on a Kubernetes member get their reservations back
-        from our labelled pods instead of being requeued."""
+        from our labelled pods instead of being requeued. Returns how many jobs it read."""
         s = self.s
         self._drop("rebuilding")
         if found is None:
             found = await self._read_back()
         now = s.clock()
-        for record in await s.store.active_jobs():
+        jobs = 0
+        # Paged by seq, and each page's requeues written as one batch: time to ready grows
+        # per job by reading it, not by a commit of its own; memory by two pages at a time.
+        async with contextlib.aclosing(self._pages()) as pages:
+            async for page in pages:
+                jobs += len(page)
+                await self._rebuild_page(page, found, now)
+        if s.kube:
+            await self._collect_garbage_locked()  # leftovers of jobs that were requeued
+        return jobs
+
+    async def _pages(self) -> AsyncGenerator[list[JobRecord], None]:
+        """The active jobs by seq, a page at a time, the next page read while the caller
+        works on this one (the store's reads run off the event loop)."""
+        store = self.s.store
+        page = await store.active_jobs(limit=REBUILD_PAGE)
+        while page:
+            ahead = asyncio.ensure_future(
+                store.active_jobs(after_seq=page[-1].seq, limit=REBUILD_PAGE)
+            )
+            try:
+                yield page
+            except BaseException:  # the caller stopped early (an error): not left behind
+                ahead.cancel()
+                await asyncio.gather(ahead, return_exceptions=True)
+                raise
+            page = await ahead
+
+    async def _rebuild_page(self, page: list[JobRecord], found: Found, now: float) -> None:
+        """One page of active jobs: restored from their pods, or requeued (one batch), then
+        pushed into the queue in the page's order."""
+        s = self.s
+        queued: list[JobRecord] = []
+        for record in page:
             if record.state in ("Placed", "Running") and record.cluster in found:
                 pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
                 if pods and self._restore(record, pods, now):
                     continue
-            if record.state != "Queued":
-                record = await s.store.transition(
-                    record.tenant, record.name, "Queued", "requeued after broker restart", now,
-                    expect=(record.state,), attempts=record.attempts,
-                )  # fmt: skip
-                s.metrics.requeues.labels("restart").inc()
-            s.queue.push(pending_of(record))
-        if s.kube:
-            await self._collect_garbage_locked()  # leftovers of jobs that were requeued
+            queued.append(record)
+        stale = [(r.tenant, r.name, r.state) for r in queued if r.state != "Queued"]
+        moved = await s.store.transition_many(stale, "Queued", RESTART_REASON, now)
+        s.metrics.requeues.labels("restart").inc(len(moved))
+        fresh = {(r.tenant, r.name): r for r in moved}
+        for record in queued:
+            current = record if record.state == "Queued" else fresh.get(_key(record))
+            if current is not None:  # None: changed since the page was read, settled below
+                s.queue.push(pending_of(current))
+        for tenant, name, _ in stale:
+            if (tenant, name) not in fresh:
+                await self._changed_meanwhile(tenant, name)
+
+    async def _changed_meanwhile(self, tenant: str, name: str) -> None:
+        """A job the batch skipped (another writer moved it after the page was read):
+        queued if it is Queued now; anything else is that writer's to settle."""
+        record = await self.s.store.get_job(tenant, name)
+        if record is not None and record.state == "Queued":
+            self.s.queue.push(pending_of(record))
+        elif record is not None and record.state not in FINAL_STATES:
+            log.warning("job %s/%s became %s during the rebuild", tenant, name, record.state)
 
     async def start_kube(self, dispatch: ClusterLauncher | None) -> None:
         """Connect every Kubernetes member, list it into the ledger and read our pods back

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -22,7 +23,15 @@ from broker.core.lifecycle import Lifecycle
 from broker.core.queue import JobQueue, Pending
 from broker.core.scheduler import PolicyBook, SchedulerSettings
 from broker.core.shapes import UnplaceableShapes
-from broker.manifest import master_port, parse_manifest, pod_templates, to_job, workload_object
+from broker.manifest import (
+    API_VERSION,
+    KIND,
+    master_port,
+    pod_templates,
+    stored_manifest,
+    to_job,
+    workload_object,
+)
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.ports import Launcher
 from broker.service.leader import Leadership
@@ -78,8 +87,8 @@ def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
     """The queue entry of a stored job; its Job is rebuilt from the stored manifest unless
     the caller (a fresh submission) already has it."""
     if job is None:
-        manifest = parse_manifest(json.dumps(record.manifest).encode(), "application/json")
-        job = to_job(manifest, record.tenant, record.queue)
+        spec = json.dumps(record.manifest.get("spec"), separators=(",", ":"))
+        job = dataclasses.replace(_job_of_spec(spec, record.tenant, record.queue), name=record.name)
     return Pending(
         job,
         record.seq,
@@ -90,6 +99,18 @@ def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
         master_port(record.manifest),
         workload_object(record.manifest),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _job_of_spec(spec: str, tenant: str, queue: str) -> Job:
+    """The Job of a stored spec (JSON text), validated again (the rules may have changed
+    since it was admitted), under a stand-in name the caller replaces. Cached: jobs sent
+    from one template (sweeps, arrays, retries) share a spec, and a restart rebuilds every
+    live job through here, so each distinct spec is validated once, not once per job. The
+    metadata (name, namespace) was checked at admission and is not part of the Job."""
+    wire = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "stored"},
+            "spec": json.loads(spec)}  # fmt: skip
+    return to_job(stored_manifest(wire), tenant, queue)
 
 
 class _TenantPods:

@@ -15,7 +15,7 @@ schema once in ``broker.store.migrations``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -189,8 +189,25 @@ class Store(Protocol):
         """The job's transitions, oldest first (empty if the job does not exist)."""
         ...
 
-    async def active_jobs(self) -> list[JobRecord]:
-        """Every job not in a final state, by seq: what a restart rebuilds from."""
+    async def transition_many(
+        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+    ) -> list[JobRecord]:
+        """Move each ``(tenant, name, expected state)`` job to ``state`` in one transaction.
+
+        Per job, the compare-and-set and the history row of ``transition(tenant, name,
+        state, reason, now, expect=(expected,))`` with no other field given; a job that is
+        missing or not in its expected state is skipped (left unchanged, not returned)
+        instead of raising. All or nothing: if the transaction fails, no job has moved. The
+        moved jobs come back, in no particular order. Callers keep a batch to about a
+        thousand jobs (each is a statement's parameters).
+        """
+        ...
+
+    async def active_jobs(
+        self, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[JobRecord]:
+        """Jobs not in a final state, by seq: what a restart rebuilds from. Paged: at most
+        ``limit`` of them after the cursor ``after_seq`` (the last seq of the page before)."""
         ...
 
 

@@ -192,6 +192,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX jobs_tenant_state ON jobs (tenant, state)",
         ),
     ),
+    Migration(
+        5,
+        "active jobs by seq",
+        (
+            # The rebuild after a restart reads the active jobs in pages by seq
+            # (Store.active_jobs); a partial index holds just them, in seq order, so a page
+            # costs its own rows however many finished jobs the table keeps. (The
+            # (state, seq) index serves one state; three states in seq order need a sort of
+            # every active job for each page.) The states are literals: the statements
+            # spell them the same way (sql.ACTIVE_LITERALS), which is how both planners
+            # know the index applies.
+            "CREATE INDEX jobs_active_seq ON jobs (seq) "
+            "WHERE state IN ('Queued', 'Placed', 'Running')",
+        ),
+    ),
 )
 
 

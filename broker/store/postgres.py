@@ -257,6 +257,15 @@ class PostgresStore:
                 raise sql.missing_job(tenant, name, current, expected)
             return _job(row)
 
+    async def transition_many(
+        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+    ) -> list[JobRecord]:
+        if not jobs:
+            return []
+        update = sql.update_jobs("postgres", jobs, state, reason, now)
+        async with self._txn("transition_many") as conn:
+            return [_job(row) for row in await conn.fetch(update.sql, *update.args)]
+
     @asynccontextmanager
     async def _txn(self, action: str) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy]:
         pool = self._require()
@@ -314,8 +323,11 @@ class PostgresStore:
         rows = await self._fetch("history", sql.history("postgres", tenant, name))
         return [sql.transition_from_row(tuple(r)) for r in rows]
 
-    async def active_jobs(self) -> list[JobRecord]:
-        return [_job(row) for row in await self._fetch("active_jobs", sql.active_jobs("postgres"))]
+    async def active_jobs(
+        self, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[JobRecord]:
+        query = sql.active_jobs("postgres", after_seq, limit)
+        return [_job(row) for row in await self._fetch("active_jobs", query)]
 
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetch("count_active", sql.count_active("postgres", tenant))

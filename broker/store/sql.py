@@ -164,10 +164,48 @@ def list_jobs(
     return st.done(f"SELECT {JOB_COLUMNS} FROM jobs {clause}ORDER BY seq LIMIT {st(limit)}")
 
 
-def active_jobs(dialect: Dialect) -> Statement:
+# The active states spelled as literals, not parameters: only then do both planners see that
+# a statement's condition implies the partial index jobs_active_seq's (migration 5).
+ACTIVE_LITERALS: Final = f"state IN ({', '.join(repr(s) for s in ACTIVE_STATES)})"
+
+
+def active_jobs(
+    dialect: Dialect, after_seq: int | None = None, limit: int | None = None
+) -> Statement:
+    """Active jobs by seq, a page after the cursor ``after_seq`` when given: the partial
+    index on the active jobs' seq walks just them, in order, from the cursor on."""
     st = Statement(dialect)
-    where = st.any_of("state", ACTIVE_STATES)
-    return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {where} ORDER BY seq")
+    where = ACTIVE_LITERALS if after_seq is None else f"{ACTIVE_LITERALS} AND seq > {st(after_seq)}"
+    page = "" if limit is None else f" LIMIT {st(limit)}"
+    # SQLite without statistics (the store never runs ANALYZE) would rather read the
+    # (state, seq) index and sort every active job for each page; name the index.
+    jobs = "jobs INDEXED BY jobs_active_seq" if dialect == "sqlite" else "jobs"
+    return st.done(f"SELECT {JOB_COLUMNS} FROM {jobs} WHERE {where} ORDER BY seq{page}")
+
+
+def update_jobs(
+    dialect: Dialect, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str,
+    now: float,
+) -> Statement:  # fmt: skip
+    """Many transitions' compare-and-set as one statement: each (tenant, name, expected
+    state) job in that state moves to ``state`` with transition's field rules (as a
+    transition given no cluster, placement, attempts or not_before); the others are left as
+    they are, and only the moved come back. One statement is atomic on both backends, and
+    the history trigger writes a row per moved job, as for one transition."""
+    st = Statement(dialect)
+    sets = transition_sets(
+        state, reason, now, st, cluster=None, placement=None, attempts=None, not_before=None
+    )
+    cast = "::text" if dialect == "postgres" else ""
+    rows = ", ".join(
+        f"({st(tenant)}{cast}, {st(name)}{cast}, {st(check_state(expected))}{cast})"
+        for tenant, name, expected in jobs
+    )
+    return st.done(
+        f"UPDATE jobs SET {', '.join(sets)} FROM (VALUES {rows}) AS moves "
+        "WHERE jobs.tenant = moves.column1 AND jobs.name = moves.column2 "
+        f"AND jobs.state = moves.column3 RETURNING {JOB_COLUMNS}"
+    )
 
 
 def count_active(dialect: Dialect, tenant: str) -> Statement:
@@ -331,3 +369,43 @@ def states_filter(state: JobState | Collection[JobState] | None) -> tuple[JobSta
     if isinstance(state, str):
         return (check_state(state),)
     return tuple(check_state(s) for s in state)
+
+
+def hot_statements(dialect: Dialect) -> dict[str, Statement]:
+    """Every statement the broker sends often, built by the functions the backends call
+    (sample arguments): tests/store/test_query_plans.py fails if one needs a full scan of a
+    table. A new statement on a hot path belongs here too."""
+
+    def listing(**filters: Any) -> Statement:
+        every: dict[str, Any] = {"tenant": None, "queue": None, "state": None, "cluster": None}
+        return list_jobs(dialect, **{**every, **filters}, limit=100, after_seq=10)
+
+    update = update_job(
+        dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c", placement=None,
+        expected=("Placed",), attempts=None, not_before=None,
+    )  # fmt: skip
+    moves: list[tuple[str, str, JobState]] = [
+        ("team-a", "job-1", "Placed"),
+        ("team-b", "job-2", "Running"),
+    ]
+    return {
+        "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),
+        "get": select_job(dialect, "team-a", "job-1"),
+        "state of": state_of(dialect, "team-a", "job-1"),
+        "transition": update,
+        "transition many": update_jobs(dialect, moves, "Queued", "requeued", 50.0),
+        "list": listing(),
+        "list by state": listing(state=("Queued", "Placed")),
+        "list by tenant": listing(tenant="team-a"),
+        "list by tenant and state": listing(tenant="team-a", state="Running"),
+        "list by queue": listing(queue="q"),
+        "list by cluster": listing(cluster="c"),
+        "history": history(dialect, "team-a", "job-1"),
+        "active jobs": active_jobs(dialect),
+        "active jobs page": active_jobs(dialect, after_seq=10, limit=1000),
+        "count active": count_active(dialect, "team-a"),
+        "generations": generations(dialect, "team-a", "job-1"),
+        "purge finished": purge_finished_jobs(dialect, 40.0, 1000),
+        "purge generations": purge_generations(dialect, 40.0),
+        "delete finished": delete_finished_job(dialect, "team-a", "job-1"),
+    }

@@ -242,6 +242,16 @@ class SqliteStore:
                 raise sql.missing_job(tenant, name, found[0][0] if found else None, expected)
             return _job(rows[0])
 
+    async def transition_many(
+        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+    ) -> list[JobRecord]:
+        if not jobs:
+            return []
+        update = sql.update_jobs("sqlite", jobs, state, reason, now)
+        async with self._write_txn("transition_many") as conn:
+            # One statement: atomic on its own, as every write in a group (see _write_txn).
+            return [_job(row) for row in await conn.execute_fetchall(update.sql, update.args)]
+
     @asynccontextmanager
     async def _write_txn(self, action: str) -> AsyncIterator[aiosqlite.Connection]:
         """One write, durable when the caller gets control back.
@@ -354,8 +364,11 @@ class SqliteStore:
         rows = await self._fetchall(sql.history("sqlite", tenant, name))
         return [sql.transition_from_row(r) for r in rows]
 
-    async def active_jobs(self) -> list[JobRecord]:
-        return [_job(row) for row in await self._fetchall(sql.active_jobs("sqlite"))]
+    async def active_jobs(
+        self, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[JobRecord]:
+        query = sql.active_jobs("sqlite", after_seq, limit)
+        return [_job(row) for row in await self._fetchall(query)]
 
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetchall(sql.count_active("sqlite", tenant))

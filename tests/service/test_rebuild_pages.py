@@ -1,0 +1,59 @@
+"""The rebuild after a restart, over several pages: every live job back in the queue once,
+the placed ones requeued in the store, and a job another writer moves between the page's
+read and its batch settled by what it is now (queued if Queued, left alone if finished)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.bench.e2e import bench_document
+from broker.bench.restart import load_statements, write_all
+from broker.config import parse_config
+from broker.service import recovery
+from broker.service.facade import Service
+from broker.store import JobRecord, open_store
+
+JOBS = 25
+
+
+async def test_every_job_back_over_pages_and_moved_ones_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite://{tmp_path / 'jobs.db'}"
+    store = open_store(url)
+    await store.open()
+    await store.close()
+    await write_all(url, load_statements("sqlite", JOBS, insert=True))  # Queued/Placed/Running
+    monkeypatch.setattr(recovery, "REBUILD_PAGE", 4)
+    config = parse_config(json.dumps(bench_document(url, "x" * 43, 1, 4)), "test", {})
+    service = Service(config)
+    await service.store.open()
+    inner = service.shared.store
+    read = inner.active_jobs
+    pages: list[list[JobRecord]] = []
+
+    async def page_then_another_writer(**kwargs: Any) -> list[JobRecord]:
+        page = await read(**kwargs)
+        if not pages and page:  # after the first page is read, before its batch
+            placed = [r for r in page if r.state != "Queued"]
+            await inner.transition(placed[0].tenant, placed[0].name, "Succeeded", "done", 5.0)
+            await inner.transition(placed[1].tenant, placed[1].name, "Queued", "other", 5.0)
+        pages.append(page)
+        return page
+
+    monkeypatch.setattr(inner, "active_jobs", page_then_another_writer)
+    try:
+        await service.campaign()
+        finished = {r.name for r in await inner.list_jobs(state="Succeeded")}
+        active = await inner.list_jobs(state=("Queued", "Placed", "Running"), limit=100)
+        assert len(finished) == 1 and len(active) == JOBS - 1
+        assert {r.state for r in active} == {"Queued"}
+        queued = {p.job.name for p in service.shared.queue.pending()}
+        assert queued == {r.name for r in active}
+        assert [len(p) for p in pages] == [4, 4, 4, 4, 4, 4, 1, 0]
+    finally:
+        await service.close()

@@ -1,0 +1,127 @@
+"""``Store.transition_many``, the batched compare-and-set of a restart's rebuild, on both
+backends: each job moves exactly as ``transition(expect=...)`` would move it (fields and
+history row), a job whose state changed meanwhile is skipped, and a batch is all or nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from services import postgres_database
+from test_store import query
+
+from broker.store import JobState, Store, StoreError, open_store, sqlite_path, sqlite_url
+
+Job = tuple[str, str, JobState]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield sqlite_url(str(tmp_path / "jobs.db"))
+        return
+    async with postgres_database() as pg_url:
+        yield pg_url
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[Store]:
+    opened = open_store(url)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+async def placed(store: Store, tenant: str, name: str, *, running: bool = False) -> None:
+    await store.create_job(tenant, name, "q", 1, {"n": name}, 1.0)
+    placement = {"pods": [{"pod": f"{name}-0", "node": "n1"}]}
+    await store.transition(tenant, name, "Placed", "placed", 2.0, cluster="c1", placement=placement)
+    if running:
+        await store.transition(tenant, name, "Running", "running", 3.0)
+
+
+async def test_each_job_moves_as_transition_would(store: Store) -> None:
+    # Twins: "a-*" move through the batch, "b-*" one by one through transition.
+    for prefix in ("a", "b"):
+        await placed(store, "t1", f"{prefix}-placed")
+        await placed(store, "t2", f"{prefix}-running", running=True)
+    batch: list[Job] = [("t1", "a-placed", "Placed"), ("t2", "a-running", "Running")]
+    moved = await store.transition_many(batch, "Queued", "requeued after broker restart", 9.0)
+    assert sorted(job.name for job in moved) == ["a-placed", "a-running"]
+    for tenant, name, state in batch:
+        twin = name.replace("a-", "b-")
+        single = await store.transition(
+            tenant, twin, "Queued", "requeued after broker restart", 9.0, expect=(state,)
+        )
+        mine = await store.get_job(tenant, name)
+        assert mine is not None and mine in moved
+        assert dataclasses.replace(mine, name=twin, seq=single.seq, manifest=single.manifest) == (
+            single
+        )
+        assert mine.cluster is None and mine.placement is None and mine.attempts == 1
+        assert await store.history(tenant, name) == await store.history(tenant, twin)
+    # To Placed: attempts grows by one, as transition's field rules say.
+    again = await store.transition_many([("t1", "a-placed", "Queued")], "Placed", "placed", 10.0)
+    assert [job.attempts for job in again] == [2]
+
+
+async def test_changed_and_missing_jobs_are_skipped(store: Store) -> None:
+    await placed(store, "t", "moves")
+    await placed(store, "t", "changed", running=True)  # the caller read it as Placed
+    before = await store.get_job("t", "changed")
+    batch: list[Job] = [
+        ("t", "moves", "Placed"),
+        ("t", "changed", "Placed"),
+        ("t", "gone", "Placed"),
+    ]
+    moved = await store.transition_many(batch, "Queued", "requeued", 9.0)
+    assert [job.name for job in moved] == ["moves"]
+    assert await store.get_job("t", "changed") == before
+    assert [t.state for t in await store.history("t", "changed")] == ["Queued", "Placed", "Running"]
+    assert await store.get_job("t", "gone") is None
+    assert await store.transition_many([], "Queued", "requeued", 9.0) == []
+
+
+async def test_a_batch_is_all_or_nothing(url: str, store: Store) -> None:
+    names = [f"job-{i}" for i in range(20)]
+    for name in names:
+        await placed(store, "t", name)
+    await refuse_updates_of(url, "job-13")
+    batch: list[Job] = [("t", name, "Placed") for name in names]
+    with pytest.raises(StoreError, match="refused"):
+        await store.transition_many(batch, "Queued", "requeued", 9.0)
+    assert {job.state for job in await store.active_jobs()} == {"Placed"}
+    assert await query(url, "SELECT count(*) FROM job_history") == [(2 * len(names),)]
+    # The store is still usable: the batch without the refused job goes through.
+    moved = await store.transition_many(
+        [job for job in batch if job[1] != "job-13"], "Queued", "requeued", 9.0
+    )
+    assert len(moved) == len(names) - 1
+
+
+async def refuse_updates_of(url: str, name: str) -> None:
+    """A trigger that fails any update of job ``name``, behind the store's back."""
+    if url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(sqlite_path(url)) as conn:
+            conn.execute(
+                "CREATE TRIGGER refuse BEFORE UPDATE ON jobs "
+                f"WHEN OLD.name = '{name}' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        return
+    conn_pg = await asyncpg.connect(url)
+    try:
+        await conn_pg.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF OLD.name = '{name}' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
+        )
+        await conn_pg.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+    finally:
+        await conn_pg.close()
