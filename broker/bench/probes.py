@@ -105,8 +105,11 @@ class Placements:
         return taken
 
 
+Probes = tuple[LoopLag, GcPauses, Placements]
+
+
 @asynccontextmanager
-async def probing(bus: EventBus) -> AsyncIterator[tuple[LoopLag, GcPauses, Placements]]:
+async def probing(bus: EventBus) -> AsyncIterator[Probes]:
     """The three probes, running (their tasks cancelled and awaited on exit)."""
     lag, placements = LoopLag(), Placements(bus)
     with GcPauses() as pauses:
@@ -152,4 +155,4 @@ async def store_bytes(url: str) -> int:
     return sum(f.stat().st_size for f in files if f.exists())
 
 
-__all__ = ["GcPauses", "LoopLag", "Placements", "probing", "rss_mib", "store_bytes"]
+__all__ = ["GcPauses", "LoopLag", "Placements", "Probes", "probing", "rss_mib", "store_bytes"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.simulated import seeded_run_seconds
-from broker.bench.probes import probing, rss_mib, store_bytes
+from broker.bench.probes import Probes, probing, rss_mib, store_bytes
 from broker.bench.serving import bench_config, open_loop, percentile, serving
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
@@ -187,33 +187,47 @@ async def _drive(
     messages: Any = ctx.Queue()
     generator = ctx.Process(target=_generate, args=(base, token, load, messages))
     rows: list[dict[str, Any]] = []
-    async with probing(service.bus) as (lag, pauses, placements):
+    async with probing(service.bus) as probes:
         cpu = time.process_time()
         generator.start()
         try:
             while (window := await _next_message(messages, generator)) is not None:
                 now = time.process_time()
-                gc_pauses, placed = pauses.take(), placements.take()
+                cpu_ms = round(1000 * (now - cpu) / window["window_jobs"], 3)
+                cpu = now
                 row = {
                     **window,
-                    "live_jobs": len(service.lifecycle.launches()),
-                    "queued_jobs": len(service.queue),
-                    "placed": len(placed),
-                    "submit_to_placed_p99_ms": ms(placed, 99),
-                    "cpu_ms_per_job": round(1000 * (now - cpu) / window["window_jobs"], 3),
-                    "loop_lag_p99_ms": ms(lag.take(), 99),
-                    "gc_pause_p99_ms": ms(gc_pauses, 99),
-                    "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
-                    "gc_collections": len(gc_pauses),
-                    "rss_mib": round(rss_mib(), 1),
-                    "store_mib": round(await store_bytes(url) / (1024 * 1024), 1),
+                    **await _broker_row(service, probes, url),
+                    "cpu_ms_per_job": cpu_ms,
                 }
-                cpu = now
                 rows.append(row)
                 on_row(row)
         finally:
             await asyncio.to_thread(generator.join, 30)
     return rows
+
+
+async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, Any]:
+    """What the broker's process saw since the last row (its probes' samples) and holds now.
+    Reading the totals costs O(clusters + live jobs) once a window (GPU use, queued gangs)."""
+    lag, pauses, placements = probes
+    gc_pauses, placed = pauses.take(), placements.take()
+    gpus = [t for c in service.view.clusters() for t in c.gpu_types]
+    total = sum(t.total for t in gpus)
+    return {
+        "live_jobs": len(service.lifecycle.launches()),
+        "queued_jobs": len(service.queue),
+        "queued_gangs": len(service.queue.pending("training")),
+        "gpu_busy_pct": round(100 * sum(t.total - t.free for t in gpus) / max(1, total), 1),
+        "placed": len(placed),
+        "submit_to_placed_p99_ms": ms(placed, 99),
+        "loop_lag_p99_ms": ms(lag.take(), 99),
+        "gc_pause_p99_ms": ms(gc_pauses, 99),
+        "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
+        "gc_collections": len(gc_pauses),
+        "rss_mib": round(rss_mib(), 1),
+        "store_mib": round(await store_bytes(url) / (1024 * 1024), 1),
+    }
 
 
 async def _next_message(messages: Any, generator: Any) -> dict[str, Any] | None:
@@ -234,6 +248,7 @@ async def _next_message(messages: Any, generator: Any) -> dict[str, Any] | None:
 
 COLUMNS = [  # (heading, key, width)
     ("JOBS", "jobs_submitted", 9), ("LIVE", "live_jobs", 7), ("QUEUED", "queued_jobs", 7),
+    ("GANGS-Q", "queued_gangs", 7), ("GPU%", "gpu_busy_pct", 5),
     ("SUBM/S", "submissions_per_s", 7), ("201-P50", "ack_p50_ms", 8),
     ("201-P99", "ack_p99_ms", 8), ("PLACED-P99", "submit_to_placed_p99_ms", 10),
     ("CPU/JOB", "cpu_ms_per_job", 8), ("LAG-P99", "loop_lag_p99_ms", 8),

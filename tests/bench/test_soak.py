@@ -30,7 +30,8 @@ from broker.cli.main import main
 TINY = ["bench", "--soak", "--clusters", "2", "--nodes-per-cluster", "50", "--rate", "300"]
 ROW_KEYS = {
     "jobs_submitted", "window_jobs", "failed", "submissions_per_s", "ack_p50_ms", "ack_p99_ms",
-    "live_jobs", "queued_jobs", "placed", "submit_to_placed_p99_ms", "cpu_ms_per_job",
+    "live_jobs", "queued_jobs", "queued_gangs", "gpu_busy_pct", "placed",
+    "submit_to_placed_p99_ms", "cpu_ms_per_job",
     "loop_lag_p99_ms", "gc_pause_p99_ms", "gc_pause_max_ms", "gc_collections", "rss_mib",
     "store_mib",
 }  # fmt: skip
@@ -53,7 +54,9 @@ def check_rows(rows: list[dict[str, Any]], window: int, count: int) -> None:
         assert row["failed"] == 0
         assert row["submissions_per_s"] > 0
         assert 0 < row["ack_p50_ms"] <= row["ack_p99_ms"]
-        assert row["live_jobs"] >= 0 and row["queued_jobs"] >= 0
+        assert 0 <= row["queued_gangs"] <= row["queued_jobs"]
+        assert row["live_jobs"] >= 0
+        assert 0 <= row["gpu_busy_pct"] <= 100
         assert row["cpu_ms_per_job"] > 0
         assert row["rss_mib"] > 0 and row["store_mib"] > 0
         assert row["loop_lag_p99_ms"] >= 0  # the probe woke in every window
@@ -62,6 +65,7 @@ def check_rows(rows: list[dict[str, Any]], window: int, count: int) -> None:
         assert row["gc_pause_max_ms"] >= (row["gc_pause_p99_ms"] or 0)
         assert (row["submit_to_placed_p99_ms"] is None) == (row["placed"] == 0)
     assert sum(row["placed"] for row in rows) > 0  # the probe saw placements
+    assert max(row["gpu_busy_pct"] for row in rows) > 0
 
 
 def test_json_rows_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
