@@ -105,7 +105,19 @@ class Placements:
         return taken
 
 
-Probes = tuple[LoopLag, GcPauses, Placements]
+@dataclass(frozen=True)
+class Probes:
+    lag: LoopLag
+    pauses: GcPauses
+    placements: Placements
+    tasks: tuple[asyncio.Task[None], ...]
+
+    def check(self) -> None:
+        """Raise if a probe's task has ended (it failed): its figures would be empty, not
+        wrong, and an empty figure must not read as "nothing happened"."""
+        for task in self.tasks:
+            if task.done():
+                raise RuntimeError(f"probe {task.get_name()} ended") from task.exception()
 
 
 @asynccontextmanager
@@ -113,12 +125,12 @@ async def probing(bus: EventBus) -> AsyncIterator[Probes]:
     """The three probes, running (their tasks cancelled and awaited on exit)."""
     lag, placements = LoopLag(), Placements(bus)
     with GcPauses() as pauses:
-        tasks = [
+        tasks = (
             asyncio.create_task(lag.run(), name="soak-loop-lag"),
             asyncio.create_task(placements.run(), name="soak-placements"),
-        ]
+        )
         try:
-            yield lag, pauses, placements
+            yield Probes(lag, pauses, placements, tasks)
         finally:
             for task in tasks:
                 task.cancel()

@@ -210,8 +210,8 @@ async def _drive(
 async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, Any]:
     """What the broker's process saw since the last row (its probes' samples) and holds now.
     Reading the totals costs O(clusters + live jobs) once a window (GPU use, queued gangs)."""
-    lag, pauses, placements = probes
-    gc_pauses, placed = pauses.take(), placements.take()
+    probes.check()
+    gc_pauses, placed, lags = probes.pauses.take(), probes.placements.take(), probes.lag.take()
     gpus = [t for c in service.view.clusters() for t in c.gpu_types]
     total = sum(t.total for t in gpus)
     return {
@@ -221,7 +221,9 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
         "gpu_busy_pct": round(100 * sum(t.total - t.free for t in gpus) / max(1, total), 1),
         "placed": len(placed),
         "submit_to_placed_p99_ms": ms(placed, 99),
-        "loop_lag_p99_ms": ms(lag.take(), 99),
+        "loop_lag_p99_ms": ms(lags, 99),
+        # One sample per wake-up: a long stall is one sample, which the p99 may not show.
+        "loop_lag_max_ms": round(1000 * max(lags, default=0.0), 2),
         "gc_pause_p99_ms": ms(gc_pauses, 99),
         "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
         "gc_collections": len(gc_pauses),
@@ -252,6 +254,7 @@ COLUMNS = [  # (heading, key, width)
     ("SUBM/S", "submissions_per_s", 7), ("201-P50", "ack_p50_ms", 8),
     ("201-P99", "ack_p99_ms", 8), ("PLACED-P99", "submit_to_placed_p99_ms", 10),
     ("CPU/JOB", "cpu_ms_per_job", 8), ("LAG-P99", "loop_lag_p99_ms", 8),
+    ("LAG-MAX", "loop_lag_max_ms", 8),
     ("GC-P99", "gc_pause_p99_ms", 7), ("GC-N", "gc_collections", 6),
     ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9), ("FAILED", "failed", 6),
 ]  # fmt: skip
