@@ -288,7 +288,8 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     for key, label in p99s:
         values = [math.nan if row[key] is None else row[key] for row in rows]
         p99.plot(jobs, values, marker="o", label=label)
-    p99.set_ylabel("p99 (ms)")
+    p99.set_ylabel("p99 (ms, log scale)")
+    p99.set_yscale("log")  # from a few ms (loop lag) to seconds (a backlog's placements)
     p99.legend()
     rss.plot(jobs, [row["rss_mib"] for row in rows], marker="o")
     rss.set_ylabel("broker RSS (MiB)")
