@@ -31,6 +31,7 @@ from broker.cli.main import main
 from broker.service.events import EventBus
 
 TINY = ["bench", "--soak", "--clusters", "2", "--nodes-per-cluster", "50", "--rate", "300"]
+HANG_SECONDS = 300
 ROW_KEYS = {
     "jobs_submitted", "window_jobs", "failed", "submissions_per_s", "ack_p50_ms", "ack_p99_ms",
     "live_jobs", "queued_jobs", "queued_gangs", "gpu_busy_pct", "placed",
@@ -94,7 +95,16 @@ async def test_postgres_store_size_is_measured() -> None:
     async with postgres_database("fedbroker_soak") as url:
         seen: list[dict[str, Any]] = []
         load = SoakLoad(jobs=300, rate=300.0, window=100, seed=1, run_id="pg")
-        rows = await run_soak(SoakSettings(load, 2, 50, url), seen.append)
+        soak = asyncio.create_task(run_soak(SoakSettings(load, 2, 50, url), seen.append))
+        # Seconds of work: the bound is there so that a hang (seen once in pytest, not
+        # reproduced in 22 runs outside it) fails with every task's stack, not the suite.
+        done, _ = await asyncio.wait([soak], timeout=HANG_SECONDS)
+        if not done:
+            for task in asyncio.all_tasks():
+                task.print_stack(limit=12)
+            soak.cancel()
+            pytest.fail(f"the soak on PostgreSQL did not end within {HANG_SECONDS} s")
+        rows = soak.result()
     assert seen == rows
     check_rows(rows, 100, 3)
     sizes = [row["store_mib"] for row in rows]
