@@ -1,12 +1,13 @@
 """``fedbroker bench --e2e``: submissions through HTTP to placements, end to end.
 
 One process runs the real service (store, scheduler loop, simulated clusters, aiohttp API on
-a loopback port) and an open-loop load generator that POSTs single-GPU jobs at a fixed rate
-through a real HTTP client, so the figures include JSON/YAML parsing, authentication, the
-store commit behind every 201, the scheduling cycle and the store writes of each placement.
-Reported: sustained submissions/s, 201 latency p50/p99, and submit-to-placed latency
-p50/p99 read from each job's stored history (Queued -> Placed), on the server's clock.
-A benchmark, not a test: nothing fails on a slow machine.
+a loopback port: ``broker.bench.serving``) and another an open-loop load generator that
+POSTs single-GPU jobs at a fixed rate through a real HTTP client, so the figures include
+JSON/YAML parsing, authentication, the store commit behind every 201, the scheduling cycle
+and the store writes of each placement. Reported: sustained submissions/s, 201 latency
+p50/p99, and submit-to-placed latency p50/p99 read from each job's stored history
+(Queued -> Placed), on the server's clock. A benchmark, not a test: nothing fails on a slow
+machine.
 """
 
 from __future__ import annotations
@@ -17,16 +18,11 @@ import multiprocessing
 import secrets
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-
 from broker.bench.decisions import max_rss_mib
-from broker.config import Config, parse_config
-from broker.http.app import make_app
+from broker.bench.serving import BENCH_TENANT, bench_config, open_loop, percentile, serving
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
 
@@ -39,7 +35,7 @@ def job_body(name: str) -> bytes:
             "kind": "FederatedJob",
             "metadata": {"name": name},
             "spec": {
-                "queue": "bench",
+                "queue": BENCH_TENANT,
                 "podSets": [
                     {
                         "name": "main",
@@ -52,111 +48,35 @@ def job_body(name: str) -> bytes:
     ).encode()
 
 
-def bench_config(data_dir: Path, token: str, clusters: int, nodes_per_cluster: int) -> Config:
-    store = f"sqlite://{data_dir / 'bench.db'}"
-    doc = bench_document(store, token, clusters, nodes_per_cluster)
-    return parse_config(json.dumps(doc), "bench config", {})
-
-
-def bench_document(
-    store_url: str, token: str, clusters: int, nodes_per_cluster: int
-) -> dict[str, Any]:
-    """The benchmarks' config document: one tenant ``bench`` with a binpack queue ``bench``
-    on simulated clusters of 8-GPU nodes."""
-    cluster_list = [
-        {
-            "name": f"sim-{i:03d}",
-            "source": {
-                "simulated": {
-                    "shapes": [
-                        {
-                            "gpuType": "A100",
-                            "gpus": 8,
-                            "cpu": "96",
-                            "memory": "768Gi",
-                            "count": nodes_per_cluster,
-                        }
-                    ]
-                }
-            },
-        }
-        for i in range(clusters)
-    ]
-    return {
-        "store": {"url": store_url},
-        "api": {"rateLimitPerTenant": {"requestsPerSecond": 100000.0, "burst": 100000}},
-        "scheduler": {"cycleSeconds": 0.05},
-        "clusters": cluster_list,
-        "queues": [{"name": "bench", "policy": "binpack"}],
-        "tenants": [{"name": "bench", "defaultQueue": "bench", "queues": ["bench"],
-                     "token": {"value": token}}],
-    }  # fmt: skip
-
-
-def percentile(values: Sequence[float], pct: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(pct / 100 * (len(ordered) - 1))))
-    return ordered[index]
-
-
 async def run_e2e(jobs: int, rate: float, clusters: int, nodes_per_cluster: int) -> dict[str, Any]:
     token = secrets.token_urlsafe(32)  # 43 characters: at least 32 outside the demo
     with tempfile.TemporaryDirectory(prefix="fedbroker-bench-") as tmp:
-        config = bench_config(Path(tmp), token, clusters, nodes_per_cluster)
-        service = Service(config)
-        await service.start()
-        settle_heap()  # as `fedbroker serve` does once started
-        service.spawn_loop()
-        runner = web.AppRunner(make_app(service, config), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            return await _load(service, f"http://127.0.0.1:{port}", token, jobs, rate)
-        finally:
-            await runner.cleanup()
-            await service.close()
+        url = f"sqlite://{Path(tmp) / 'bench.db'}"
+        config = bench_config(url, token, clusters, nodes_per_cluster)
+        async with serving(config) as (service, base):
+            return await _load(service, base, token, jobs, rate)
 
 
 def _generate(base: str, token: str, jobs: int, rate: float, out: Any) -> None:
     """The load generator's process: its own interpreter and core, like a real client
     (its collector tuned as the broker's, so its own pauses do not count as latency)."""
     settle_heap()
-    out.put(run_loop(_submit_all(base, token, jobs, rate)))
-
-
-async def _submit_all(
-    base: str, token: str, jobs: int, rate: float
-) -> tuple[list[float], int, float]:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     acked: list[float] = []
     failed = 0
-    connector = aiohttp.TCPConnector(limit=64)
-    async with aiohttp.ClientSession(connector=connector) as session:
 
-        async def submit(i: int) -> None:
-            nonlocal failed
-            body = job_body(f"job-{i:06d}")
-            started = time.perf_counter()
-            async with session.post(f"{base}/v1/jobs", data=body, headers=headers) as resp:
-                await resp.read()
-                if resp.status == 201:
-                    acked.append(time.perf_counter() - started)
-                else:
-                    failed += 1
+    def answered(i: int, started: float, finished: float, ok: bool) -> None:
+        nonlocal failed
+        if ok:
+            acked.append(finished - started)
+        else:
+            failed += 1
 
-        begin = time.perf_counter()
-        async with asyncio.TaskGroup() as group:
-            for i in range(jobs):
-                # Open loop: the i-th request leaves at i / rate, whatever the server does.
-                delay = begin + i / rate - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                group.create_task(submit(i))
-        return acked, failed, time.perf_counter() - begin
+    submitted_in = run_loop(open_loop(base, token, jobs, rate, _body, answered))
+    out.put((acked, failed, submitted_in))
+
+
+def _body(i: int) -> bytes:
+    return job_body(f"job-{i:06d}")
 
 
 async def _load(service: Service, base: str, token: str, jobs: int, rate: float) -> dict[str, Any]:

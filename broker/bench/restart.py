@@ -39,7 +39,8 @@ import aiohttp
 import asyncpg
 
 import broker
-from broker.bench.e2e import bench_document, job_body
+from broker.bench.e2e import job_body
+from broker.bench.serving import bench_document
 from broker.manifest import parse_manifest
 from broker.process import run_loop
 from broker.service.recovery import REBUILT_LOG

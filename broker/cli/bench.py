@@ -1,6 +1,6 @@
 """``fedbroker bench``: its flags, and which benchmark of broker.bench a run means
-(placement decisions per second, ``--e2e`` through HTTP and the service, ``--cycle``,
-``--restart``: time to ready after ``kill -9``)."""
+(placement decisions per second, ``--e2e`` through HTTP and the service, ``--soak`` with
+jobs that end, ``--cycle``, ``--restart``: time to ready after ``kill -9``)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,27 @@ def add_bench_command(sub: Any) -> None:
     cmd.add_argument(
         "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"
     )
-    cmd.add_argument("--jobs", type=positive("--jobs"), default=5000, help="e2e: jobs to submit")
-    cmd.add_argument("--rate", type=positive("--rate"), default=500, help="e2e: submissions/s")
+    cmd.add_argument(
+        "--jobs", type=positive("--jobs"), default=None,
+        help="e2e/soak/restart: jobs (default 5,000; soak 1,000,000; restart 10,000)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--rate", type=positive("--rate"), default=None,
+        help="e2e/soak: submissions/s (default 500; soak 300)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--soak", action="store_true",
+        help="jobs that end, through HTTP and the real service: one row per --window jobs",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--window", type=positive("--window"), default=100_000, help="soak: jobs per row"
+    )
+    cmd.add_argument("--plot", metavar="FILE", help="soak: CPU/job, p99s and RSS as a PNG")
+    cmd.add_argument(
+        "--store", default=None, metavar="URL",
+        help="soak/restart: a postgresql:// server (a fresh database; default: SQLite in a "
+        "temp dir)",
+    )  # fmt: skip
     cmd.add_argument(
         "--cycle", action="store_true",
         help="scheduling cycle time and memory with a backlog of --queued jobs",
@@ -39,10 +58,6 @@ def add_bench_command(sub: Any) -> None:
         "--restart", action="store_true",
         help="time to ready of `serve` after kill -9 with --jobs live jobs in the store",
     )  # fmt: skip
-    cmd.add_argument(
-        "--store", default=None, metavar="URL",
-        help="restart: a postgresql:// server to use a fresh database on (default: SQLite)",
-    )  # fmt: skip
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
@@ -51,11 +66,20 @@ def run_bench_command(args: argparse.Namespace) -> int:
     if args.restart:
         from broker.bench.restart import main_restart
 
+        args.jobs = args.jobs or 10_000
         return main_restart(args)
     if args.cycle:
         from broker.bench.cycle import main_cycle
 
         return main_cycle(args)
+    if args.soak:
+        from broker.bench.soak import main_soak
+
+        args.jobs = args.jobs or 1_000_000
+        args.rate = args.rate or 300
+        return main_soak(args)
+    args.jobs = args.jobs or 5000
+    args.rate = args.rate or 500
     if args.e2e:
         from broker.bench.e2e import main_e2e
 

@@ -92,8 +92,11 @@ class EventBus:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _closed: bool = False
 
-    def subscribe(self, tenant: str | None) -> Subscription:
-        sub = Subscription(tenant, asyncio.Queue(maxsize=self.queue_size))
+    def subscribe(self, tenant: str | None, *, queue_size: int | None = None) -> Subscription:
+        """``queue_size`` 0: unbounded (a benchmark's probe, which must see every event and
+        drains its queue at once); default: the bus's bound."""
+        size = self.queue_size if queue_size is None else queue_size
+        sub = Subscription(tenant, asyncio.Queue(maxsize=size))
         if self._closed:
             sub.closed = True
         else:

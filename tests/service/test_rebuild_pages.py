@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.bench.e2e import bench_document
+from broker.bench.serving import bench_document
 from broker.bench.restart import load_statements, write_all
 from broker.config import parse_config
 from broker.service import recovery
