@@ -168,6 +168,23 @@ class RunWatcher(Protocol):
         ...
 
 
+class RunHandle(Protocol):
+    """A watch on a running job, stopped by ``cancel``."""
+
+    def cancel(self) -> object: ...
+
+
+@runtime_checkable
+class RunNotifier(Protocol):
+    """A launcher that calls back when a running job ends, holding no task per running job
+    (a timer, or one poll for all of them): what a broker holding 100,000 live jobs needs."""
+
+    def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
+        """Call ``on_end`` once, from the event loop, when the running job ends (never,
+        for a job that runs until cancelled); ``cancel`` on the handle stops the watch."""
+        ...
+
+
 class GangRecovery(Protocol):
     """What a launcher left in its cluster, read back after a restart or a takeover."""
 

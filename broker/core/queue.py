@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.model import MILLI_PER_GPU, GpuType, Job, Placement
+from broker.model import MILLI_PER_GPU, GpuType, Job, Placement, shared
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +221,7 @@ class JobQueue:
         usage = self._queues[queue].usage
         for gpu_type, milli in demand.items():
             usage[gpu_type] = usage.get(gpu_type, 0) + milli
-        self._charged[job] = (queue, tuple(demand.items()))
+        self._charged[job] = (queue, shared(tuple(demand.items())))
 
     def release(self, job: str) -> None:
         charged = self._charged.pop(job, None)

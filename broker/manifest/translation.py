@@ -11,7 +11,7 @@ from broker.manifest import workloads
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.manifest.podpolicy import derived_resources
-from broker.model import GpuType, Job, PodSet, Resources, frozen
+from broker.model import GpuType, Job, PodSet, Resources, frozen, shared
 from broker.ports import WorkloadSpec
 
 
@@ -28,15 +28,16 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     pod_sets = []
     for ps, at in spec.pod_set_views():
         resources = ps.resources if spec.workload is None else derived_resources(ps.template, at)
-        pod_sets.append(PodSet(ps.name, ps.count, _resources(resources), ps.tolerations()))
+        made = PodSet(ps.name, ps.count, shared(_resources(resources)), ps.tolerations())
+        pod_sets.append(shared(made))
     return Job(
         name=manifest.metadata.name,
-        pod_sets=tuple(pod_sets),
+        pod_sets=shared(tuple(pod_sets)),
         tenant=tenant,
         queue=spec.queue or default_queue,
         priority=spec.priority,
         gpu_types=frozen(GpuType(t) for t in spec.placement.gpu_types),
-        cluster_selector=dict(spec.placement.cluster_selector),
+        cluster_selector=dict(spec.placement.cluster_selector) or NO_LABELS,
         min_member=spec.gang.min_member,
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
@@ -44,6 +45,7 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     )
 
 
+NO_LABELS: Mapping[str, str] = MappingProxyType({})  # shared, read-only
 NO_TEMPLATES: Mapping[str, Mapping[str, Any]] = MappingProxyType({})  # shared, read-only
 
 

@@ -19,7 +19,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 from broker.core.lifecycle import Launch, Outcome
 from broker.manifest import workload_spec
 from broker.model import CapacityEvent, Placement
-from broker.ports import LaunchError, LaunchSpec, RunEnd, RunWatcher
+from broker.ports import LaunchError, LaunchSpec, RunEnd, RunHandle, RunNotifier, RunWatcher
 from broker.service.state import Shared
 from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
 
@@ -48,7 +48,10 @@ class Binding:
         self.s = shared
         self.launching: dict[str, asyncio.Task[None]] = {}
         self._launch_tasks: set[asyncio.Task[None]] = set()
-        self.runs: dict[str, asyncio.Task[None]] = {}
+        # Running jobs being watched: a callback's handle (RunNotifier launchers) or the
+        # task awaiting ``finished`` (other RunWatchers); dropped once the end is recorded.
+        self.runs: dict[str, RunHandle] = {}
+        self._run_ended = asyncio.Event()
         # Launches the lifecycle has already forgotten (cancelled, preempted) whose objects
         # are being deleted: the launcher still needs their spec (a workload job's kind).
         self._deleting: dict[str, Launch] = {}
@@ -86,17 +89,23 @@ class Binding:
 
     def stop(self, job: str) -> None:
         """Stop launching and watching ``job`` (cancelled, preempted: under the lock)."""
-        for tasks in (self.launching, self.runs):
-            task = tasks.pop(job, None)
-            if task is not None:
-                task.cancel()
+        task = self.launching.pop(job, None)
+        if task is not None:
+            task.cancel()
+        run = self.runs.pop(job, None)
+        if run is not None:
+            run.cancel()
+            self._run_ended.set()
 
     def drop(self) -> None:
         """Stop every launch and run watch (the lease was lost, or state is rebuilt)."""
-        for task in [*self.launching.values(), *self.runs.values(), *self._launch_tasks]:
+        for task in [*self.launching.values(), *self._launch_tasks]:
             task.cancel()
+        for run in self.runs.values():
+            run.cancel()
         self.launching.clear()
         self.runs.clear()
+        self._run_ended.set()
 
     async def launches_done(self, timeout: float | None = None) -> None:
         """Wait until the launches in flight have ended, their outcome recorded.
@@ -107,10 +116,14 @@ class Binding:
             await asyncio.wait(tasks, timeout=timeout)
 
     async def runs_done(self, timeout: float | None = None) -> None:
-        """Wait until the runs being watched have ended."""
-        tasks = list(self.runs.values())
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
+        """Wait until no run is watched any more (each end recorded), or ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.runs:
+                    self._run_ended.clear()
+                    await self._run_ended.wait()
+        except TimeoutError:
+            return
 
     async def _launch(self, placement: Placement) -> None:
         s, key = self.s, placement.job
@@ -138,15 +151,36 @@ class Binding:
         await self.record(outcome, now, expect="Placed")
         async with s.lock:
             launch = s.lifecycle.get(key)
-            if launch is not None and launch.running and isinstance(s.launcher, RunWatcher):
-                coro = self._run(s.launcher, placement)
-                self.runs[key] = s.tasks.spawn(f"run {key}", coro)
+            if launch is not None and launch.running:
+                self._watch(placement)
+
+    def _watch(self, placement: Placement) -> None:
+        """Watch a running job for its end (under the lock): a callback where the launcher
+        offers one (no task per running job), else a task awaiting ``finished``."""
+        s, key = self.s, placement.job
+        launcher = s.launcher
+        if isinstance(launcher, RunNotifier):
+            handle: RunHandle | None = None
+
+            def ended(end: RunEnd) -> None:
+                if handle is not None and self.runs.get(key) is handle:
+                    s.tasks.spawn(f"end {key}", self._end(placement, end, handle))
+
+            handle = self.runs[key] = launcher.watch(placement, ended)
+        elif isinstance(launcher, RunWatcher):
+            self.runs[key] = s.tasks.spawn(f"run {key}", self._run(launcher, placement))
 
     async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
-        """Wait for a running job's pods to exit, then free its capacity and record the end."""
+        """Wait for a running job's pods to exit, then record its end."""
         end = await watcher.finished(placement)
+        await self._end(placement, end, asyncio.current_task())
+
+    async def _end(self, placement: Placement, end: RunEnd, handle: object) -> None:
+        """Free a job's capacity and record its end, if ``handle`` still watches it."""
         s, key = self.s, placement.job
         async with s.lock:
+            if self.runs.get(key) is not handle:
+                return  # stopped meanwhile (cancelled, preempted, failed over)
             now = s.clock()
             launch = s.lifecycle.get(key)
             ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
@@ -154,8 +188,9 @@ class Binding:
             if outcome is not None:
                 await self.record(outcome, now, expect="Running")
             # Only now: runs_done() waits for the end to be recorded, not just noticed.
-            if self.runs.get(key) is asyncio.current_task():
+            if self.runs.get(key) is handle:
                 del self.runs[key]
+                self._run_ended.set()
 
     async def delete(self, placement: Placement, forgotten: Launch | None = None) -> None:
         """Delete a gang's objects; a cluster that cannot be reached now does not stop the

@@ -34,6 +34,8 @@ from broker.ports import (
     PodReadError,
     PodRow,
     RunEnd,
+    RunHandle,
+    RunNotifier,
     RunWatcher,
 )
 
@@ -66,6 +68,25 @@ class ClusterLauncher:
             return await launcher.finished(placement)
         await asyncio.Event().wait()  # never set: cancelled with the job or at close
         return RunEnd(False)  # pragma: no cover
+
+    def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
+        """The end of a running job, from its cluster's launcher: a callback where it can
+        (the simulated one), else a task awaiting ``finished`` (a Kubernetes member's poll)."""
+        launcher = self._for(placement)
+        if isinstance(launcher, RunNotifier):
+            return launcher.watch(placement, on_end)
+        task = asyncio.ensure_future(self.finished(placement))
+
+        def done(ended: asyncio.Future[RunEnd]) -> None:
+            if ended.cancelled():
+                return
+            if ended.exception() is not None:
+                log.error("watching %s failed: %r", placement.job, ended.exception())
+                return
+            on_end(ended.result())
+
+        task.add_done_callback(done)
+        return task
 
     def _reader(self, cluster: str) -> PodReader:
         reader = self.readers.get(cluster)

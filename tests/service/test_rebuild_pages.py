@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.bench.serving import bench_document
 from broker.bench.restart import load_statements, write_all
+from broker.bench.serving import bench_document
 from broker.config import parse_config
 from broker.service import recovery
 from broker.service.facade import Service

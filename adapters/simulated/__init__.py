@@ -5,20 +5,29 @@ counts, and driven by a virtual clock: a launched pod is bound at once and delet
 run time is over. They speak to the ledger in the same capacity events a real adapter emits.
 
 Ports (``broker.ports``): ``SimulatedFederation`` is the simulator's ``NodeInventory`` and
-``VirtualLauncher``; ``SimulatedLauncher`` the live broker's ``Launcher``, ``RunWatcher`` and
-``PodReader`` (a running job's pods, and a few deterministic log lines per pod);
+``VirtualLauncher``; ``SimulatedLauncher`` (``adapters.simulated.launcher``, re-exported) the
+live broker's ``Launcher``, ``RunWatcher``/``RunNotifier`` and ``PodReader`` (a running
+job's pods, and a few deterministic log lines per pod);
 ``SimulatedPool`` is driven synchronously on the caller's clock (the service wraps it as a
 ``ScalePool``). Failures raise the ports' ``LaunchError`` and ``ScaleError``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from adapters.simulated.launcher import (
+    SimulatedLauncher as SimulatedLauncher,
+)
+from adapters.simulated.launcher import (
+    seeded_run_seconds as seeded_run_seconds,
+)
+from adapters.simulated.launcher import (
+    simulated_log_line as simulated_log_line,
+)
 from broker.model import (
     CapacityEvent,
     Cluster,
@@ -32,17 +41,7 @@ from broker.model import (
     Resources,
 )
 from broker.ports import (
-    Launcher,
-    LaunchError,
-    LaunchSpec,
-    LogRequest,
-    LogStream,
     NodeInventory,
-    PodNotFound,
-    PodReader,
-    PodRow,
-    RunEnd,
-    RunWatcher,
     ScaleError,
     VirtualLauncher,
 )
@@ -210,127 +209,6 @@ def generated_pod_mix(rng: random.Random) -> Resources:
         )
     gpus = rng.choice((2, 4, 8))
     return Resources(gpus=gpus, cpu_milli=gpus * 8000, memory_mib=gpus * 32768)
-
-
-def simulated_log_line(pod: str, step: int) -> bytes:
-    """The ``step``-th line of a simulated pod's log (the same on every run)."""
-    return f"{pod}: step {step} loss {4.0 / (step + 1):.4f}\n".encode()
-
-
-class SimulatedLauncher(Launcher, RunWatcher, PodReader):
-    """Launches placed gangs in simulated clusters: every pod "runs" after a delay.
-
-    ``sleep`` is injected (default ``asyncio.sleep``) so tests pass a zero delay or a fake.
-    Failures are injected by ``failure_rate`` (seeded, so runs repeat) or by naming jobs in
-    ``never_start`` (a job key ``tenant/name`` or a bare name): their pods never all start,
-    so ``launch`` waits until it is cancelled, as a gang stuck in a real cluster would, and
-    the lifecycle's gang timeout must clean it up. ``per_cluster`` overrides
-    ``(launch_delay_seconds, failure_rate)`` for named clusters.
-
-    ``run_seconds`` gives a running job its run time (None: it runs until cancelled);
-    ``finished`` returns when the run is over, so jobs end and capacity churns. The demo
-    passes ``seeded_run_seconds``; without it every job runs until cancelled.
-
-    A running job's pods are shown Running on their nodes; each has ``log_lines`` lines of
-    log at once and, followed, one more every ``log_every_seconds`` (on ``sleep``) until the
-    job is no longer running.
-    """
-
-    log_lines = 5
-    log_every_seconds = 5.0
-
-    def __init__(
-        self,
-        launch_delay_seconds: float = 0.0,
-        failure_rate: float = 0.0,
-        *,
-        seed: int = 0,
-        never_start: Iterable[str] = (),
-        per_cluster: Mapping[str, tuple[float, float]] | None = None,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        run_seconds: Callable[[Placement], float | None] | None = None,
-    ) -> None:
-        self._run_seconds = run_seconds
-        self._delay = launch_delay_seconds
-        self._failure_rate = failure_rate
-        self._rng = random.Random(seed)
-        self.never_start = set(never_start)
-        self._per_cluster = dict(per_cluster or {})
-        self._sleep = sleep
-        self.running: dict[str, Placement] = {}
-        self.deleted: list[str] = []
-
-    async def launch(self, placement: Placement) -> None:
-        """Return once every pod of the placement runs; raise LaunchError if it fails."""
-        delay, failure_rate = self._per_cluster.get(
-            placement.cluster, (self._delay, self._failure_rate)
-        )
-        if placement.job in self.never_start or placement.job.split("/")[-1] in self.never_start:
-            await asyncio.get_running_loop().create_future()  # until cancelled
-        if delay > 0:
-            await self._sleep(delay)
-        if failure_rate > 0 and self._rng.random() < failure_rate:
-            raise LaunchError(f"simulated launch failure in {placement.cluster}")
-        self.running[placement.job] = placement
-
-    async def delete(self, placement: Placement) -> None:
-        """Delete every pod of the placement (idempotent)."""
-        self.running.pop(placement.job, None)
-        self.deleted.append(placement.job)
-
-    async def finished(self, placement: Placement) -> RunEnd:
-        """Wait until the running job's pods exit (they always succeed). A job without a
-        run time runs until cancelled (this waits until the caller is cancelled)."""
-        seconds = self._run_seconds(placement) if self._run_seconds is not None else None
-        if seconds is None:
-            await asyncio.get_running_loop().create_future()  # until cancelled
-        else:
-            await self._sleep(seconds)
-        self.running.pop(placement.job, None)
-        return RunEnd(True)
-
-    async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
-        placement = self.running.get(spec.key)
-        if placement is None or placement.cluster != cluster:
-            return []
-        rows = []
-        for pod in placement.pods:
-            name = pod.pod.removeprefix(f"{spec.tenant}.")
-            pod_set, _, index = name.removeprefix(f"{spec.job}-").rpartition("-")
-            rows.append(
-                PodRow(name, pod_set, cluster, pod.node, "Running", 0, f"{pod_set}-{index}")
-            )
-        return rows
-
-    async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
-        names = [row.name for row in await self.pods(cluster, spec)]
-        if request.pod not in names or request.container not in (None, "main"):
-            raise PodNotFound(f"no pod {request.pod!r} (container main) in job {spec.job!r}")
-        return self._log(spec.key, request)
-
-    async def _log(self, job: str, request: LogRequest) -> AsyncGenerator[bytes, None]:
-        first = max(0, self.log_lines - (request.tail_lines or self.log_lines))
-        for step in range(first, self.log_lines):
-            yield simulated_log_line(request.pod, step)
-        step = self.log_lines
-        while request.follow and job in self.running:
-            await self._sleep(self.log_every_seconds)
-            if job not in self.running:
-                break
-            yield simulated_log_line(request.pod, step)
-            step += 1
-
-
-def seeded_run_seconds(
-    seed: int, low: float = 30.0, high: float = 300.0
-) -> Callable[[Placement], float]:
-    """Run times drawn uniformly from [low, high], the same for a job name and seed on
-    every run (a restarted demo gives a requeued job the same run time again)."""
-
-    def run_seconds(placement: Placement) -> float:
-        return random.Random(f"{seed}:{placement.job}").uniform(low, high)
-
-    return run_seconds
 
 
 class SimulatedPool:

@@ -1,0 +1,177 @@
+"""The live broker's simulated launcher (``SimulatedLauncher``): placed gangs start after a
+delay (or fail at a rate), run for their run time and end; a running job's pods and a few
+deterministic log lines per pod are shown as a member would. Ends are reported by a timer
+(``broker.ports.RunNotifier``), no task per running job."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+
+from broker.model import Placement
+from broker.ports import (
+    Launcher,
+    LaunchError,
+    LaunchSpec,
+    LogRequest,
+    LogStream,
+    PodNotFound,
+    PodReader,
+    PodRow,
+    RunEnd,
+    RunHandle,
+    RunNotifier,
+    RunWatcher,
+)
+
+
+def simulated_log_line(pod: str, step: int) -> bytes:
+    """The ``step``-th line of a simulated pod's log (the same on every run)."""
+    return f"{pod}: step {step} loss {4.0 / (step + 1):.4f}\n".encode()
+
+
+class _NoEnd:
+    """The watch of a job that runs until cancelled: nothing to stop."""
+
+    def cancel(self) -> None:
+        return None
+
+
+_NO_END = _NoEnd()
+
+
+class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
+    """Launches placed gangs in simulated clusters: every pod "runs" after a delay.
+
+    ``sleep`` is injected (default ``asyncio.sleep``) so tests pass a zero delay or a fake.
+    Failures are injected by ``failure_rate`` (seeded, so runs repeat) or by naming jobs in
+    ``never_start`` (a job key ``tenant/name`` or a bare name): their pods never all start,
+    so ``launch`` waits until it is cancelled, as a gang stuck in a real cluster would, and
+    the lifecycle's gang timeout must clean it up. ``per_cluster`` overrides
+    ``(launch_delay_seconds, failure_rate)`` for named clusters.
+
+    ``run_seconds`` gives a running job its run time (None: it runs until cancelled);
+    ``finished`` returns when the run is over, so jobs end and capacity churns. The demo
+    passes ``seeded_run_seconds``; without it every job runs until cancelled.
+
+    A running job's pods are shown Running on their nodes; each has ``log_lines`` lines of
+    log at once and, followed, one more every ``log_every_seconds`` (on ``sleep``) until the
+    job is no longer running.
+    """
+
+    log_lines = 5
+    log_every_seconds = 5.0
+
+    def __init__(
+        self,
+        launch_delay_seconds: float = 0.0,
+        failure_rate: float = 0.0,
+        *,
+        seed: int = 0,
+        never_start: Iterable[str] = (),
+        per_cluster: Mapping[str, tuple[float, float]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        run_seconds: Callable[[Placement], float | None] | None = None,
+    ) -> None:
+        self._run_seconds = run_seconds
+        self._delay = launch_delay_seconds
+        self._failure_rate = failure_rate
+        self._rng = random.Random(seed)
+        self.never_start = set(never_start)
+        self._per_cluster = dict(per_cluster or {})
+        self._sleep = sleep
+        self.running: dict[str, Placement] = {}
+        self.deleted: list[str] = []
+
+    async def launch(self, placement: Placement) -> None:
+        """Return once every pod of the placement runs; raise LaunchError if it fails."""
+        delay, failure_rate = self._per_cluster.get(
+            placement.cluster, (self._delay, self._failure_rate)
+        )
+        if placement.job in self.never_start or placement.job.split("/")[-1] in self.never_start:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        if delay > 0:
+            await self._sleep(delay)
+        if failure_rate > 0 and self._rng.random() < failure_rate:
+            raise LaunchError(f"simulated launch failure in {placement.cluster}")
+        self.running[placement.job] = placement
+
+    async def delete(self, placement: Placement) -> None:
+        """Delete every pod of the placement (idempotent)."""
+        self.running.pop(placement.job, None)
+        self.deleted.append(placement.job)
+
+    def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
+        """``on_end`` once the job's run time is over (a timer, no task: see
+        ``broker.ports.RunNotifier``); a job without a run time runs until cancelled."""
+        seconds = self._run_seconds(placement) if self._run_seconds is not None else None
+        if seconds is None:
+            return _NO_END
+
+        def end() -> None:
+            self.running.pop(placement.job, None)
+            on_end(RunEnd(True))
+
+        if self._sleep is asyncio.sleep:
+            return asyncio.get_running_loop().call_later(seconds, end)
+
+        async def later() -> None:  # an injected sleep (tests): its own clock
+            await self._sleep(seconds)
+            end()
+
+        return asyncio.ensure_future(later())
+
+    async def finished(self, placement: Placement) -> RunEnd:
+        """Wait until the running job's pods exit (they always succeed). A job without a
+        run time runs until cancelled (this waits until the caller is cancelled)."""
+        seconds = self._run_seconds(placement) if self._run_seconds is not None else None
+        if seconds is None:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        else:
+            await self._sleep(seconds)
+        self.running.pop(placement.job, None)
+        return RunEnd(True)
+
+    async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
+        placement = self.running.get(spec.key)
+        if placement is None or placement.cluster != cluster:
+            return []
+        rows = []
+        for pod in placement.pods:
+            name = pod.pod.removeprefix(f"{spec.tenant}.")
+            pod_set, _, index = name.removeprefix(f"{spec.job}-").rpartition("-")
+            rows.append(
+                PodRow(name, pod_set, cluster, pod.node, "Running", 0, f"{pod_set}-{index}")
+            )
+        return rows
+
+    async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
+        names = [row.name for row in await self.pods(cluster, spec)]
+        if request.pod not in names or request.container not in (None, "main"):
+            raise PodNotFound(f"no pod {request.pod!r} (container main) in job {spec.job!r}")
+        return self._log(spec.key, request)
+
+    async def _log(self, job: str, request: LogRequest) -> AsyncGenerator[bytes, None]:
+        first = max(0, self.log_lines - (request.tail_lines or self.log_lines))
+        for step in range(first, self.log_lines):
+            yield simulated_log_line(request.pod, step)
+        step = self.log_lines
+        while request.follow and job in self.running:
+            await self._sleep(self.log_every_seconds)
+            if job not in self.running:
+                break
+            yield simulated_log_line(request.pod, step)
+            step += 1
+
+
+def seeded_run_seconds(
+    seed: int, low: float = 30.0, high: float = 300.0
+) -> Callable[[Placement], float]:
+    """Run times drawn uniformly from [low, high], the same for a job name and seed on
+    every run (a restarted demo gives a requeued job the same run time again)."""
+
+    def run_seconds(placement: Placement) -> float:
+        return random.Random(f"{seed}:{placement.job}").uniform(low, high)
+
+    return run_seconds
