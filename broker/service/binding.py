@@ -152,9 +152,9 @@ class Binding:
         async with s.lock:
             launch = s.lifecycle.get(key)
             if launch is not None and launch.running:
-                self._watch(placement)
+                self.watch_run(placement)
 
-    def _watch(self, placement: Placement) -> None:
+    def watch_run(self, placement: Placement) -> None:
         """Watch a running job for its end (under the lock): a callback where the launcher
         offers one (no task per running job), else a task awaiting ``finished``."""
         s, key = self.s, placement.job

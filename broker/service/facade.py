@@ -126,6 +126,7 @@ class Service:
                     await self.leadership.elector.release()
             except Exception as exc:  # it expires on its own
                 log.warning("could not release the leader lease: %s", type(exc).__name__)
+        self.binding.drop()  # run watches too: a timer or poll must not outlive the store
         tasks = self.tasks.cancel()
         # The clients first: closing their connections ends the watch streams, whose reads
         # do not always notice a cancellation on their own.

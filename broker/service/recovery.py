@@ -241,6 +241,7 @@ class Recovery:
         s.lifecycle.placed(pending, placement, now)
         if record.state == "Running":
             s.lifecycle.all_running(key, now)
+            self.binding.watch_run(placement)  # its end is still to be seen
         else:  # resume waiting for the gang (creating what is missing is idempotent)
             self.binding.start_launch(placement)
         log.info("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))

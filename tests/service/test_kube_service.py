@@ -208,7 +208,9 @@ async def test_kube_member_listed_placed_and_restored(
     finally:
         await service.close()
 
-    restarted = Service(make_config(tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin"))
+    restarted = Service(
+        make_config(tmp_path, str(k8s.url).rstrip("/"), "launchMode: pin, podPollSeconds: 0.02")
+    )
     await restarted.start()
     try:
         # Rebuilt from our labelled pods before any placement: the same ledger.
@@ -217,10 +219,13 @@ async def test_kube_member_listed_placed_and_restored(
         assert (await restarted.get("team-a", "gang")).state == "Placed"
         assert restarted.queue.get("team-a/train") is None
         assert restarted.queue.get("team-a/gang") is None
+        # The restored Running job is watched: its pod ending ends it and frees its GPU.
+        our_pod(k8s, "train-worker-0").patch({"status": {"phase": "Succeeded"}})
+        await restarted.runs_done(timeout=10)
+        assert (await restarted.get("team-a", "train")).state == "Succeeded"
+        await until(lambda: used_gpus(restarted) == 4)
         # Cancelling deletes the pods and frees their GPUs.
-        await restarted.cancel("team-a", "train")
         await restarted.cancel("team-a", "gang")
-        assert our_pod(k8s, "train-worker-0") is None
         assert our_pod(k8s, "gang-worker-0") is None and our_pod(k8s, "gang-worker-1") is None
         await until(lambda: used_gpus(restarted) == 2)
     finally:
