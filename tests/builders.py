@@ -8,8 +8,9 @@ of its own to get wrong.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from broker.core.ledger import Ledger
@@ -230,3 +231,10 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll (yielding to the event loop) until ``predicate`` holds or the deadline passes."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.model import MILLI_PER_GPU, GpuType, Job, Placement, shared
+from broker.interned import shared
+from broker.model import MILLI_PER_GPU, GpuType, Job, Placement
 
 
 @dataclass(frozen=True, slots=True)

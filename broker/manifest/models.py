@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import DEFAULT_REF_TEMPLATE
 
+from broker.interned import frozen
 from broker.manifest import workloads
 from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import (
@@ -34,7 +35,7 @@ from broker.manifest.fields import (
     MemoryQuantity,
 )
 from broker.manifest.workloads import Path
-from broker.model import PolicyName, frozen
+from broker.model import PolicyName
 
 API_VERSION = "fedbroker.io/v1alpha1"
 KIND = "FederatedJob"

@@ -7,11 +7,12 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from broker.interned import frozen, shared
 from broker.manifest import workloads
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.manifest.podpolicy import derived_resources
-from broker.model import GpuType, Job, PodSet, Resources, frozen, shared
+from broker.model import GpuType, Job, PodSet, Resources
 from broker.ports import WorkloadSpec
 
 

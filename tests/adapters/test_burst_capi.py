@@ -12,9 +12,10 @@ from typing import Any
 
 import kmock as kmocklib
 import pytest
+from builders import until
 from kmock_namespaces import NamespacedEmulator
 from test_capi import MD, NAME, NS, SCALE, add_pool, replicas, serve_scale
-from test_kube_service import CANARY, kubeconfig_doc, manifest, our_pod, until
+from test_kube_service import CANARY, kubeconfig_doc, manifest, our_pod
 
 from broker.config import parse_config
 from broker.service.facade import Service

@@ -17,7 +17,7 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
-from builders import Clock
+from builders import Clock, until
 from test_kube_service import foreign_pod as pod_obj
 from test_kube_service import node_obj
 from test_mqtt import (
@@ -27,7 +27,6 @@ from test_mqtt import (
     require_mqtt,
     subscriber,
     unique_prefix,
-    until,
 )
 
 from adapters.kubeapi.kubeconfig import load_clients

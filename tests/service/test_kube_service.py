@@ -9,13 +9,13 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kmock
 import kmock as kmocklib
 import pytest
+from builders import until
 from kmock_namespaces import NamespacedEmulator
 
 from broker.config import Config, ConfigError, parse_config
@@ -117,13 +117,6 @@ def manifest(
 def used_gpus(service: Service, cluster: str = "east") -> float:
     view = service.ledger.snapshot().clusters[cluster]
     return view.gpus_total() - view.free_milli() / 1000
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll (yielding to the event loop) until ``predicate`` holds or the deadline passes."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)

@@ -15,8 +15,9 @@ from typing import Any
 
 import kmock as kmocklib
 import pytest
+from builders import until
 from kmock_namespaces import NAMESPACES, NamespacedEmulator
-from test_kube_service import PODS, kubeconfig_doc, manifest, node_obj, until
+from test_kube_service import PODS, kubeconfig_doc, manifest, node_obj
 
 from broker.config import Config, parse_config
 from broker.service.facade import Service

@@ -13,10 +13,10 @@ from typing import Any
 import kmock
 import kmock as kmocklib
 import pytest
-from builders import Clock
+from builders import Clock, until
 from kmock_namespaces import NamespacedEmulator
 from tcp_proxy import TcpProxy
-from test_kube_service import CONFIG, NS, PODS, kubeconfig_doc, manifest, node_obj, until
+from test_kube_service import CONFIG, NS, PODS, kubeconfig_doc, manifest, node_obj
 
 from broker.config import parse_config
 from broker.service.facade import Service

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import aiomqtt
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from builders import Clock
+from builders import Clock, until
 from prometheus_client.parser import text_string_to_metric_families
 from test_api import manifest
 
@@ -76,13 +76,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll (yielding to the event loop) until ``predicate`` holds or the deadline passes."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 class Inbox:

@@ -11,17 +11,15 @@ conditions (``until``), never on a number of polls."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import kmock
 import kmock as kmocklib
 import pytest
-from builders import Clock
+from builders import Clock, until
 from kmock_namespaces import NamespacedEmulator
 
 from broker.config import Config, parse_config
@@ -106,13 +104,6 @@ def manifest(name: str, kind: str, priority: int = 0) -> Any:
         "spec": {"workload": WORKLOADS[kind], "priority": priority},
     }
     return parse_manifest(json.dumps(body).encode(), "application/json")
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll (yielding to the event loop) until ``predicate`` holds or the deadline passes."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
