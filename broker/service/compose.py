@@ -182,7 +182,8 @@ def build(config: Config, **options: Unpack[Options]) -> Parts:
         view.agents.append(mqtt.members.connected)
         bus = TeeBus(tee=mqtt.on_job, capacity_changed=mqtt.capacity_changed)
         sources.append(mqtt.metrics)
-    shared.store = PublishingStore(store, bus)  # last: every job change reaches the bus
+    # Last: every job change reaches the bus (and the tenants' active counts).
+    shared.store = PublishingStore(store, bus, shared.active)
     return Parts(
         shared, binding, cycles, recovery, Admission(shared, binding), view, bus, dispatch,
         mqtt, sources,

@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from broker.service.active import ActiveCounts
 from broker.store import FINAL_STATES, Generation, JobRecord, JobState, Store, Transition
 
 EventKind = Literal["job", "capacity"]
@@ -142,10 +143,12 @@ def job_event(record: JobRecord) -> dict[str, Any]:
 class PublishingStore:
     """A Store that publishes each committed job change to an EventBus (a decorator)."""
 
-    def __init__(self, inner: Store, bus: EventBus) -> None:
+    def __init__(self, inner: Store, bus: EventBus, active: ActiveCounts | None = None) -> None:
         self.inner = inner
         self.bus = bus
         self.url_for_logs = inner.url_for_logs
+        # Active jobs per tenant, moved by every write below (broker.service.active).
+        self.active = active if active is not None else ActiveCounts()
 
     def _published(self, record: JobRecord, before: JobState | None) -> None:
         self.bus.publish("job", record.tenant, job_event(record))
@@ -176,6 +179,7 @@ class PublishingStore:
             tenant, name, queue, priority, manifest, now, reuse_finished=reuse_finished
         )
         if created:
+            self.active.created(tenant)
             self._published(record, None)
         return record, created
 
@@ -186,7 +190,13 @@ class PublishingStore:
         return await self.inner.generations(tenant, name)
 
     async def count_active(self, tenant: str) -> int:
-        return await self.inner.count_active(tenant)
+        """O(1) once the tenant's count has been read from the store (ActiveCounts)."""
+        known = self.active.get(tenant)
+        if known is not None:
+            return known
+        counted = await self.inner.count_active(tenant)
+        self.active.seed(tenant, counted)
+        return counted
 
     async def get_job(self, tenant: str, name: str) -> JobRecord | None:
         return await self.inner.get_job(tenant, name)
@@ -226,6 +236,7 @@ class PublishingStore:
             tenant, name, state, reason, now, cluster=cluster, placement=placement,
             expect=expect, attempts=attempts, not_before=not_before,
         )  # fmt: skip
+        self.active.moved(tenant, state, expect)
         before: JobState | None = None
         if state in FINAL_STATES or state == "Queued":
             before = "Placed"
@@ -239,7 +250,9 @@ class PublishingStore:
         self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         records = await self.inner.transition_many(jobs, state, reason, now)
+        expected = {(tenant, name): was for tenant, name, was in jobs}
         for record in records:  # as transition does, per job moved
+            self.active.moved(record.tenant, state, (expected[record.tenant, record.name],))
             self.bus.publish("job", record.tenant, job_event(record))
         # One capacity change for the batch: it says "look again", not what changed.
         if records and (state in _HOLDS_CAPACITY or state in FINAL_STATES or state == "Queued"):

@@ -74,6 +74,7 @@ class Recovery:
         (The first time, the pods read back at start are used.)"""
         s = self.s
         found, self.found = self.found, None
+        s.active.clear()  # another replica may have led meanwhile: counts are read again
         async with s.lock:
             started = time.perf_counter()
             with _collector_paused():
@@ -89,6 +90,7 @@ class Recovery:
         """Lost the lease: stop placing at once and drop what the next leader rebuilds."""
         s = self.s
         s.rebuilt = False
+        s.active.clear()
         for task in (self.cycles.current, self._pools):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()

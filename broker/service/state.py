@@ -34,6 +34,7 @@ from broker.manifest import (
 )
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.ports import Launcher
+from broker.service.active import ActiveCounts
 from broker.service.leader import Leadership
 from broker.service.members import KubeMembers
 from broker.service.metrics import SchedulerMetrics
@@ -62,6 +63,8 @@ class Shared:
     leadership: Leadership
     tasks: Supervisor = field(default_factory=Supervisor)
     unplaceable: UnplaceableShapes = field(default_factory=UnplaceableShapes)
+    # Active jobs per tenant as this replica writes them; cleared at every change of lead.
+    active: ActiveCounts = field(default_factory=ActiveCounts)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     # State rebuilt from the store under the lease we hold (set by recovery, cleared when
