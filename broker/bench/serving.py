@@ -19,7 +19,7 @@ from aiohttp import web
 
 from broker.config import Config, parse_config
 from broker.http.app import make_app
-from broker.process import settle_heap
+from broker.process import release_heap, settle_heap
 from broker.service.compose import Options
 from broker.service.facade import Service
 
@@ -87,6 +87,7 @@ async def serving(config: Config, **options: Unpack[Options]) -> AsyncIterator[t
     finally:
         await runner.cleanup()
         await service.close()
+        release_heap()
 
 
 async def open_loop(

@@ -14,6 +14,7 @@ store size). A benchmark, not a test: nothing fails on a slow machine.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import multiprocessing
@@ -227,6 +228,9 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
         "gc_pause_p99_ms": ms(gc_pauses, 99),
         "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
         "gc_collections": len(gc_pauses),
+        # Objects frozen by full passes (broker.process.freeze_after_full_passes): growing
+        # while live jobs are steady would be cycles leaked by the freezing.
+        "gc_frozen": gc.get_freeze_count(),
         "rss_mib": round(rss_mib(), 1),
         "store_mib": round(await store_bytes(url) / (1024 * 1024), 1),
     }
@@ -256,6 +260,7 @@ COLUMNS = [  # (heading, key, width)
     ("CPU/JOB", "cpu_ms_per_job", 8), ("LAG-P99", "loop_lag_p99_ms", 8),
     ("LAG-MAX", "loop_lag_max_ms", 8),
     ("GC-P99", "gc_pause_p99_ms", 7), ("GC-N", "gc_collections", 6),
+    ("FROZEN", "gc_frozen", 8),
     ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9), ("FAILED", "failed", 6),
 ]  # fmt: skip
 
