@@ -36,6 +36,7 @@ from broker.service.explain import plan_of
 from broker.service.leader import default_identity
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
+from broker.service.waiting import waiting_summary
 from broker.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,14 @@ class Service:
             "job": name, "state": record.state, "cluster": record.cluster,
             "reason": record.reason, "clusters": clusters,
         }  # fmt: skip
+
+    def waiting(self, tenant: str, name: str) -> str | None:
+        """Why a queued job waited at the last cycle that looked at it, in one line (None:
+        not queued here, or not looked at yet). One look-up: what a list pays per job."""
+        pending = self.queue.get(f"{tenant}/{name}")
+        if pending is None or not pending.waiting:
+            return None
+        return waiting_summary(pending.job, pending.waiting)
 
     def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
         """Dry run: where the manifest would go now. Nothing is stored or reserved."""

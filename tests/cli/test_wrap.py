@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.cli.client import ClientError, _request_for
+from broker.cli.client import SUBMITTED_BY, ClientError, _request_for, submitter
 from broker.manifest import parse_manifest, to_job
 
 POD = {"spec": {"containers": [{"name": "m", "image": "t:1",
@@ -54,7 +54,8 @@ def test_a_plain_object_is_wrapped(
     priority: int | None,
 ) -> None:  # fmt: skip
     sent = submit(tmp_path, pytorchjob(labels), **flags)
-    assert sent["metadata"] == {"name": "bert"}
+    # The wrapper is labelled with who submitted it (``list --mine``); the object keeps its own.
+    assert sent["metadata"] == {"name": "bert", "labels": {SUBMITTED_BY: submitter()}}
     assert sent["spec"].get("queue") == queue
     assert sent["spec"].get("priority") == priority
     assert sent["spec"]["workload"]["metadata"] == {"labels": {"team": "nlp"}}
