@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -103,11 +104,18 @@ def http_error(status: int, message: str | None, reason: str | None, token: str)
 def unreachable(base: str, exc: BaseException) -> str:
     """The line for a broker that could not be reached at all."""
     if isinstance(exc, aiohttp.ClientConnectorError):
-        why = exc.os_error.strerror or str(exc.os_error) if exc.os_error else str(exc)
-        return f"cannot reach the broker at {base}: {why.lower()}; {START_HINT}"
+        return f"cannot reach the broker at {base}: {_why(exc.os_error)}; {START_HINT}"
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return f"the broker at {base} closed the connection before answering"
     return f"cannot talk to the broker at {base}: {type(exc).__name__}: {exc}"
+
+
+def _why(error: OSError) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, socket.gaierror):
+        return "no such host"
+    return (error.strerror or str(error) or type(error).__name__).lower()
 
 
 __all__ = [

@@ -54,7 +54,12 @@ def _add_inputs(cmd: argparse.ArgumentParser) -> None:
         help="split nodes round-robin into this many on-prem clusters (default: 1 for fill, "
         "2 for replay)",
     )
-    cmd.add_argument("--seed", type=int, default=None, help="default: 0 for fill, 1 for replay")
+    cmd.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed of the generated workload (default: 0 for fill, 1 for replay)",
+    )
     cmd.add_argument(
         "--seeds", type=positive("--seeds"), default=1, help="run seeds S..S+N-1 and average"
     )

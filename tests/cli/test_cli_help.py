@@ -8,6 +8,7 @@ import argparse
 import importlib.metadata
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +106,21 @@ def test_bash_completes_commands_options_and_choices() -> None:
     assert set(_complete(["fedbroker", "list", "--s"])) == {"--server", "--state", "--selector"}
     assert _complete(["fedbroker", "get", "-o", "y"]) == ["yaml"]
     assert set(_complete(["fedbroker", "completion", ""])) >= {"bash", "zsh"}
+
+
+def test_the_reference_names_every_command_and_flag() -> None:
+    """docs/cli.md keeps up with the parser: every command has its section, every flag
+    appears in it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    sections = {s.split("`", 2)[1]: s for s in text.split("\n### ")[1:]}
+    connection = {"--server", "--token", "--ca-file"}
+    for command, parser in PARSERS.items():
+        if command == "fedbroker":
+            continue
+        assert command in sections, f"docs/cli.md has no section for {command}"
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag in ("-h", "--help"):
+                    continue
+                where = text if flag in connection else sections[command]
+                assert f"`{flag}" in where, f"docs/cli.md: {command} {flag} missing"

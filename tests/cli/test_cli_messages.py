@@ -20,12 +20,17 @@ from typing import Any
 
 import pytest
 import yaml
-from builders import until
+from aiohttp.test_utils import TestClient, TestServer
+from builders import Clock, until
 from test_api import TOKENS, Harness, manifest, running, settle
+from test_authz import Client, T, config_text
 
 from broker.cli import client as client_module
 from broker.cli.client import SUBMITTED_BY, watch_list
 from broker.cli.main import build_parser, main
+from broker.config import parse_config
+from broker.http.app import make_app
+from broker.service.facade import Service
 
 Result = tuple[int, str, str]
 
@@ -119,7 +124,7 @@ async def test_connection_refused_names_the_url_and_the_demo(
     port = free_port()
     code, out, err = await cli(capsys, "get", "train", "--server", f"127.0.0.1:{port}")
     assert code == 1 and out == "" and err.count("\n") == 1
-    assert f"cannot reach the broker at http://127.0.0.1:{port}" in err
+    assert f"cannot reach the broker at http://127.0.0.1:{port}: connection refused" in err
     assert "fedbroker demo" in err and "make run" in err
 
 
@@ -312,3 +317,24 @@ def test_ctrl_c_ends_a_watch_with_status_0(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(client_module, "watch_list", interrupted)
     assert main(["list", "--watch"]) == 0
+
+
+@pytest.fixture
+async def authz(tmp_path: Path) -> AsyncIterator[Client]:
+    """The API with tokens of fewer roles (tests/http/test_authz.py's tenants)."""
+    config = parse_config(config_text(tmp_path / "authz.db"), "test config", {})
+    service = Service(config, clock=Clock())
+    await service.start()
+    async with TestClient(TestServer(make_app(service, config))) as test_client:
+        yield test_client
+    await service.close()
+
+
+async def test_a_403_names_the_permission_missing(
+    authz: Client, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    server = f"{authz.host}:{authz.port}"
+    path = write(tmp_path, manifest("train"))
+    code, _, err = await cli(capsys, "submit", "-f", path, "--server", server, "--token", T["ro"])
+    assert code == 1
+    assert err == 'fedbroker: error: 403 forbidden: token:ro lacks "submit" on tenant team-a\n'
