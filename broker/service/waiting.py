@@ -35,11 +35,11 @@ def gang_phrase(job: Job) -> str:
             parts.append(pods)
             continue
         gpus = milli / MILLI_PER_GPU
-        unit = "GPU" if gpus == 1 else "GPUs"
+        unit = "GPU" if gpus <= 1 else "GPUs"
         parts.append(f"{pods} of {gpus:g} {kinds + ' ' if kinds else ''}{unit}")
     text = " + ".join(parts)
     if 0 < job.min_member < job.total_pods:
-        text += f" (at least {job.min_member} pods)"
+        text += f" (at least {job.min_member} pod{'s' if job.min_member != 1 else ''})"
     return text
 
 
