@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -127,7 +128,11 @@ def render_finished(job: dict[str, Any]) -> str:
     ran = [h for h in history if h.get("state") in ("Placed", "Running") and h.get("cluster")]
     where = status.get("cluster") or (ran[-1].get("cluster") if ran else None)
     ended = status.get("updatedAt")
-    lines = [f"{name}: {state} {_age(ended)} ago (finished: it no longer waits for anything)"]
+    when = (
+        f" at {datetime.fromtimestamp(ended, UTC):%Y-%m-%d %H:%M:%S} UTC, {_age(ended)} ago"
+        if isinstance(ended, int | float) else ""
+    )  # fmt: skip
+    lines = [f"{name}: {state}{when} (finished: it no longer waits for anything)"]
     how = status.get("reason")
     if how:
         lines.append(f"  how:   {how}")
