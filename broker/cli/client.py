@@ -512,14 +512,25 @@ WATCH_MIN_SECONDS = 0.5  # a busy broker's events redraw the list at most this o
 
 
 async def watch_list(args: argparse.Namespace) -> int:
-    """``list --watch``: the list, then again after job events (``/v1/events``), at most
-    every WATCH_MIN_SECONDS; until Ctrl-C (exit 0) or the stream ends (exit 1)."""
+    """``list --watch``: the list, then again after job events (``/v1/events``) that
+    changed it, at most every WATCH_MIN_SECONDS; until Ctrl-C (exit 0) or the stream ends
+    (exit 1)."""
     base, token = server_url(args), token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     changed = asyncio.Event()
 
+    shown: list[Any] = [None]  # what the last drawing showed (ages aside)
+
     async def redraw() -> None:
         doc = await list_jobs(args)
+        seen = [
+            (j.get("metadata", {}).get("name"), j.get("metadata", {}).get("namespace"),
+             {k: v for k, v in j.get("status", {}).items() if k != "updatedAt"})
+            for j in doc.get("items", [])
+        ]  # fmt: skip
+        if seen == shown[0]:
+            return  # events of jobs not in this list (another filter, another tenant's)
+        shown[0] = seen
         if args.output == "table":
             text = render("list", doc)
             if sys.stdout.isatty():
