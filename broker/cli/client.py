@@ -1,12 +1,20 @@
-"""The CLI client: ``fedbroker submit | get | list | cancel | explain | clusters``.
+"""The CLI client: ``fedbroker submit | get | list | cancel | explain | clusters | pools``.
 
-It talks to a running broker over its HTTP API (``--server``, default
-``$FEDBROKER_SERVER`` or http://127.0.0.1:8080; token from ``--token`` or
-``$FEDBROKER_TOKEN``; an https server's certificate verified against ``--ca-file`` or
-``$FEDBROKER_CA_FILE``, else the system's trust store) and prints tables for people
-(``broker.cli.render``) or ``-o json|yaml`` for scripts. Every failure is one line on stderr:
-the server's own error message, or why it could not be reached. The token is sent as a
-bearer header and never printed.
+It talks to a running broker over its HTTP API (``broker.cli.connection``: ``--server`` or
+``$FEDBROKER_SERVER``, a scheme-less ``host:port`` taken as http://, default
+http://127.0.0.1:8080; token from ``--token`` or ``$FEDBROKER_TOKEN``; an https server's
+certificate verified against ``--ca-file`` or ``$FEDBROKER_CA_FILE``, else the system's
+trust store) and prints tables for people (``broker.cli.render``) or ``-o json|yaml`` for
+scripts. Every failure is one line on stderr: the server's own error message (a 401 with
+what sets the token), or why it could not be reached (with how to start a broker). The
+token is sent as a bearer header and never printed.
+
+``submit`` labels the job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
+stderr what a known name did (reused a finished one: its next generation; an active one with
+the same spec: nothing new). ``list`` shows each job's last reason (``status.waiting``, why a
+queued job waits), filters by ``--name``/``-l``/``--mine`` on the server (following its
+cursor up to ``--limit``) and with ``--watch`` redraws on ``/v1/events``. ``explain`` of a
+finished job says how, when and where it ran instead of an empty table.
 
 A 503 that carries Retry-After (a follower that does not take writes, a store that is
 down, a new leader rebuilding its state), or a 429 with one (the tenant's rate limit), is
