@@ -17,9 +17,9 @@ import gc
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING
 
 import aiohttp
-from kubernetes.aio.client import ApiClient
 
 from broker.core.ledger import ConflictError
 from broker.core.queue import gpu_milli_by_type
@@ -30,6 +30,9 @@ from broker.service.cycle import Cycles
 from broker.service.members import ClusterLauncher
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
