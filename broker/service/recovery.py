@@ -38,7 +38,11 @@ log = logging.getLogger(__name__)
 
 Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
 _UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
-REBUILD_PAGE = 1000  # active jobs read, and requeued in one transaction, at a time
+# Active jobs read, and requeued in one transaction, at a time. Larger pages mean fewer
+# commits and fewer hand-offs between the loop and the store's threads: 100,000 jobs on
+# SQLite (two cores) rebuilt in 4.4-5.2 s at 1,000 a page, 3.5-3.8 s at 4,000, for a peak
+# resident size of 193 MB instead of 157 MB (two pages of records held at once).
+REBUILD_PAGE = 4000
 ENTRIES_PER_TURN = 100  # queue entries built (about 1 ms) between two turns of the loop
 RESTART_REASON = "requeued after broker restart"
 REBUILT_LOG = "state rebuilt from the store: %d active jobs in %.3f s"

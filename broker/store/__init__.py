@@ -200,8 +200,8 @@ class Store(Protocol):
         that state is skipped (left unchanged, not returned) instead of raising. All or
         nothing: if the transaction fails, no job has moved. The moved jobs come back, in no
         particular order: each the record given with the fields the transition changed as
-        stored (its manifest is not read again). Callers keep a batch to about a thousand
-        jobs.
+        stored (its manifest is not read again). Callers keep a batch to a few thousand jobs
+        (on SQLite each is two of a statement's at most 32,766 parameters).
         """
         ...
 
