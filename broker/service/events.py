@@ -247,7 +247,7 @@ class PublishingStore:
         return await self.inner.history(tenant, name)
 
     async def transition_many(
-        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+        self, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         records = await self.inner.transition_many(jobs, state, reason, now)
         expected = {(tenant, name): was for tenant, name, was in jobs}
