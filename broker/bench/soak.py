@@ -159,6 +159,7 @@ class SoakSettings:
     clusters: int
     nodes_per_cluster: int
     store_url: str | None  # None: SQLite in a temporary directory
+    retention_seconds: float = 600.0  # finished jobs kept this long (retention config)
 
 
 async def run_soak(
@@ -171,7 +172,10 @@ async def run_soak(
     run_seconds = seeded_run_seconds(settings.load.seed, 0.5 * mean_run, 1.5 * mean_run)
     with tempfile.TemporaryDirectory(prefix="fedbroker-soak-") as tmp:
         url = settings.store_url or f"sqlite://{Path(tmp) / 'soak.db'}"
-        config = bench_config(url, token, settings.clusters, settings.nodes_per_cluster, QUEUES)
+        config = bench_config(
+            url, token, settings.clusters, settings.nodes_per_cluster, QUEUES,
+            retention_seconds=settings.retention_seconds,
+        )  # fmt: skip
         async with serving(config, run_seconds=run_seconds) as (service, base):
             return await _drive(service, base, token, settings.load, url, on_row)
 
@@ -308,14 +312,17 @@ def main_soak(args: Any) -> int:
     """``fedbroker bench --soak``: prints each row as its window ends (``--json``: all of
     them at the end, as a list)."""
     load = SoakLoad(args.jobs, float(args.rate), args.window, args.seed, secrets.token_hex(3))
-    settings = SoakSettings(load, args.clusters, args.nodes_per_cluster, args.store)
+    settings = SoakSettings(
+        load, args.clusters, args.nodes_per_cluster, args.store, float(args.retention)
+    )
     if not args.json:
         gpus = args.clusters * args.nodes_per_cluster * GPUS_PER_NODE
         store = "PostgreSQL" if args.store else "SQLite"
         print(
             f"soak over HTTP: {args.jobs} jobs offered at {args.rate}/s to {args.clusters} "
             f"simulated clusters x {args.nodes_per_cluster} nodes ({gpus} GPUs), {store} store; "
-            f"mean run {mean_run_seconds(gpus, load.rate):.1f} s for {BUSY:.0%} busy"
+            f"mean run {mean_run_seconds(gpus, load.rate):.1f} s for {BUSY:.0%} busy; "
+            f"finished jobs kept {args.retention:g} s"
         )
         print("latencies in ms, CPU per job in ms of the broker's process")
         print(table_header(), flush=True)
