@@ -217,6 +217,7 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
     Reading the totals costs O(clusters + live jobs) once a window (GPU use, queued gangs)."""
     probes.check()
     gc_pauses, placed, lags = probes.pauses.take(), probes.placements.take(), probes.lag.take()
+    full_passes = probes.pauses.take_full()
     gpus = [t for c in service.view.clusters() for t in c.gpu_types]
     total = sum(t.total for t in gpus)
     return {
@@ -232,6 +233,8 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
         "gc_pause_p99_ms": ms(gc_pauses, 99),
         "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
         "gc_collections": len(gc_pauses),
+        "gc_full_passes": len(full_passes),
+        "gc_full_max_ms": round(1000 * max(full_passes, default=0.0), 2),
         # Objects frozen by full passes (broker.process.freeze_after_full_passes): growing
         # while live jobs are steady would be cycles leaked by the freezing.
         "gc_frozen": gc.get_freeze_count(),
@@ -264,6 +267,7 @@ COLUMNS = [  # (heading, key, width)
     ("CPU/JOB", "cpu_ms_per_job", 8), ("LAG-P99", "loop_lag_p99_ms", 8),
     ("LAG-MAX", "loop_lag_max_ms", 8),
     ("GC-P99", "gc_pause_p99_ms", 7), ("GC-N", "gc_collections", 6),
+    ("FULL-N", "gc_full_passes", 6), ("FULL-MAX", "gc_full_max_ms", 8),
     ("FROZEN", "gc_frozen", 8),
     ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9), ("FAILED", "failed", 6),
 ]  # fmt: skip
