@@ -56,10 +56,8 @@ def test_positions_are_the_order_cycles_place_in(
     capacity = federation_capacity(ledger.snapshot())[0]
     now = 100.0
     positions = {p.job.key: queue.position(p.job.key, now, capacity) for p in queue.pending()}
-    assert sorted(p.position for p in positions.values() if p) == list(
-        range(1, len(jobs) + 1)
-    )
-    for key, at in positions.items():
+    assert sorted(p.position for p in positions.values() if p) == list(range(1, len(jobs) + 1))
+    for at in positions.values():
         assert at is not None and at.waiting == len(jobs)
         same_queue = [p for p in positions.values() if p and p.queue == at.queue]
         assert at.queue_waiting == len(same_queue)
