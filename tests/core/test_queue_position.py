@@ -55,16 +55,19 @@ def test_positions_are_the_order_cycles_place_in(
         occupy(ledger, "c1", f"n{i}", range(GPUS), name=f"filler-{i}")
     capacity = federation_capacity(ledger.snapshot())[0]
     now = 100.0
-    positions = {p.job.key: queue.position(p.job.key, now, capacity) for p in queue.pending()}
-    assert sorted(p.position for p in positions.values() if p) == list(range(1, len(jobs) + 1))
-    for at in positions.values():
-        assert at is not None and at.waiting == len(jobs)
-        same_queue = [p for p in positions.values() if p and p.queue == at.queue]
+    places = {p.job.key: queue.position(p.job.key, now, capacity) for p in queue.pending()}
+    positions = {key: at for key, at in places.items() if at is not None}
+    rank = {key: at.position or 0 for key, at in positions.items()}
+    assert len(positions) == len(jobs)
+    assert sorted(rank.values()) == list(range(1, len(jobs) + 1))
+    for key, at in positions.items():
+        assert at.waiting == len(jobs)
+        same_queue = sorted(rank[k] for k, p in positions.items() if p.queue == at.queue)
         assert at.queue_waiting == len(same_queue)
         # Its place in its own queue is its rank among its queue's jobs by overall place.
-        assert at.in_queue == sorted(p.position or 0 for p in same_queue).index(at.position) + 1
-        assert at.same_gpu_type_ahead == (at.position or 0) - 1  # one GPU type for all
-    expected = sorted(positions, key=lambda k: positions[k].position or 0)
+        assert at.in_queue == same_queue.index(rank[key]) + 1
+        assert at.same_gpu_type_ahead == rank[key] - 1  # one GPU type for all
+    expected = sorted(rank, key=rank.__getitem__)
     fillers = count()
     policies, cycle = PolicyBook(queue), SchedulerSettings()
     placed = []
