@@ -5,7 +5,7 @@ as tests/http/test_api.py). The page is checked end to end: ``fedbroker demo`` (
 workload) in a subprocess, the page in headless Chromium through Playwright. Chromium is
 Debian's (``/usr/bin/chromium``, or FEDBROKER_CHROMIUM); without it the browser test skips,
 or fails under FEDBROKER_REQUIRE_SERVICES=1. FEDBROKER_SCREENSHOT=docs/dashboard.png also
-writes the screenshot there (for the README).
+writes the screenshot there (for docs/observability.md).
 """
 
 from __future__ import annotations
