@@ -159,15 +159,21 @@ def screen_svg(screen: pyte.Screen, title: str) -> str:
     return console.export_svg(title=title)
 
 
-def main() -> None:  # pragma: no cover - a maintainer's tool, also run by the test
+def main() -> None:  # pragma: no cover - a maintainer's tool; the test does the same
     import sys
     import tempfile
 
+    sys.path[:0] = [str(ROOT), str(Path(__file__).parent)]  # this worktree's broker
     from test_demo_terminal import run_demo_on_a_terminal
 
-    with tempfile.TemporaryDirectory() as data_dir:
+    with tempfile.TemporaryDirectory(prefix="fbdemo-") as data_dir:
         terminal, _ = run_demo_on_a_terminal(Path(data_dir))
-        SCREENSHOT.write_text(screen_svg(terminal.screen, "fedbroker demo"), encoding="utf-8")
+        try:
+            svg = screen_svg(terminal.screen, "fedbroker demo")
+            terminal.stop(time.monotonic() + 30.0)
+        finally:
+            terminal.close()
+    SCREENSHOT.write_text(svg, encoding="utf-8")
     sys.stdout.write(f"wrote {SCREENSHOT}\n")
 
 
