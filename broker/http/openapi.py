@@ -177,6 +177,9 @@ class QueueInfo(Out):
     reclaimable: bool
     pending: int
     usage: dict[str, float]
+    oldest_wait_seconds: float = Field(
+        description="seconds its longest-waiting pending job has been queued (0: none waits)"
+    )
 
 
 class Queues(Out):
