@@ -19,16 +19,36 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from broker.model import BurstPlan, Job, PoolState, Resources
+
+RefusalCode = Literal["no-pools", "backing-off", "gpu-type", "selector", "node-shape", "maximum"]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why one pool cannot take the job (``pool`` empty: no pool at all), as data: explain
+    shows the code, the message says it to a person."""
+
+    pool: str
+    code: RefusalCode
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.message}" if self.pool else self.message
 
 
 @dataclass(frozen=True, slots=True)
 class NoBurst:
-    """Why no pool can take the job: one line per pool (or one for none at all)."""
+    """Why no pool can take the job: one refusal per pool (or one for none at all)."""
 
     job: str
-    reasons: tuple[str, ...]
+    refusals: tuple[Refusal, ...]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        return tuple(str(r) for r in self.refusals)
 
 
 def _fits(pod: Resources, free: Resources) -> bool:
@@ -69,26 +89,26 @@ def nodes_needed(job: Job, node: Resources) -> int | None:
 def plan(job: Job, pools: Sequence[PoolState]) -> BurstPlan | NoBurst:
     """The pool to grow for ``job`` and by how much, or why none can."""
     if not pools:
-        return NoBurst(job.key, ("no burst pools are configured",))
+        return NoBurst(job.key, (Refusal("", "no-pools", "no burst pools are configured"),))
     offers: list[tuple[float, float, str, BurstPlan]] = []
-    reasons: list[str] = []
+    refusals: list[Refusal] = []
     for state in pools:
         pool = state.pool
         why = _refusal(job, state)
         if why is not None:
-            reasons.append(f"{pool.name}: {why}")
+            refusals.append(why)
             continue
         need = nodes_needed(job, pool.node)
         if need is None:
-            reasons.append(f"{pool.name}: a pod of the gang does not fit one of its nodes")
+            message = "a pod of the gang does not fit one of its nodes"
+            refusals.append(Refusal(pool.name, "node-shape", message))
             continue
         claimed = min(need, state.unclaimed)
         new = need - claimed
         room = pool.max_nodes - state.nodes
         if new > room:
-            reasons.append(
-                f"{pool.name}: needs {new} more nodes, only {max(room, 0)} below its maximum"
-            )
+            message = f"needs {new} more nodes, only {max(room, 0)} below its maximum"
+            refusals.append(Refusal(pool.name, "maximum", message))
             continue
         cost = new * pool.cost_per_node_hour
         offers.append(
@@ -96,17 +116,19 @@ def plan(job: Job, pools: Sequence[PoolState]) -> BurstPlan | NoBurst:
              BurstPlan(job.key, pool.name, pool.cluster, new, claimed, cost))
         )  # fmt: skip
     if not offers:
-        return NoBurst(job.key, tuple(reasons))
+        return NoBurst(job.key, tuple(refusals))
     return min(offers, key=lambda o: o[:3])[3]
 
 
-def _refusal(job: Job, state: PoolState) -> str | None:
+def _refusal(job: Job, state: PoolState) -> Refusal | None:
     pool = state.pool
     if state.failing:
-        return "backing off after a provisioning failure"
+        return Refusal(pool.name, "backing-off", "backing off after a provisioning failure")
     if not job.allows_gpu_type(pool.gpu_type):
-        return f"its GPU type {pool.gpu_type} is not allowed by the job"
+        message = f"its GPU type {pool.gpu_type} is not allowed by the job"
+        return Refusal(pool.name, "gpu-type", message)
     for key, value in job.cluster_selector.items():
         if pool.cluster_labels.get(key) != value:
-            return f"cluster {pool.cluster} does not match the selector {key}={value}"
+            message = f"cluster {pool.cluster} does not match the selector {key}={value}"
+            return Refusal(pool.name, "selector", message)
     return None

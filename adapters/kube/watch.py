@@ -20,10 +20,9 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
-from kubernetes.aio.client import ApiClient, CoreV1Api
 
 from adapters.kube.translate import (
     DEFAULT_GPU,
@@ -35,6 +34,9 @@ from adapters.kube.translate import (
 )
 from broker.model import CapacityEvent, Node, NodeDeleted, NodeUpdated, PodBound, PodDeleted
 from broker.ports import CapacitySink, CapacitySource, StatusSink, WatchError
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,10 @@ class ClusterWatcher(CapacitySource):
         server_timeout: int = 300,
         request_timeout: float = 30.0,
     ) -> None:
+        # Imported here: kubernetes.aio costs most of a start, and a broker with no
+        # Kubernetes member never builds a watcher (the staleness tracker above is shared).
+        from kubernetes.aio.client import CoreV1Api
+
         self.cluster = cluster
         self._core = CoreV1Api(api)
         self._emit = emit

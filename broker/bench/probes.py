@@ -49,16 +49,21 @@ class LoopLag:
 
 @dataclass(eq=False)
 class GcPauses:
-    """Every collection's pause, timed by ``gc.callbacks`` (start -> stop), while entered."""
+    """Every collection's pause, timed by ``gc.callbacks`` (start -> stop), while entered;
+    full passes (generation 2) are also kept apart."""
 
     pauses: list[float] = field(default_factory=list)
+    full: list[float] = field(default_factory=list)
     _started: float = 0.0
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self.pauses.append(time.perf_counter() - self._started)
+            return
+        pause = time.perf_counter() - self._started
+        self.pauses.append(pause)
+        if info.get("generation") == 2:
+            self.full.append(pause)
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self._callback)
@@ -69,6 +74,10 @@ class GcPauses:
 
     def take(self) -> list[float]:
         taken, self.pauses = self.pauses, []
+        return taken
+
+    def take_full(self) -> list[float]:
+        taken, self.full = self.full, []
         return taken
 
 

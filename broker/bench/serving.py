@@ -34,11 +34,12 @@ def bench_document(
     clusters: int,
     nodes_per_cluster: int,
     queues: Mapping[str, str] | None = None,
+    retention_seconds: float | None = None,
 ) -> dict[str, Any]:
     """The benchmarks' config document: ``clusters`` x ``nodes_per_cluster`` simulated
     nodes of 8 A100s; one tenant with ``queues`` (name -> policy; default one binpack queue
     ``bench``), its first the default, and no rate limit or active-job cap that the offered
-    load would hit."""
+    load would hit; finished jobs kept ``retention_seconds`` (default: the service's)."""
     queues = dict(queues or {BENCH_TENANT: "binpack"})
     shape = {"gpuType": "A100", "gpus": 8, "cpu": "96", "memory": "768Gi",
              "count": nodes_per_cluster}  # fmt: skip
@@ -46,8 +47,13 @@ def bench_document(
         {"name": f"sim-{i:03d}", "source": {"simulated": {"shapes": [shape]}}}
         for i in range(clusters)
     ]
+    retention = {}
+    if retention_seconds is not None:
+        retention = {"finishedJobsSeconds": retention_seconds,
+                     "purgeEverySeconds": min(60.0, retention_seconds)}  # fmt: skip
     return {
         "store": {"url": store_url},
+        "retention": retention,
         "api": {"rateLimitPerTenant": {"requestsPerSecond": 100000.0, "burst": 100000}},
         "scheduler": {"cycleSeconds": 0.05},
         "clusters": cluster_list,
@@ -64,9 +70,11 @@ def bench_config(
     clusters: int,
     nodes_per_cluster: int,
     queues: Mapping[str, str] | None = None,
+    *,
+    retention_seconds: float | None = None,
 ) -> Config:
     """``bench_document`` parsed as ``fedbroker serve`` would."""
-    doc = bench_document(store_url, token, clusters, nodes_per_cluster, queues)
+    doc = bench_document(store_url, token, clusters, nodes_per_cluster, queues, retention_seconds)
     return parse_config(json.dumps(doc), "bench config", {})
 
 

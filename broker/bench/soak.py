@@ -159,6 +159,7 @@ class SoakSettings:
     clusters: int
     nodes_per_cluster: int
     store_url: str | None  # None: SQLite in a temporary directory
+    retention_seconds: float = 600.0  # finished jobs kept this long (retention config)
 
 
 async def run_soak(
@@ -171,7 +172,10 @@ async def run_soak(
     run_seconds = seeded_run_seconds(settings.load.seed, 0.5 * mean_run, 1.5 * mean_run)
     with tempfile.TemporaryDirectory(prefix="fedbroker-soak-") as tmp:
         url = settings.store_url or f"sqlite://{Path(tmp) / 'soak.db'}"
-        config = bench_config(url, token, settings.clusters, settings.nodes_per_cluster, QUEUES)
+        config = bench_config(
+            url, token, settings.clusters, settings.nodes_per_cluster, QUEUES,
+            retention_seconds=settings.retention_seconds,
+        )  # fmt: skip
         async with serving(config, run_seconds=run_seconds) as (service, base):
             return await _drive(service, base, token, settings.load, url, on_row)
 
@@ -213,6 +217,7 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
     Reading the totals costs O(clusters + live jobs) once a window (GPU use, queued gangs)."""
     probes.check()
     gc_pauses, placed, lags = probes.pauses.take(), probes.placements.take(), probes.lag.take()
+    full_passes = probes.pauses.take_full()
     gpus = [t for c in service.view.clusters() for t in c.gpu_types]
     total = sum(t.total for t in gpus)
     return {
@@ -228,6 +233,8 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
         "gc_pause_p99_ms": ms(gc_pauses, 99),
         "gc_pause_max_ms": round(1000 * max(gc_pauses, default=0.0), 2),
         "gc_collections": len(gc_pauses),
+        "gc_full_passes": len(full_passes),
+        "gc_full_max_ms": round(1000 * max(full_passes, default=0.0), 2),
         # Objects frozen by full passes (broker.process.freeze_after_full_passes): growing
         # while live jobs are steady would be cycles leaked by the freezing.
         "gc_frozen": gc.get_freeze_count(),
@@ -260,6 +267,7 @@ COLUMNS = [  # (heading, key, width)
     ("CPU/JOB", "cpu_ms_per_job", 8), ("LAG-P99", "loop_lag_p99_ms", 8),
     ("LAG-MAX", "loop_lag_max_ms", 8),
     ("GC-P99", "gc_pause_p99_ms", 7), ("GC-N", "gc_collections", 6),
+    ("FULL-N", "gc_full_passes", 6), ("FULL-MAX", "gc_full_max_ms", 8),
     ("FROZEN", "gc_frozen", 8),
     ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9), ("FAILED", "failed", 6),
 ]  # fmt: skip
@@ -308,14 +316,17 @@ def main_soak(args: Any) -> int:
     """``fedbroker bench --soak``: prints each row as its window ends (``--json``: all of
     them at the end, as a list)."""
     load = SoakLoad(args.jobs, float(args.rate), args.window, args.seed, secrets.token_hex(3))
-    settings = SoakSettings(load, args.clusters, args.nodes_per_cluster, args.store)
+    settings = SoakSettings(
+        load, args.clusters, args.nodes_per_cluster, args.store, float(args.retention)
+    )
     if not args.json:
         gpus = args.clusters * args.nodes_per_cluster * GPUS_PER_NODE
         store = "PostgreSQL" if args.store else "SQLite"
         print(
             f"soak over HTTP: {args.jobs} jobs offered at {args.rate}/s to {args.clusters} "
             f"simulated clusters x {args.nodes_per_cluster} nodes ({gpus} GPUs), {store} store; "
-            f"mean run {mean_run_seconds(gpus, load.rate):.1f} s for {BUSY:.0%} busy"
+            f"mean run {mean_run_seconds(gpus, load.rate):.1f} s for {BUSY:.0%} busy; "
+            f"finished jobs kept {args.retention:g} s"
         )
         print("latencies in ms, CPU per job in ms of the broker's process")
         print(table_header(), flush=True)

@@ -39,19 +39,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from kubernetes.aio.client import ApiClient
+from typing import TYPE_CHECKING, Any
 
 from adapters.kube.translate import DEFAULT_GPU, GpuConfig
 from adapters.kube.watch import ClusterWatcher
-from adapters.kubeapi.kubeconfig import load_clients, read_kubeconfig
 from adapters.mqtt.publisher import MqttSettings, Publisher
 from adapters.mqtt.reports import CapacityState
 from broker.cli.runtime import configure_logging, supervise
 from broker.model import CapacityEvent
 from broker.ports import KubeconfigError
 from broker.process import run_loop
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger("broker.agent")
 
@@ -222,6 +222,10 @@ def run_agent_command(args: argparse.Namespace) -> int:
 
 
 async def agent_main(args: argparse.Namespace) -> int:
+    # Imported here: every fedbroker command imports this module, and only the agent
+    # needs kubernetes (the heaviest import of a start).
+    from adapters.kubeapi.kubeconfig import load_clients, read_kubeconfig
+
     try:
         doc, _ = read_kubeconfig(args.kubeconfig)
         context = args.context or str(doc.get("current-context") or "")

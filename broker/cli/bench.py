@@ -43,6 +43,11 @@ def add_bench_command(sub: Any) -> None:
     cmd.add_argument(
         "--window", type=positive("--window"), default=100_000, help="soak: jobs per row"
     )
+    cmd.add_argument(
+        "--retention", type=positive("--retention"), default=600.0, metavar="SECONDS",
+        help="soak: finished jobs kept this long before the leader purges them (default 600; "
+        "the store levels off at about rate x this many finished jobs)",
+    )  # fmt: skip
     cmd.add_argument("--plot", metavar="FILE", help="soak: CPU/job, p99s and RSS as a PNG")
     cmd.add_argument(
         "--store", default=None, metavar="URL",

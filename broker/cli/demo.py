@@ -4,8 +4,11 @@ This module owns what a newcomer sees on ``make run``: the demo tenants' tokens 
 ``FEDBROKER_DEMO_TOKENS`` or generated and printed once), the banner saying where to look,
 the workload generator — which submits a seeded mix of gangs (queue ``training``, tenant
 team-a) and small whole or shared-GPU jobs (queue ``inference``, tenant team-b) through the
-real HTTP API, pausing while the queues are long — and the live table of clusters and
-queues. Simulated jobs run a seeded 30-300 s, so they finish and capacity churns. The
+real HTTP API, pausing while the queues are long — and the live view (``broker.cli.view``,
+the same one ``fedbroker top`` draws over HTTP), redrawn in place under the banner on a
+terminal, or a status line every few seconds elsewhere (``--plain``). On a terminal nothing
+but the view is printed: the logs go to ``demo.log`` in the data dir (``--log-stderr``:
+to stderr). Simulated jobs run a seeded 30-300 s, so they finish and capacity churns. The
 service itself is ``broker.cli.runtime.serve`` with ``broker.config.demo_config``.
 """
 
@@ -19,15 +22,28 @@ import random
 import secrets
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+from rich.console import Console, RenderableType
+from rich.panel import Panel
+from rich.text import Text
 
 from adapters.simulated import seeded_run_seconds
-from broker.cli.render import table as render_table
 from broker.cli.runtime import EXIT_USAGE, TaskFactory, configure_logging, serve
+from broker.cli.top import add_interval, add_plain, interval_of, live, plain
+from broker.cli.view import (
+    EVENTS_SHOWN,
+    Snapshot,
+    banner_panel,
+    render,
+    snapshot_from_json,
+    status_line,
+    use_plain,
+)
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
 from broker.process import run_loop
 from broker.service.facade import Service
@@ -37,8 +53,7 @@ log = logging.getLogger("broker.demo")
 TOKENS_ENV = "FEDBROKER_DEMO_TOKENS"
 DEFAULT_DATA_DIR = Path(".fedbroker-demo")
 MAX_PENDING = 40  # the generator pauses while more jobs than this wait in the queues
-TTY_REFRESH_SECONDS = 2.0
-LINE_EVERY_SECONDS = 10.0
+LOG_FILE = "demo.log"  # in --data-dir, unless --log-stderr
 
 
 class DemoError(ValueError):
@@ -73,10 +88,14 @@ def demo_tokens(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     return {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}, True
 
 
-def banner(url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path) -> str:
+def banner(
+    url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path, log: Path | None
+) -> str:
+    """The banner ``--plain`` prints once: where the API is, the tokens, what to try."""
     lines = [
         f"fedbroker demo: API {url}  (readiness {url}/readyz, metrics {url}/metrics)",
         f"  data dir {data_dir} (restart with the same --data-dir to keep every job)",
+        f"  logs {log if log is not None else 'on stderr (--log-stderr)'}",
         "  clusters onprem-a, onprem-b (simulated openb nodes) and cloud-burst (A100 pool)",
     ]
     if generated:
@@ -91,11 +110,44 @@ def banner(url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path)
         "  try, in another terminal:",
         f"    export FEDBROKER_TOKEN={shown} FEDBROKER_SERVER={url}",
         f"    fedbroker submit -f deploy/examples/job.yaml --server {url}",
-        "    fedbroker clusters",
+        "    fedbroker top",
         "    fedbroker list",
-        "    fedbroker pools",
+        "  stop with Ctrl-C (or SIGTERM)",
     ]
     return "\n".join(lines)
+
+
+def banner_view(
+    url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path, log: Path | None
+) -> Panel:
+    """The banner on top of the live view: the same facts, fewer lines."""
+    admin = tokens["admin"] if generated else "<admin token>"
+
+    def row(label: str, *parts: str | tuple[str, str]) -> Text:
+        text = Text(f"{label:<10}", style="bold")
+        for part in parts:
+            text.append(*(part if isinstance(part, tuple) else (part,)))
+        return text
+
+    if generated:
+        pairs: list[str | tuple[str, str]] = []
+        for tenant, token in tokens.items():
+            pairs += [f"{tenant} ", (token, "cyan"), "   "]
+        tokens_row = row("tokens", *pairs)
+    else:
+        tokens_row = row("tokens", f"from {TOKENS_ENV}")
+    team_a = tokens["team-a"] if generated else "<team-a token>"
+    lines = [
+        row("API", (url, "cyan"), f"   readiness {url}/readyz   metrics {url}/metrics"),
+        row("dashboard", (f"{url}/#token={admin}", "cyan")),
+        tokens_row,
+        row("try", f"FEDBROKER_SERVER={url} FEDBROKER_TOKEN={team_a} fedbroker top"),
+        row("", "(or: fedbroker submit -f deploy/examples/job.yaml, fedbroker list)"),
+        row("logs", str(log) if log is not None else "on stderr (--log-stderr)",
+            f"   data dir {data_dir}"),
+        row("stop", "Ctrl-C"),
+    ]  # fmt: skip
+    return banner_panel(lines, "fedbroker demo")
 
 
 # --- the workload generator ------------------------------------------------------------
@@ -200,72 +252,54 @@ def _pending(service: Service) -> int:
     return sum(q.pending for q in service.view.queues())
 
 
-# --- the live table --------------------------------------------------------------------
+# --- the live view ---------------------------------------------------------------------
 
 
-def status_table(service: Service) -> str:
-    """Clusters per GPU type (total/used/reserved/free) and queues (pending/running)."""
-    rows = []
-    for c in service.view.clusters():
-        for t in c.gpu_types:
-            rows.append([c.cluster, t.gpu_type, t.total, f"{t.allocated:g}",
-                         f"{t.reserved:g}", f"{t.free:g}"])  # fmt: skip
-    running, placed = _running_by_queue(service)
-    queues = [[q.name, q.pending, placed.get(q.name, 0), running.get(q.name, 0)]
-              for q in service.view.queues()]  # fmt: skip
-    pools = [[p.pool, p.cluster, p.ready, p.coming, p.scale_ups, p.scale_downs,
-              f"{p.node_hours:.2f}", f"{p.idle_node_hours:.2f}", f"{p.cost:.2f}"]
-             for p in service.view.pools()]  # fmt: skip
-    text = (
-        render_table(("CLUSTER", "GPU", "TOTAL", "USED", "RESERVED", "FREE"), rows)
-        + "\n\n"
-        + render_table(("QUEUE", "PENDING", "PLACED", "RUNNING"), queues)
-    )
-    if pools:
-        heads = ("POOL", "CLUSTER", "UP", "COMING", "SCALE-UPS", "REMOVED", "NODE-H",
-                 "IDLE-H", "COST")  # fmt: skip
-        text += "\n\n" + render_table(heads, pools)
-    return text
+def snapshot(service: Service, events: Iterable[Mapping[str, Any]] = ()) -> Snapshot:
+    """The view's rows from the service's own read model, as the API would serve them."""
+    return snapshot_from_json(
+        time.time(), {"clusters": service.clusters()}, {"queues": service.queues()},
+        service.burst(None), events, source="in-process",
+    )  # fmt: skip
 
 
-def status_line(service: Service) -> str:
-    total = used = 0.0
-    for c in service.view.clusters():
-        for t in c.gpu_types:
-            total += t.total
-            used += t.allocated + t.reserved
-    running, placed = _running_by_queue(service)
-    return (
-        f"status: GPUs {used:g}/{total:g} in use; pending {_pending(service)}, "
-        f"placed {sum(placed.values())}, running {sum(running.values())}"
-    )
+async def _snapshots(service: Service, interval: float) -> AsyncIterator[Snapshot]:
+    """A snapshot every ``interval`` seconds, with the last job events (every tenant's)
+    gathered from the service's bus while waiting for the next."""
+    loop = asyncio.get_running_loop()
+    events: deque[Mapping[str, Any]] = deque(maxlen=EVENTS_SHOWN)
+    sub = service.bus.subscribe(None)
+    try:
+        while True:
+            yield snapshot(service, events)
+            deadline = loop.time() + interval
+            while (left := deadline - loop.time()) > 0:
+                if sub.closed:
+                    await asyncio.sleep(left)
+                    break
+                event = await sub.next(timeout=left)
+                if event is not None and event.kind == "job":
+                    events.append(event.data)
+    finally:
+        service.bus.unsubscribe(sub)
 
 
-def _running_by_queue(service: Service) -> tuple[dict[str, int], dict[str, int]]:
-    running: dict[str, int] = {}
-    placed: dict[str, int] = {}
-    for launch in service.lifecycle.launches():
-        into = running if launch.running else placed
-        queue = launch.pending.job.queue
-        into[queue] = into.get(queue, 0) + 1
-    return running, placed
-
-
-def live_table(out: TextIO, header: Callable[[str], str]) -> TaskFactory:
-    """Redraw the table every 2 s on a terminal (under ``header(url)``); elsewhere print a
-    status line every 10 s."""
+def live_view(console: Console, header: Callable[[str], RenderableType],
+              interval: float) -> TaskFactory:  # fmt: skip
+    """The view redrawn in place every ``interval`` seconds under ``header(url)``."""
 
     async def run(service: Service, url: str) -> None:
-        tty = out.isatty()
-        while True:
-            if tty:
-                stamp = time.strftime("%H:%M:%S")
-                top = header(url)
-                out.write(f"\x1b[H\x1b[2J{top}\n\n{stamp}\n{status_table(service)}\n")
-            else:
-                out.write(status_line(service) + "\n")
-            out.flush()
-            await asyncio.sleep(TTY_REFRESH_SECONDS if tty else LINE_EVERY_SECONDS)
+        top = header(url)
+        await live(console, (render(s, top) async for s in _snapshots(service, interval)))
+
+    return run
+
+
+def status_lines(out: TextIO, interval: float) -> TaskFactory:
+    """A status line every ``interval`` seconds (``--plain``)."""
+
+    async def run(service: Service, url: str) -> None:
+        await plain(out, (status_line(s) async for s in _snapshots(service, interval)))
 
     return run
 
@@ -275,45 +309,82 @@ def live_table(out: TextIO, header: Callable[[str], str]) -> TaskFactory:
 
 def add_demo_command(sub: Any) -> None:
     cmd = sub.add_parser("demo", help="run the broker on simulated clusters with a workload")
-    cmd.add_argument("--host", default="127.0.0.1")
-    cmd.add_argument("--port", type=int, default=8080)
-    cmd.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
-    cmd.add_argument("--no-workload", action="store_true", help="do not generate jobs")
-    cmd.add_argument("--seed", type=int, default=1, help="seeds the workload and run times")
+    cmd.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    cmd.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    cmd.add_argument(
+        "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+        help=f"where the jobs and the log file are kept (default {DEFAULT_DATA_DIR})",
+    )  # fmt: skip
+    cmd.add_argument("--no-workload", action="store_true",
+                     help="do not generate jobs (default: generate them)")  # fmt: skip
+    cmd.add_argument("--seed", type=int, default=1,
+                     help="seeds the workload and run times (default 1)")  # fmt: skip
+    add_plain(cmd)
+    add_interval(cmd)
+    cmd.add_argument(
+        "--log-stderr", action="store_true",
+        help=f"log to stderr (default: to the file {LOG_FILE} in --data-dir; nothing but "
+        "the view goes to the terminal)",
+    )  # fmt: skip
+
+
+def _log_to_file(path: Path) -> None:
+    """Point this process's stderr (file descriptor 2) at ``path``, appended: every log
+    line, warning and traceback goes there, and nothing but the view to the terminal."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def run_demo(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    log_path = None if args.log_stderr else args.data_dir / LOG_FILE
     try:
-        tokens, generated = demo_tokens(os.environ if environ is None else environ)
+        tokens, generated = demo_tokens(environ)
         if not 0 <= args.port <= 65_535:
             raise DemoError(f"--port must be within 0..65535, not {args.port}")
         try:
             args.data_dir.mkdir(parents=True, exist_ok=True)
+            if log_path is not None:
+                _log_to_file(log_path)
         except OSError as exc:
             raise DemoError(f"--data-dir {args.data_dir}: {exc.strerror}") from None
         config = demo_config(args.data_dir, tokens)
     except (DemoError, ConfigError) as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_USAGE
-    tty = sys.stdout.isatty()
-    # On a terminal the table is the view; logs would scroll it away, so only warnings.
-    configure_logging(logging.WARNING if tty else logging.INFO, secrets=tokens.values())
-
-    def header(url: str) -> str:
-        return banner(url, tokens, generated, args.data_dir)
+    is_plain = use_plain(args.plain, sys.stdout, environ)
+    interval = interval_of(args, is_plain)
+    configure_logging(logging.INFO, secrets=tokens.values())
+    logging.captureWarnings(True)  # into the log, not onto the view
 
     def on_listening(url: str) -> None:
-        if not tty:  # on a terminal the table shows the banner on top
-            print(header(url), flush=True)
+        if is_plain:
+            print(banner(url, tokens, generated, args.data_dir, log_path), flush=True)
 
-    table = live_table(sys.stdout, header)
-    return run_loop(
+    if is_plain:
+        table = status_lines(sys.stdout, interval)
+    else:
+
+        def header(url: str) -> RenderableType:
+            return banner_view(url, tokens, generated, args.data_dir, log_path)
+
+        table = live_view(Console(file=sys.stdout), header, interval)
+    code = run_loop(
         serve(
             config, host=args.host, port=args.port, on_listening=on_listening, table=table,
             workload=None if args.no_workload else workload(tokens, args.seed),
             run_seconds=seeded_run_seconds(args.seed),
         )
     )  # fmt: skip
+    if not is_plain:
+        where = f"; logs in {log_path}" if log_path is not None else ""
+        print(f"fedbroker demo stopped (exit {code}){where}", flush=True)
+    return code
 
 
-__all__ = ["DemoError", "add_demo_command", "draw_manifest", "parse_tokens", "run_demo"]
+__all__ = [
+    "DemoError", "add_demo_command", "banner", "banner_view", "draw_manifest", "parse_tokens",
+    "run_demo", "snapshot",
+]  # fmt: skip

@@ -30,6 +30,7 @@ from broker.cli.plan import (
 from broker.cli.podlogs import PODS_COMMANDS, add_pods_commands, run_pods
 from broker.cli.runtime import add_serve_command, run_serve
 from broker.cli.simulate import add_simulate_command, run_simulate
+from broker.cli.top import add_top_command, run_top
 from broker.sim.traces import TraceError
 
 Run = Callable[[argparse.Namespace], int]
@@ -51,6 +52,7 @@ FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_pods_commands, dict.fromkeys(PODS_COMMANDS, run_pods)),
     (add_serve_command, {"serve": run_serve}),
     (add_demo_command, {"demo": run_demo}),
+    (add_top_command, {"top": run_top}),
     (add_inspect_command, {"inspect": run_inspect}),
     (add_plan_command, {"plan": run_plan}),
     (add_agent_command, {"agent": run_agent_command}),

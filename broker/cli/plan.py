@@ -18,7 +18,6 @@ from typing import Any
 
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher
-from adapters.kubeapi.kubeconfig import load_clients
 from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue, Pending, QueueSpec
 from broker.core.scheduler import PolicyBook
@@ -73,6 +72,10 @@ async def read_clusters(
     timeout: float = DEFAULT_TIMEOUT,
 ) -> Ledger:
     """One Ledger holding every context's cluster as listed now (stale if unreachable)."""
+    # Imported here: every fedbroker command imports this module, and only reading
+    # clusters needs kubernetes (the heaviest import of a start).
+    from adapters.kubeapi.kubeconfig import load_clients
+
     gpu = gpu or GpuConfig()
     try:
         clients, _ = await load_clients(kubeconfig, contexts)

@@ -78,7 +78,80 @@ def _render_explain(doc: Any) -> str:
         ]
         for c in doc.get("clusters", [])
     ]
-    return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows)
+    return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows) + _next(doc)
+
+
+# -- explain of a waiting job: what happens next ------------------------------------------
+
+
+def _span(seconds: float) -> str:
+    """'45s', '2m', '2m30s', '1h5m'."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        h, m = divmod(s // 60, 60)
+        return f"{h}h{m}m" if m else f"{h}h"
+    if s >= 60:
+        m, r = divmod(s, 60)
+        return f"{m}m{r}s" if r else f"{m}m"
+    return f"{s}s"
+
+
+def _when(at: float) -> str:
+    """'now', or 'in 25s' from the wall clock."""
+    left = at - time.time()
+    return "now" if left <= 0 else f"in {_span(left)}"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _position_line(p: dict[str, Any]) -> str:
+    if p.get("position") is None:
+        return f"backing off after a failed attempt; tried again {_when(p['backoffUntil'])}"
+    ahead = p.get("sameGpuTypeAhead") or 0
+    return (
+        f"{_ordinal(p['position'])} of {p.get('waiting')} waiting "
+        f"({_ordinal(p.get('inQueue') or 0)} of {p.get('queueWaiting')} in queue {p['queue']}); "
+        f"{ahead} {'job' if ahead == 1 else 'jobs'} ahead may take the same GPU type"
+    )
+
+
+def _burst_lines(b: dict[str, Any]) -> list[str]:
+    cost = f"${b.get('costPerHour') or 0:.2f}/h (${b.get('costPerNodeHour') or 0:.2f}/node-h)"
+    where = f"{b.get('pool')} (cluster {b.get('cluster')})"
+    if b.get("status") == "requested":
+        return [
+            f"{b.get('nodes')} nodes requested from pool {where}, {b.get('arrived')} up; "
+            f"{cost}; given up {_when(b.get('deadline') or 0)} if not all up"
+        ]
+    if b.get("status") == "planned":
+        coming = b["nodes"] - b["newNodes"]
+        grow = f"+{b['newNodes']} nodes" + (f" ({coming} more already coming up)" if coming else "")
+        return [
+            f"pool {where} grows by {grow}, up ~{_span(b.get('provisionSeconds') or 0)} "
+            f"after the scale-up, {cost}; eligible {_when(b.get('eligibleAt') or 0)} "
+            f"(burstAfterSeconds {b.get('burstAfterSeconds'):g})"
+        ]
+    lines = ["no pool can take it:"]
+    for r in b.get("refusals", []):
+        until = f"; may grow again {_when(r['until'])}" if r.get("until") is not None else ""
+        pool = f"{r['pool']}: " if r.get("pool") else ""
+        lines.append(f"  - {pool}{r.get('message')} [{r.get('code')}]{until}")
+    return lines
+
+
+def _next(doc: dict[str, Any]) -> str:
+    """A waiting job's place in the queues and its burst option ('' when not waiting)."""
+    position, burst = doc.get("position"), doc.get("burst")
+    out = []
+    if position:
+        out.append(f"QUEUE  {_position_line(position)}")
+    if burst:
+        first, *rest = _burst_lines(burst)
+        out += [f"BURST  {first}", *rest]
+    return "\n\n" + "\n".join(out) if out else ""
 
 
 def _render_clusters(doc: Any) -> str:

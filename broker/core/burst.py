@@ -21,15 +21,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.core.burst_books import BurstEvent, Owner, PoolBook, PoolStats, Request, empty
+from broker.core.burst_option import BurstOption, burst_option
 from broker.core.burst_rows import PoolRow, RequestRow
-from broker.model import (
-    BurstPlan,
-    BurstPool,
-    CapacitySnapshot,
-    Job,
-    Placement,
-    PoolState,
-)
+from broker.model import BurstPlan, BurstPool, CapacitySnapshot, Job, Placement, PoolState
 from policies.burst import NoBurst, plan
 
 
@@ -253,9 +247,7 @@ class BurstController:
         for name, pool in sorted(self._pools.items()):
             if pool.owner != "fedbroker" or now - since < pool.burst_after:
                 continue
-            states.append(
-                PoolState(pool.spec, pool.replicas, self._unclaimed(name), now < pool.failing_until)
-            )
+            states.append(pool.state(self._unclaimed(name), now))
         return states
 
     def _unclaimed(self, name: str) -> int:
@@ -418,6 +410,12 @@ class BurstController:
                 cluster = self._pools[request.pool].spec.cluster
                 out[job] = {cluster: frozenset(request.arrived)}
         return out
+
+    def option(self, now: float, job: Job) -> BurstOption:
+        """What this controller will do for the waiting ``job`` (``explain``)."""
+        key = job.key
+        request, since = self._requests.get(key), self._since.get(key)
+        return burst_option(job, now, self._pools, since, request, self._unclaimed)
 
     def requests(self) -> list[RequestRow]:
         return [

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from broker.model import MILLI_PER_GPU, BurstPool, NodeState
+from broker.model import MILLI_PER_GPU, BurstPool, NodeState, PoolState
 
 Owner = Literal["fedbroker", "cluster-autoscaler"]
 
@@ -99,6 +99,10 @@ class PoolBook:
     def billed(self) -> int:
         """Nodes the broker asked for and has not given back yet (ready or coming up)."""
         return max(0, self.replicas - len(self.baseline))
+
+    def state(self, unclaimed: int, now: float) -> PoolState:
+        """The pool as the planner sees it at ``now``."""
+        return PoolState(self.spec, self.replicas, unclaimed, now < self.failing_until)
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,43 @@ def gpu_milli_by_type(
     return out
 
 
+def fair_share(usage: Mapping[str, int], capacity: Mapping[str, int], weight: float) -> float:
+    """The weighted dominant share: the largest share of any GPU type's capacity in use,
+    divided by the queue's weight."""
+    share = max((used / capacity[t] for t, used in usage.items() if capacity.get(t)), default=0.0)
+    return share / weight
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """A waiting job's place in the order the next cycles try jobs in (1 = next), among
+    every queue's eligible jobs and among its own queue's; and how many of the jobs ahead
+    may take GPUs of a type it may take. A job backing off after a failed attempt has no
+    place until ``backoff_until``."""
+
+    queue: str
+    position: int | None = None
+    waiting: int | None = None
+    in_queue: int | None = None
+    queue_waiting: int | None = None
+    same_gpu_type_ahead: int | None = None
+    backoff_until: float | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "queue": self.queue, "position": self.position, "waiting": self.waiting,
+            "inQueue": self.in_queue, "queueWaiting": self.queue_waiting,
+            "sameGpuTypeAhead": self.same_gpu_type_ahead, "backoffUntil": self.backoff_until,
+        }  # fmt: skip
+
+
+def _competes(job: Job, other: Job) -> bool:
+    """May ``job`` take GPUs of a type ``other`` may take?"""
+    if not job.gpu_request_milli:
+        return False
+    return not job.gpu_types or not other.gpu_types or bool(job.gpu_types & other.gpu_types)
+
+
 # A queue heap's entry: (-priority, seq, token, job key). The token is the push it came
 # from: an entry is live while its token is still its job's.
 _Entry = tuple[int, int, int, str]
@@ -165,6 +202,12 @@ class JobQueue:
         priority, queue priority, fair share (``capacity``: the federation's GPU milli per
         type, the denominator of the dominant shares, taken once), FIFO. Close it when done
         (``with``): the jobs it yielded that are still queued go back into their heaps."""
+        self._release(now)
+        shares = {name: self.dominant_share(name, capacity) for name in self._queues}
+        return Ordering(self, now, shares, self._pushes)
+
+    def _release(self, now: float) -> None:
+        """Jobs whose backoff is over by ``now`` into their queue's heap."""
         self._now = max(self._now, now)
         backoff = self._backoff
         while backoff and backoff[0][0] <= now:
@@ -172,23 +215,65 @@ class JobQueue:
             pending = self._pending.get(key)
             if pending is not None and self._token[key] == token:
                 self._heap_push(pending.job.queue, (-pending.job.priority, pending.seq, token, key))
-        shares = {name: self.dominant_share(name, capacity) for name in self._queues}
-        return Ordering(self, now, shares, self._pushes)
 
     def ordered(self, now: float, capacity: Mapping[str, int]) -> list[Pending]:
         """Every job eligible now, in order (O(n log n): the whole ``ordering``)."""
         with self.ordering(now, capacity) as ordering:
             return list(ordering)
 
+    def position(self, key: str, now: float, capacity: Mapping[str, int]) -> QueuePosition | None:
+        """Where the queued job ``key`` stands in the order the next cycles try jobs in
+        (None: not queued). The order is ``ordering``'s, with each job ahead taken as placed
+        in turn and charged to its queue's fair share (on its GPU type, when it names one),
+        as the cycles that place them one after another will do: queues take turns as they
+        will. O(n) for n waiting jobs, for one explain (never per listed job)."""
+        target = self._pending.get(key)
+        if target is None:
+            return None
+        name = target.job.queue
+        if target.not_before > now:
+            return QueuePosition(name, backoff_until=target.not_before)
+        self._release(now)
+        tokens, pending = self._token, self._pending
+        heaps: dict[str, list[_Entry]] = {}
+        for queue, heap in self._ready.items():
+            live = [e for e in heap if tokens.get(e[3]) == e[2] and pending[e[3]].not_before <= now]
+            heapq.heapify(live)
+            heaps[queue] = live
+        waiting, queue_waiting = sum(map(len, heaps.values())), len(heaps[name])
+        usage = {queue: dict(state.usage) for queue, state in self._queues.items()}
+        heads: list[tuple[int, int, float, int, int, str, str]] = []
+
+        def advance(queue: str) -> None:
+            if heaps[queue]:
+                prio, seq, token, job = heapq.heappop(heaps[queue])
+                spec = self._queues[queue].spec
+                share = fair_share(usage[queue], capacity, spec.weight)
+                heapq.heappush(heads, (prio, -spec.priority, share, seq, token, job, queue))
+
+        for queue in heaps:
+            advance(queue)
+        ahead = in_queue = same_type = 0
+        while heads:
+            *_, job_key, queue = heapq.heappop(heads)
+            if job_key == key:
+                break
+            job = pending[job_key].job
+            ahead += 1
+            in_queue += queue == name
+            same_type += _competes(job, target.job)
+            if len(job.gpu_types) == 1:
+                [gpu_type] = job.gpu_types
+                used = usage[queue]
+                used[gpu_type] = used.get(gpu_type, 0) + job.gpu_request_milli
+            advance(queue)
+        return QueuePosition(name, ahead + 1, waiting, in_queue + 1, queue_waiting, same_type)
+
     # -- fair share and quota -------------------------------------------------------------------
 
     def dominant_share(self, queue: str, capacity: Mapping[str, int]) -> float:
         state = self._queues[queue]
-        share = max(
-            (used / capacity[t] for t, used in state.usage.items() if capacity.get(t)),
-            default=0.0,
-        )
-        return share / state.spec.weight
+        return fair_share(state.usage, capacity, state.spec.weight)
 
     def usage(self, queue: str) -> Mapping[str, int]:
         return dict(self._queues[queue].usage)

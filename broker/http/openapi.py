@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import models_json_schema
 
+from broker.core.burst_option import OptionCode
 from broker.http.openapi_pods import POD_MODELS, pod_paths
 from broker.manifest import json_schema
 from broker.store import JOB_STATES
@@ -84,12 +85,57 @@ class ClusterFit(Out):
     largest_fit: int
 
 
+class QueuePosition(Out):
+    queue: str
+    position: int | None = Field(
+        description="1 = the next job the cycles try, across every queue (null while the job "
+        "backs off); jobs ahead counted as placed in turn, each charged to its queue's fair share"
+    )
+    waiting: int | None = Field(description="jobs eligible now, every queue")
+    in_queue: int | None = Field(description="1 = next among its own queue's jobs")
+    queue_waiting: int | None
+    same_gpu_type_ahead: int | None = Field(
+        description="jobs ahead of it that may take GPUs of a type it may take"
+    )
+    backoff_until: float | None = Field(description="backing off after a failed attempt until")
+
+
+class BurstRefusal(Out):
+    pool: str = Field(description="empty when about no pool in particular")
+    code: OptionCode
+    message: str
+    until: float | None = Field(description="backing-off: when the pool may grow again")
+
+
+class BurstOption(Out):
+    status: Literal["requested", "planned", "none"] = Field(
+        description="requested: nodes are coming for it; planned: the pool that will be grown "
+        "once it may burst (eligibleAt); none: why no pool can take it (refusals)"
+    )
+    pool: str | None
+    cluster: str | None
+    nodes: int = Field(description="the gang's nodes from the pool")
+    new_nodes: int = Field(description="of those, the nodes the pool grows by")
+    arrived: int = Field(description="requested: of those, the nodes up now")
+    provision_seconds: float | None
+    cost_per_node_hour: float | None
+    cost_per_hour: float | None = Field(description="of the gang's nodes from the pool")
+    waiting_since: float | None
+    burst_after_seconds: float | None
+    eligible_at: float | None = Field(description="waitingSince + the pool's burstAfterSeconds")
+    requested_at: float | None
+    deadline: float | None = Field(description="requested: the provisioning timeout")
+    refusals: list[BurstRefusal]
+
+
 class Explain(Out):
     job: str
     state: JobStateName
     cluster: str | None
     reason: str
     clusters: list[ClusterFit]
+    position: QueuePosition | None = Field(description="null when not waiting in a queue")
+    burst: BurstOption | None = Field(description="null when not waiting in a queue")
 
 
 class Plan(Out):
@@ -136,6 +182,9 @@ class QueueInfo(Out):
     reclaimable: bool
     pending: int
     usage: dict[str, float]
+    oldest_wait_seconds: float = Field(
+        description="seconds its longest-waiting pending job has been queued (0: none waits)"
+    )
 
 
 class Queues(Out):

@@ -247,12 +247,12 @@ class PublishingStore:
         return await self.inner.history(tenant, name)
 
     async def transition_many(
-        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+        self, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         records = await self.inner.transition_many(jobs, state, reason, now)
-        expected = {(tenant, name): was for tenant, name, was in jobs}
+        was = {job.seq: job.state for job in jobs}
         for record in records:  # as transition does, per job moved
-            self.active.moved(record.tenant, state, (expected[record.tenant, record.name],))
+            self.active.moved(record.tenant, state, (was[record.seq],))
             self.bus.publish("job", record.tenant, job_event(record))
         # One capacity change for the batch: it says "look again", not what changed.
         if records and (state in _HOLDS_CAPACITY or state in FINAL_STATES or state == "Queued"):

@@ -4,6 +4,12 @@ One function, ``plan_of``, for every caller: ``GET /v1/jobs/{name}/explain``, ``
 /v1/plan`` and ``fedbroker plan`` (which reads Kubernetes clusters directly). The policy is
 the one the scheduler would use for the job (its own, or its queue's for ``auto``); each
 cluster is asked about alone, so its reasons and largest gang are its own.
+
+For a job waiting in the queue, explain also says what happens next (``what_next``): its
+place in the order the next cycles try jobs in (the queue's own order,
+``JobQueue.position``) and the burst controller's next step for it (its own planner,
+``BurstController.option``): the pool it will grow, by how many nodes, at what cost and
+from when, or why no pool can take it.
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.core import views
+from broker.core.burst import BurstController
+from broker.core.queue import JobQueue
+from broker.core.scheduler import federation_capacity
 from broker.model import CapacitySnapshot, Job, Placement, Reason, Unplaceable
 from policies.framework import Policy, largest_fit
 
@@ -69,4 +78,16 @@ def plan_of(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> Plan:
     return Plan(job, policy.decide(job, snapshot), explain_rows(job, policy, snapshot))
 
 
-__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of"]
+def what_next(
+    job: Job, queue: JobQueue, bursting: BurstController, snapshot: CapacitySnapshot, now: float
+) -> dict[str, Any]:
+    """A waiting job's place in the queues and its burst option, as explain answers them
+    (``position`` and ``burst``). The fair shares are over the capacity the cycle uses."""
+    position = queue.position(job.key, now, federation_capacity(snapshot)[0])
+    return {
+        "position": position.as_json() if position is not None else None,
+        "burst": bursting.option(now, job).as_json(),
+    }
+
+
+__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of", "what_next"]

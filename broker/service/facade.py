@@ -32,7 +32,7 @@ from broker.core.queue import Pending
 from broker.manifest import FederatedJob
 from broker.model import Job
 from broker.service.compose import Options, build
-from broker.service.explain import plan_of
+from broker.service.explain import plan_of, what_next
 from broker.service.leader import default_identity
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
@@ -145,14 +145,19 @@ class Service:
         return [r.as_json() for r in plan_of(job, policy, self.ledger.snapshot()).clusters]
 
     async def explain(self, tenant: str, name: str) -> dict[str, Any]:
-        """Per cluster: does the queued job fit now, why not, the largest gang it could take."""
+        """Per cluster: does the queued job fit now, why not, the largest gang it could take;
+        then its place in the queues and its burst option (null when not queued here)."""
         record: JobRecord = await self.get(tenant, name)
         pending = self.queue.get(f"{tenant}/{name}")
         clusters = self._explain_rows(pending.job) if pending is not None else []
-        return {
+        doc: dict[str, Any] = {
             "job": name, "state": record.state, "cluster": record.cluster,
-            "reason": record.reason, "clusters": clusters,
+            "reason": record.reason, "clusters": clusters, "position": None, "burst": None,
         }  # fmt: skip
+        if pending is not None:
+            snapshot, controller = self.ledger.snapshot(), self.pools.controller
+            doc |= what_next(pending.job, self.queue, controller, snapshot, self.shared.clock())
+        return doc
 
     def waiting(self, tenant: str, name: str) -> str | None:
         """Why a queued job waited at the last cycle that looked at it, in one line (None:

@@ -14,14 +14,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kubernetes.aio.client import ApiClient
-
-from adapters.kube.launch import KubeLauncher
-from adapters.kube.pods import KubePods
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher, StaleTracker
-from adapters.kubeapi.kubeconfig import load_clients
 from broker.config import ClusterConfig, KubeSource
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
@@ -38,6 +34,12 @@ from broker.ports import (
     RunNotifier,
     RunWatcher,
 )
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
+    from adapters.kube.launch import KubeLauncher
+    from adapters.kube.pods import KubePods
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,12 @@ class KubeMembers:
     ) -> None:
         """Build a client, watcher and launcher per member (no request is sent yet).
         A kubeconfig that cannot be loaded raises KubeconfigError (its message is scrubbed)."""
+        # Imported here, with the first Kubernetes member: kubernetes.aio is most of a
+        # start's imports, and a broker of simulated members never needs it.
+        from adapters.kube.launch import KubeLauncher
+        from adapters.kube.pods import KubePods
+        from adapters.kubeapi.kubeconfig import load_clients
+
         for cc in self.configs:
             source = cc.source.kube
             assert source is not None

@@ -18,12 +18,8 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kubernetes.aio.client import ApiClient
-
-from adapters.capi import CapiPool
-from adapters.capi.objects import DEFAULT_GPU_TYPE_LABEL
-from adapters.kubeapi.kubeconfig import load_clients
 from adapters.simulated import SimulatedPool
 from broker.config import BurstPoolConfig, Config
 from broker.core.burst import POOL_LABEL, Action, BurstController, BurstSettings, RemoveNode
@@ -42,6 +38,11 @@ from broker.model import (
     Resources,
 )
 from broker.ports import KubeconfigError, ScaleError, ScalePool
+
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
+    from adapters.capi import CapiPool
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ class BurstPools:
     ) -> tuple[CapiPool, _Shape] | None:
         """A Cluster API pool's port and shape (the config's, else its annotations); None
         (with a warning) when it cannot be read or its shape is not known."""
+        # Imported here, with the first Cluster API pool: kubernetes.aio is most of a
+        # start's imports, and simulated pools never need it.
+        from adapters.capi import CapiPool
+        from adapters.capi.objects import DEFAULT_GPU_TYPE_LABEL
+        from adapters.kubeapi.kubeconfig import load_clients
+
         source = pc.source.capi
         assert source is not None
         try:

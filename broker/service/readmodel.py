@@ -86,12 +86,14 @@ class QueueRow:
     usage: Mapping[str, float]  # GPUs per type held by the queue's jobs
     pending_gpus: float  # what its pending jobs ask for
     oldest_gang_seconds: float  # since its oldest pending gang was submitted (0: none)
+    oldest_seconds: float  # since its longest-waiting pending job was queued (0: none)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "policy": self.policy, "priority": self.priority,
             "weight": self.weight, "quota": dict(self.quota), "borrow": self.borrow,
             "reclaimable": self.reclaimable, "pending": self.pending, "usage": dict(self.usage),
+            "oldestWaitSeconds": round(self.oldest_seconds, 3),
         }  # fmt: skip
 
 
@@ -214,19 +216,21 @@ class ReadModel:
     def queues(self) -> list[QueueRow]:
         now = self._clock()
         demand: dict[str, float] = {}
-        oldest: dict[str, float] = {}
+        oldest: dict[str, float] = {}  # gangs only
+        longest: dict[str, float] = {}  # any job
         for pending in self._queue.pending():
             job = pending.job
             demand[job.queue] = demand.get(job.queue, 0.0) + job.gpu_request_milli / 1000
+            waited = max(0.0, now - pending.enqueued_at)
+            longest[job.queue] = max(longest.get(job.queue, 0.0), waited)
             if job.total_pods > 1:
-                waited = max(0.0, now - pending.enqueued_at)
                 oldest[job.queue] = max(oldest.get(job.queue, 0.0), waited)
         return [
             QueueRow(
                 q.name, q.policy, q.priority, q.weight, dict(q.quota or {}), q.borrow,
                 q.reclaimable, len(self._queue.pending(q.name)),
                 {t: m / 1000 for t, m in self._queue.usage(q.name).items()},
-                demand.get(q.name, 0.0), oldest.get(q.name, 0.0),
+                demand.get(q.name, 0.0), oldest.get(q.name, 0.0), longest.get(q.name, 0.0),
             )
             for q in self._queue.queues()
         ]  # fmt: skip

@@ -17,12 +17,12 @@ import gc
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING
 
 import aiohttp
-from kubernetes.aio.client import ApiClient
 
 from broker.core.ledger import ConflictError
-from broker.core.queue import gpu_milli_by_type
+from broker.core.queue import Pending, gpu_milli_by_type
 from broker.model import Placement, PodBound, PodDeleted, PodPlacement
 from broker.ports import LaunchError, WatchError
 from broker.service.binding import Binding
@@ -31,17 +31,32 @@ from broker.service.members import ClusterLauncher
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
 
+if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
 log = logging.getLogger(__name__)
 
 Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
 _UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
-REBUILD_PAGE = 1000  # active jobs read, and requeued in one transaction, at a time
+# Active jobs read, and requeued in one transaction, at a time. Larger pages mean fewer
+# commits and fewer hand-offs between the loop and the store's threads: 100,000 jobs on
+# SQLite (two cores) rebuilt in 4.4-5.2 s at 1,000 a page, 3.5-3.8 s at 4,000, for a peak
+# resident size of 193 MB instead of 157 MB (two pages of records held at once).
+REBUILD_PAGE = 4000
+ENTRIES_PER_TURN = 100  # queue entries built (about 1 ms) between two turns of the loop
 RESTART_REASON = "requeued after broker restart"
 REBUILT_LOG = "state rebuilt from the store: %d active jobs in %.3f s"
 
 
-def _key(record: JobRecord) -> tuple[str, str]:
-    return record.tenant, record.name
+async def _entries(records: list[JobRecord]) -> list[Pending]:
+    """The records' queue entries, handing the loop back every ENTRIES_PER_TURN of them so
+    a write in flight (the page's batch) goes on meanwhile instead of after them all."""
+    entries = []
+    for i, record in enumerate(records):
+        if i and not i % ENTRIES_PER_TURN:
+            await asyncio.sleep(0)
+        entries.append(pending_of(record))
+    return entries
 
 
 @contextlib.contextmanager
@@ -148,26 +163,34 @@ class Recovery:
 
     async def _rebuild_page(self, page: list[JobRecord], found: Found, now: float) -> None:
         """One page of active jobs: restored from their pods, or requeued (one batch), then
-        pushed into the queue in the page's order."""
+        pushed into the queue in the page's order. The batch is written (on the store's
+        thread or server) while the page's queue entries are built: a move to Queued changes
+        nothing they are built from, and nothing is pushed before the batch is stored."""
         s = self.s
-        queued: list[JobRecord] = []
-        for record in page:
-            if record.state in ("Placed", "Running") and record.cluster in found:
-                pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
-                if pods and self._restore(record, pods, now):
-                    continue
-            queued.append(record)
-        stale = [(r.tenant, r.name, r.state) for r in queued if r.state != "Queued"]
-        moved = await s.store.transition_many(stale, "Queued", RESTART_REASON, now)
+        queued = [r for r in page if not self._restored(r, found, now)]
+        stale = [r for r in queued if r.state != "Queued"]
+        write = asyncio.ensure_future(s.store.transition_many(stale, "Queued", RESTART_REASON, now))
+        try:
+            entries = await _entries(queued)
+        except BaseException:  # a stored spec the rules refuse now: the batch settled first
+            write.cancel()
+            await asyncio.gather(write, return_exceptions=True)
+            raise
+        moved = {r.seq for r in await write}
         s.metrics.requeues.labels("restart").inc(len(moved))
-        fresh = {(r.tenant, r.name): r for r in moved}
-        for record in queued:
-            current = record if record.state == "Queued" else fresh.get(_key(record))
-            if current is not None:  # None: changed since the page was read, settled below
-                s.queue.push(pending_of(current))
-        for tenant, name, _ in stale:
-            if (tenant, name) not in fresh:
-                await self._changed_meanwhile(tenant, name)
+        for record, pending in zip(queued, entries, strict=True):
+            if record.state == "Queued" or record.seq in moved:
+                s.queue.push(pending)
+        for record in stale:  # not moved: changed since the page was read
+            if record.seq not in moved:
+                await self._changed_meanwhile(record.tenant, record.name)
+
+    def _restored(self, record: JobRecord, found: Found, now: float) -> bool:
+        """A Placed/Running job given its reservation back from its pods read back."""
+        if record.state not in ("Placed", "Running") or record.cluster not in found:
+            return False
+        pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
+        return bool(pods) and self._restore(record, pods, now)
 
     async def _changed_meanwhile(self, tenant: str, name: str) -> None:
         """A job the batch skipped (another writer moved it after the page was read):

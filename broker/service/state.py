@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,8 +88,9 @@ def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
     """The queue entry of a stored job; its Job is rebuilt from the stored manifest unless
     the caller (a fresh submission) already has it."""
     if job is None:
-        spec = json.dumps(record.manifest.get("spec"), separators=(",", ":"))
-        job = dataclasses.replace(_job_of_spec(spec, record.tenant, record.queue), name=record.name)
+        job = _named(
+            _job_of_spec(record.manifest.get("spec"), record.tenant, record.queue), record.name
+        )
     return Pending(
         job,
         record.seq,
@@ -104,16 +103,40 @@ def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
     )
 
 
-@functools.lru_cache(maxsize=1024)
-def _job_of_spec(spec: str, tenant: str, queue: str) -> Job:
-    """The Job of a stored spec (JSON text), validated again (the rules may have changed
-    since it was admitted), under a stand-in name the caller replaces. Cached: jobs sent
-    from one template (sweeps, arrays, retries) share a spec, and a restart rebuilds every
-    live job through here, so each distinct spec is validated once, not once per job. The
-    metadata (name, namespace) was checked at admission and is not part of the Job."""
-    wire = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "stored"},
-            "spec": json.loads(spec)}  # fmt: skip
-    return to_job(stored_manifest(wire), tenant, queue)
+_SPEC_JOBS: dict[tuple[str, str, str], Job] = {}  # (repr of a spec, tenant, queue) -> Job
+_SPEC_JOBS_MAX = 1024
+
+
+def _job_of_spec(spec: Any, tenant: str, queue: str) -> Job:
+    """The Job of a stored spec, validated again (the rules may have changed since it was
+    admitted), under a stand-in name the caller replaces. Cached: jobs sent from one
+    template (sweeps, arrays, retries) share a spec, and a restart rebuilds every live job
+    through here, so each distinct spec is validated once, not once per job. Keyed by the
+    spec's repr (equal reprs of JSON values are equal values; cheaper than JSON text); the
+    oldest entry goes when full; a refused spec is never kept. The metadata (name,
+    namespace) was checked at admission and is not part of the Job."""
+    key = (repr(spec), tenant, queue)
+    job = _SPEC_JOBS.get(key)
+    if job is None:
+        wire = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "stored"},
+                "spec": spec}  # fmt: skip
+        job = to_job(stored_manifest(wire), tenant, queue)
+        if len(_SPEC_JOBS) >= _SPEC_JOBS_MAX:
+            del _SPEC_JOBS[next(iter(_SPEC_JOBS))]
+        _SPEC_JOBS[key] = job
+    return job
+
+
+def _named(job: Job, name: str) -> Job:
+    """``job`` under ``name``: its fields as they are (validated when it was made), without
+    ``dataclasses.replace``'s look-up of the fields on every call (a restart renames every
+    live job: half the cost of its queue entry)."""
+    return Job(
+        name=name, pod_sets=job.pod_sets, tenant=job.tenant, queue=job.queue,
+        priority=job.priority, gpu_types=job.gpu_types, cluster_selector=job.cluster_selector,
+        min_member=job.min_member, schedule_timeout_seconds=job.schedule_timeout_seconds,
+        policy=job.policy, allow_burst=job.allow_burst,
+    )  # fmt: skip
 
 
 class _TenantPods:

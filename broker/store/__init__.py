@@ -190,16 +190,18 @@ class Store(Protocol):
         ...
 
     async def transition_many(
-        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+        self, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
-        """Move each ``(tenant, name, expected state)`` job to ``state`` in one transaction.
+        """Move each job, still as the caller read it, to ``state`` in one transaction.
 
         Per job, the compare-and-set and the history row of ``transition(tenant, name,
-        state, reason, now, expect=(expected,))`` with no other field given; a job that is
-        missing or not in its expected state is skipped (left unchanged, not returned)
-        instead of raising. All or nothing: if the transaction fails, no job has moved. The
-        moved jobs come back, in no particular order. Callers keep a batch to about a
-        thousand jobs (each is a statement's parameters).
+        state, reason, now, expect=(record.state,))`` with no other field given, on the very
+        row it was read from (its seq, never reused); a job that is gone or no longer in
+        that state is skipped (left unchanged, not returned) instead of raising. All or
+        nothing: if the transaction fails, no job has moved. The moved jobs come back, in no
+        particular order: each the record given with the fields the transition changed as
+        stored (its manifest is not read again). Callers keep a batch to a few thousand jobs
+        (on SQLite each is two of a statement's at most 32,766 parameters).
         """
         ...
 

@@ -258,13 +258,14 @@ class PostgresStore:
             return _job(row)
 
     async def transition_many(
-        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+        self, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         if not jobs:
             return []
         update = sql.update_jobs("postgres", jobs, state, reason, now)
         async with self._txn("transition_many") as conn:
-            return [_job(row) for row in await conn.fetch(update.sql, *update.args)]
+            rows = await conn.fetch(update.sql, *update.args)
+        return sql.moved_records(jobs, rows)
 
     @asynccontextmanager
     async def _txn(self, action: str) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy]:

@@ -10,7 +10,7 @@ rules of a transition (Store.transition) live here, once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -183,29 +183,52 @@ def active_jobs(
     return st.done(f"SELECT {JOB_COLUMNS} FROM {jobs} WHERE {where} ORDER BY seq{page}")
 
 
+# What a transition changes (transition_sets), in moved_records' order: the rest of a record
+# stays as the caller read it, so a batch's rows come back without their manifests.
+MOVED_COLUMNS: Final = "seq, state, cluster, placement, attempts, not_before, reason, updated_at"
+
+
 def update_jobs(
-    dialect: Dialect, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str,
-    now: float,
-) -> Statement:  # fmt: skip
-    """Many transitions' compare-and-set as one statement: each (tenant, name, expected
-    state) job in that state moves to ``state`` with transition's field rules (as a
-    transition given no cluster, placement, attempts or not_before); the others are left as
-    they are, and only the moved come back. One statement is atomic on both backends, and
-    the history trigger writes a row per moved job, as for one transition."""
+    dialect: Dialect, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
+) -> Statement:
+    """Many transitions' compare-and-set as one statement: each job still as the caller read
+    it (its row by seq, which is never reused, still in the record's state) moves to
+    ``state`` with transition's field rules (as a transition given no cluster, placement,
+    attempts or not_before); the others are left as they are, and only the moved come back
+    (MOVED_COLUMNS). One statement is atomic on both backends, and the history trigger
+    writes a row per moved job, as for one transition."""
     st = Statement(dialect)
     sets = transition_sets(
         state, reason, now, st, cluster=None, placement=None, attempts=None, not_before=None
     )
-    cast = "::text" if dialect == "postgres" else ""
-    rows = ", ".join(
-        f"({st(tenant)}{cast}, {st(name)}{cast}, {st(check_state(expected))}{cast})"
-        for tenant, name, expected in jobs
-    )
+    if dialect == "sqlite":  # a row of placeholders per job, their arguments after the SETs'
+        st.args.extend(a for job in jobs for a in (job.seq, check_state(job.state)))
+        moves = f"(VALUES {', '.join(['(?, ?)'] * len(jobs))}) AS moves"
+    else:  # two arrays, whatever the batch's size
+        seqs, states = st([job.seq for job in jobs]), st([check_state(j.state) for j in jobs])
+        moves = f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
     return st.done(
-        f"UPDATE jobs SET {', '.join(sets)} FROM (VALUES {rows}) AS moves "
-        "WHERE jobs.tenant = moves.column1 AND jobs.name = moves.column2 "
-        f"AND jobs.state = moves.column3 RETURNING {JOB_COLUMNS}"
+        f"UPDATE jobs SET {', '.join(sets)} FROM {moves} "
+        f"WHERE jobs.seq = moves.column1 AND jobs.state = moves.column2 "
+        f"RETURNING {', '.join(f'jobs.{c}' for c in MOVED_COLUMNS.split(', '))}"
     )
+
+
+def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
+    """The jobs of an ``update_jobs`` that moved, each its record as given with the fields
+    its row (MOVED_COLUMNS) says it has now."""
+    by_seq = {job.seq: job for job in jobs}
+    moved = []
+    for seq, state, cluster, placement, attempts, not_before, reason, updated_at in rows:
+        job = by_seq[int(seq)]
+        placed = None if placement is None else json.loads(placement)
+        until = None if not_before is None else float(not_before)
+        moved.append(JobRecord(
+            job.tenant, job.name, job.queue, job.priority, job.manifest, state, cluster, placed,
+            int(attempts), until, reason, job.created_at, float(updated_at), job.seq,
+            job.generation,
+        ))  # fmt: skip
+    return moved
 
 
 def count_active(dialect: Dialect, tenant: str) -> Statement:
@@ -384,9 +407,9 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c", placement=None,
         expected=("Placed",), attempts=None, not_before=None,
     )  # fmt: skip
-    moves: list[tuple[str, str, JobState]] = [
-        ("team-a", "job-1", "Placed"),
-        ("team-b", "job-2", "Running"),
+    moves = [
+        JobRecord("team-a", "job-1", "q", 1, {}, "Placed", "c", None, 1, None, "", 40.0, 45.0, 7),
+        JobRecord("team-b", "job-2", "q", 1, {}, "Running", "c", None, 1, None, "", 40.0, 45.0, 9),
     ]
     return {
         "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),

@@ -243,14 +243,15 @@ class SqliteStore:
             return _job(rows[0])
 
     async def transition_many(
-        self, jobs: Sequence[tuple[str, str, JobState]], state: JobState, reason: str, now: float
+        self, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
     ) -> list[JobRecord]:
         if not jobs:
             return []
         update = sql.update_jobs("sqlite", jobs, state, reason, now)
         async with self._write_txn("transition_many") as conn:
             # One statement: atomic on its own, as every write in a group (see _write_txn).
-            return [_job(row) for row in await conn.execute_fetchall(update.sql, update.args)]
+            rows = await conn.execute_fetchall(update.sql, update.args)
+        return sql.moved_records(jobs, rows)
 
     @asynccontextmanager
     async def _write_txn(self, action: str) -> AsyncIterator[aiosqlite.Connection]:

@@ -36,7 +36,8 @@ ROW_KEYS = {
     "jobs_submitted", "window_jobs", "failed", "submissions_per_s", "ack_p50_ms", "ack_p99_ms",
     "live_jobs", "queued_jobs", "queued_gangs", "gpu_busy_pct", "placed",
     "submit_to_placed_p99_ms", "cpu_ms_per_job", "loop_lag_p99_ms", "loop_lag_max_ms",
-    "gc_pause_p99_ms", "gc_pause_max_ms", "gc_collections", "gc_frozen", "rss_mib", "store_mib",
+    "gc_pause_p99_ms", "gc_pause_max_ms", "gc_collections", "gc_full_passes", "gc_full_max_ms",
+    "gc_frozen", "rss_mib", "store_mib",
 }  # fmt: skip
 
 

@@ -58,7 +58,8 @@ class Demo:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "FEDBROKER_DEMO_TOKENS": TOKENS_ENV}
-        args = ["demo", "--port", str(self.port), "--data-dir", str(data_dir), *extra]
+        args = ["demo", "--port", str(self.port), "--data-dir", str(data_dir), "--log-stderr",
+                *extra]  # fmt: skip
         self.out = self.err = ""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "broker.cli", *args], cwd=ROOT, env=env,

@@ -5,7 +5,7 @@ as tests/http/test_api.py). The page is checked end to end: ``fedbroker demo`` (
 workload) in a subprocess, the page in headless Chromium through Playwright. Chromium is
 Debian's (``/usr/bin/chromium``, or FEDBROKER_CHROMIUM); without it the browser test skips,
 or fails under FEDBROKER_REQUIRE_SERVICES=1. FEDBROKER_SCREENSHOT=docs/dashboard.png also
-writes the screenshot there (for the README).
+writes the screenshot there (for docs/observability.md).
 """
 
 from __future__ import annotations
@@ -265,6 +265,10 @@ def test_dashboard_shows_the_federation_live(page: Page, demo: Demo, tmp_path: P
         row = explain.locator(f'tbody tr[data-cluster="{name_}"]')
         expect(row).to_contain_text("does not fit")
         expect(row.locator(".reasons li").first).to_be_visible()
+    # And what happens next: its place in the queues, and why no pool can take it.
+    expect(explain.locator(".explain-position")).to_contain_text(" waiting (")
+    refusal = explain.locator('.explain-burst[data-status="none"] li[data-code="not-allowed"]')
+    expect(refusal).to_contain_text("allowBurst")
 
     # Burst pools render, with their cost.
     expect(page.locator('#pools tr[data-pool="cloud-a100"]')).to_contain_text("$")

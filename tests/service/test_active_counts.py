@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,9 @@ async def _apply(store: PublishingStore, write: tuple[Any, ...], now: float) -> 
             await store.transition(tenant, name, state, "test", now, expect=expect)
     elif kind == "requeue":
         _, _, name, was = write
-        await store.transition_many([(tenant, name, was)], "Queued", "restart", now)
+        read = await store.get_job(tenant, name)
+        if read is not None:  # as read earlier, in state ``was`` (stale unless it still is)
+            stale = dataclasses.replace(read, state=was)
+            await store.transition_many([stale], "Queued", "restart", now)
     else:
         await store.count_active(tenant)  # seeds the count mid-sequence

@@ -1,6 +1,7 @@
 """``Store.transition_many``, the batched compare-and-set of a restart's rebuild, on both
 backends: each job moves exactly as ``transition(expect=...)`` would move it (fields and
-history row), a job whose state changed meanwhile is skipped, and a batch is all or nothing.
+history row), a job whose state changed meanwhile, or whose row is not the one read, is
+skipped, and a batch is all or nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import pytest
 from services import postgres_database
 from test_store import query
 
-from broker.store import JobState, Store, StoreError, open_store, sqlite_path, sqlite_url
-
-Job = tuple[str, str, JobState]
+from broker.store import JobRecord, Store, StoreError, open_store, sqlite_path, sqlite_url
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -36,49 +35,52 @@ async def store(url: str) -> AsyncIterator[Store]:
     await opened.close()
 
 
-async def placed(store: Store, tenant: str, name: str, *, running: bool = False) -> None:
+async def placed(store: Store, tenant: str, name: str, *, running: bool = False) -> JobRecord:
     await store.create_job(tenant, name, "q", 1, {"n": name}, 1.0)
     placement = {"pods": [{"pod": f"{name}-0", "node": "n1"}]}
-    await store.transition(tenant, name, "Placed", "placed", 2.0, cluster="c1", placement=placement)
+    job = await store.transition(
+        tenant, name, "Placed", "placed", 2.0, cluster="c1", placement=placement
+    )
     if running:
-        await store.transition(tenant, name, "Running", "running", 3.0)
+        job = await store.transition(tenant, name, "Running", "running", 3.0)
+    return job
 
 
 async def test_each_job_moves_as_transition_would(store: Store) -> None:
     # Twins: "a-*" move through the batch, "b-*" one by one through transition.
+    batch = []
     for prefix in ("a", "b"):
-        await placed(store, "t1", f"{prefix}-placed")
-        await placed(store, "t2", f"{prefix}-running", running=True)
-    batch: list[Job] = [("t1", "a-placed", "Placed"), ("t2", "a-running", "Running")]
+        batch.append(await placed(store, "t1", f"{prefix}-placed"))
+        batch.append(await placed(store, "t2", f"{prefix}-running", running=True))
+    batch = [job for job in batch if job.name.startswith("a-")]
     moved = await store.transition_many(batch, "Queued", "requeued after broker restart", 9.0)
     assert sorted(job.name for job in moved) == ["a-placed", "a-running"]
-    for tenant, name, state in batch:
+    for tenant, name, state in ((job.tenant, job.name, job.state) for job in batch):
         twin = name.replace("a-", "b-")
         single = await store.transition(
             tenant, twin, "Queued", "requeued after broker restart", 9.0, expect=(state,)
         )
         mine = await store.get_job(tenant, name)
-        assert mine is not None and mine in moved
+        assert mine is not None and mine in moved  # what came back is what is stored
         assert dataclasses.replace(mine, name=twin, seq=single.seq, manifest=single.manifest) == (
             single
         )
         assert mine.cluster is None and mine.placement is None and mine.attempts == 1
         assert await store.history(tenant, name) == await store.history(tenant, twin)
     # To Placed: attempts grows by one, as transition's field rules say.
-    again = await store.transition_many([("t1", "a-placed", "Queued")], "Placed", "placed", 10.0)
+    queued = await store.get_job("t1", "a-placed")
+    assert queued is not None
+    again = await store.transition_many([queued], "Placed", "placed", 10.0)
+    assert again == [await store.get_job("t1", "a-placed")]
     assert [job.attempts for job in again] == [2]
 
 
 async def test_changed_and_missing_jobs_are_skipped(store: Store) -> None:
-    await placed(store, "t", "moves")
-    await placed(store, "t", "changed", running=True)  # the caller read it as Placed
-    before = await store.get_job("t", "changed")
-    batch: list[Job] = [
-        ("t", "moves", "Placed"),
-        ("t", "changed", "Placed"),
-        ("t", "gone", "Placed"),
-    ]
-    moved = await store.transition_many(batch, "Queued", "requeued", 9.0)
+    moves = await placed(store, "t", "moves")
+    read = await placed(store, "t", "changed")  # the caller read it as Placed...
+    before = await store.transition("t", "changed", "Running", "running", 3.0)  # ...then this
+    gone = dataclasses.replace(moves, name="gone", seq=moves.seq + 1000)
+    moved = await store.transition_many([moves, read, gone], "Queued", "requeued", 9.0)
     assert [job.name for job in moved] == ["moves"]
     assert await store.get_job("t", "changed") == before
     assert [t.state for t in await store.history("t", "changed")] == ["Queued", "Placed", "Running"]
@@ -86,19 +88,28 @@ async def test_changed_and_missing_jobs_are_skipped(store: Store) -> None:
     assert await store.transition_many([], "Queued", "requeued", 9.0) == []
 
 
+async def test_a_job_submitted_again_is_not_the_row_read(store: Store) -> None:
+    """Same name, same state, but a later generation (another row): not moved."""
+    read = await placed(store, "t", "again")
+    await store.transition("t", "again", "Succeeded", "done", 4.0)
+    await store.create_job("t", "again", "q", 1, {"n": "again"}, 5.0, reuse_finished=True)
+    now = await store.transition("t", "again", "Placed", "placed", 6.0, cluster="c1")
+    assert now.seq != read.seq and now.state == read.state
+    assert await store.transition_many([read], "Queued", "requeued", 9.0) == []
+    assert await store.get_job("t", "again") == now
+
+
 async def test_a_batch_is_all_or_nothing(url: str, store: Store) -> None:
     names = [f"job-{i}" for i in range(20)]
-    for name in names:
-        await placed(store, "t", name)
+    batch = [await placed(store, "t", name) for name in names]
     await refuse_updates_of(url, "job-13")
-    batch: list[Job] = [("t", name, "Placed") for name in names]
     with pytest.raises(StoreError, match="refused"):
         await store.transition_many(batch, "Queued", "requeued", 9.0)
     assert {job.state for job in await store.active_jobs()} == {"Placed"}
     assert await query(url, "SELECT count(*) FROM job_history") == [(2 * len(names),)]
     # The store is still usable: the batch without the refused job goes through.
     moved = await store.transition_many(
-        [job for job in batch if job[1] != "job-13"], "Queued", "requeued", 9.0
+        [job for job in batch if job.name != "job-13"], "Queued", "requeued", 9.0
     )
     assert len(moved) == len(names) - 1
 

@@ -261,8 +261,50 @@
         c.reasons.map((r) => h("li", {}, h("code", { text: r.code }), " ", r.message))) : "—")));
     $("explain").replaceChildren(head, rows.length
       ? table(["Cluster", "Now", "Largest fit (pods)", "Reasons"], rows, "Explain per cluster")
-      : h("p", { class: "muted", text: "Not waiting in a queue: nothing to explain." }));
+      : h("p", { class: "muted", text: "Not waiting in a queue: nothing to explain." }),
+      ...whatNext(body));
     $("explain").dataset.job = `${job.tenant}/${body.job}`;
+  }
+
+  // What happens next to a waiting job: its place in the queues, its burst option.
+  const ordinal = (n) => n + ((n % 100 >= 11 && n % 100 <= 13) ? "th"
+    : ({ 1: "st", 2: "nd", 3: "rd" }[n % 10] || "th"));
+  const when = (at) => {
+    const left = Math.round(at - Date.now() / 1000);
+    return left <= 0 ? "now" : `in ${left >= 60 ? Math.round(left / 60) + " min" : left + " s"}`;
+  };
+
+  function whatNext(body) {
+    const out = [];
+    const p = body.position;
+    if (p) {
+      out.push(h("p", { class: "explain-position", "data-position": p.position ?? "" },
+        h("strong", { text: "Queue: " }), p.position === null
+          ? `backing off after a failed attempt; tried again ${when(p.backoffUntil)}`
+          : `${ordinal(p.position)} of ${p.waiting} waiting (${ordinal(p.inQueue)} of `
+            + `${p.queueWaiting} in ${p.queue}); ${p.sameGpuTypeAhead} ahead may take `
+            + "the same GPU type"));
+    }
+    const b = body.burst;
+    if (b) {
+      const attrs = { class: "explain-burst", "data-status": b.status, "data-pool": b.pool };
+      const cost = `${money(b.costPerHour || 0)}/h (${money(b.costPerNodeHour || 0)}/node-h)`;
+      const label = h("strong", { text: "Burst: " });
+      if (b.status === "requested") {
+        out.push(h("p", attrs, label, `${b.nodes} nodes requested from ${b.pool} `
+          + `(${b.cluster}), ${b.arrived} up; ${cost}`));
+      } else if (b.status === "planned") {
+        out.push(h("p", attrs, label, `${b.pool} (${b.cluster}) grows by ${b.newNodes} `
+          + `nodes, up about ${fmt(b.provisionSeconds)} s after the scale-up, ${cost}; `
+          + `eligible ${when(b.eligibleAt)} (burstAfterSeconds ${fmt(b.burstAfterSeconds)})`));
+      } else {
+        out.push(h("div", attrs, label, "no pool can take it:", h("ul", { class: "refusals" },
+          b.refusals.map((r) => h("li", { "data-code": r.code },
+            r.pool ? `${r.pool}: ` : "", r.message, " ", h("code", { text: r.code }),
+            r.until === null ? "" : ` (may grow again ${when(r.until)})`)))));
+      }
+    }
+    return out;
   }
 
   // --- burst pools -----------------------------------------------------------------------------
