@@ -221,16 +221,6 @@ def render_finished(job: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _span(seconds: float) -> str:
-    """A duration as ``1h5m``, ``3m20s`` or ``42s``."""
-    whole = int(max(0.0, seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m"
-    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
-
-
 _RENDERERS: dict[str, Callable[[Any], str]] = {
     "submit": _render_job,
     "cancel": _render_job,

@@ -27,8 +27,6 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 PARSERS = parsers()
-# ``demo``'s flags are being rewritten with the terminal view (issue 16 item 1, branch h2).
-PENDING = {"fedbroker demo"}
 
 
 def _undocumented(parser: argparse.ArgumentParser) -> list[str]:
@@ -49,14 +47,7 @@ def _undocumented(parser: argparse.ArgumentParser) -> list[str]:
     return missing
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(reason="demo.py is rewritten on branch h2"))
-        if c in PENDING else c
-        for c in PARSERS
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("command", list(PARSERS))
 def test_every_option_has_help_and_states_its_default(command: str) -> None:
     assert _undocumented(PARSERS[command]) == []
 

@@ -338,3 +338,15 @@ async def test_a_403_names_the_permission_missing(
     code, _, err = await cli(capsys, "submit", "-f", path, "--server", server, "--token", T["ro"])
     assert code == 1
     assert err == 'fedbroker: error: 403 forbidden: token:ro lacks "submit" on tenant team-a\n'
+
+
+async def test_top_reaches_the_broker_as_the_other_commands_do(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, server = served
+    code, out, err = await cli(capsys, *as_user(server, "top", "--once", "--plain"))
+    assert (code, err) == (0, "") and out
+    code, _, err = await cli(capsys, *as_user(server, "top", "--once", token=False))
+    assert code == 1 and "set $FEDBROKER_TOKEN or pass --token" in err
+    code, _, err = await cli(capsys, "top", "--once", "--server", f"127.0.0.1:{free_port()}")
+    assert code == 1 and "connection refused" in err and "fedbroker demo" in err
