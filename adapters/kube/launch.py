@@ -3,7 +3,8 @@
 ``KubeLauncher`` implements the live ports ``broker.ports.Launcher`` (``launch(placement)``
 returns once every pod of the gang runs and raises ``KubeLaunchError``, a ``LaunchError``,
 on failure; ``delete(placement)`` removes every object of the gang), ``RunWatcher``
-(``finished``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
+(``finished``), ``RunNotifier`` (``watch``: one poll per cluster, ``adapters.kube.run_watch``)
+and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
 namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
 
 Each tenant's gangs go into its own namespace (the pattern with ``{tenant}`` replaced,
@@ -63,11 +64,12 @@ from adapters.kube.objects import (
     pod_name,
 )
 from adapters.kube.rendezvous import Rendezvous, service_name
+from adapters.kube.run_watch import RunPoller, run_end
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.model import Placement, PodBound, PodPlacement
-from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunWatcher
+from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self.run_poll_seconds = run_poll_seconds
         self.pause = sleep
         self.workloads = WorkloadRuns(self)
+        self.runs = RunPoller(self)
 
     def spec(self, placement: Placement, spec: LaunchSpec | None = None) -> LaunchSpec:
         if spec is not None:
@@ -308,30 +311,46 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             await self.pause(self.poll_seconds)
 
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
-        """Wait for a running gang to end: succeeded once every pod Succeeded, failed as
-        soon as one Failed (its reason and message carried back) or vanished (deleted
-        behind our back). Polls every ``run_poll_seconds`` on a listing shared by every gang
-        waiting in this cluster; an API error is logged and polled again (an unreachable
-        cluster does not end a job)."""
+        """Wait for a running gang to end (``run_watch.run_end``: succeeded once every pod
+        Succeeded, failed as soon as one Failed or vanished). Polls every
+        ``run_poll_seconds`` on a listing shared by every gang waiting in this cluster; an
+        API error is logged and polled again (an unreachable cluster does not end a job)."""
         spec = self.spec(placement, spec)
         if spec.workload is not None:
             return await self.workloads.finished(placement, spec)
-        expected = {pod_name(p, spec) for p in placement.pods}
+        expected = frozenset(pod_name(p, spec) for p in placement.pods)
         while True:
             try:
                 phases = self.objects.phases(await self.api.shared_listing(), expected, spec)
             except KubeLaunchError as exc:
                 log.warning("gang %s: cannot read its pods (%s); polling again", spec.key, exc)
             else:
-                failed = sorted(n for n, phase in phases.items() if phase == "Failed")
-                if failed:
-                    return RunEnd(False, "PodFailed", f"pod {failed[0]} failed")
-                missing = sorted(expected - phases.keys())
-                if missing:
-                    return RunEnd(False, "PodDeleted", f"pod {missing[0]} disappeared")
-                if all(phase == "Succeeded" for phase in phases.values()):
-                    return RunEnd(True)
+                end = run_end(phases, expected)
+                if end is not None:
+                    return end
             await self.pause(self.run_poll_seconds)
+
+    # -- the RunNotifier port ----------------------------------------------------------------
+
+    def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
+        """Call ``on_end`` when the running gang ends: one poll for every gang of this
+        cluster (``run_watch.RunPoller``), no task per job; a ``spec.workload`` job is
+        followed by its workload's own status, a task each (``WorkloadRuns.finished``)."""
+        spec = self.spec(placement)
+        if spec.workload is None:
+            return self.runs.watch(placement, spec, on_end)
+        task = asyncio.ensure_future(self.workloads.finished(placement, spec))
+
+        def done(ended: asyncio.Future[RunEnd]) -> None:
+            if not ended.cancelled() and ended.exception() is None:
+                on_end(ended.result())
+
+        task.add_done_callback(done)
+        return task
+
+    async def listing(self) -> list[dict[str, Any]]:
+        """Our pods in this cluster (the listing shared by every reader polling now)."""
+        return await self.api.shared_listing()
 
     # -- the GangRecovery port ---------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -202,7 +203,7 @@ class GangObjects:
         return {LABEL_ORIGIN: self.origin, LABEL_TENANT: spec.tenant, LABEL_JOB: spec.job}
 
     def phases(
-        self, pods: Iterable[Mapping[str, Any]], expected: set[str], spec: LaunchSpec
+        self, pods: Iterable[Mapping[str, Any]], expected: AbstractSet[str], spec: LaunchSpec
     ) -> dict[str, str]:
         """Pod name -> phase of the gang's pods among ``pods``."""
         phases: dict[str, str] = {}

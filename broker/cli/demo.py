@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import secrets
+import shutil
 import sys
 import time
 from collections import deque
@@ -88,6 +89,22 @@ def demo_tokens(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
     return {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}, True
 
 
+def invoked_as() -> str:
+    """How to type this CLI in another terminal: ``fedbroker`` when that is on PATH and is
+    this program, else the path it was started by (``.venv/bin/fedbroker`` after
+    ``make run``), else the script beside this interpreter, else the module."""
+    found = shutil.which("fedbroker")
+    started = Path(sys.argv[0])
+    if started.name == "fedbroker":
+        if found is not None and Path(found).resolve() == started.resolve():
+            return "fedbroker"
+        return str(started)
+    if found is not None:
+        return "fedbroker"
+    beside = Path(sys.executable).parent / "fedbroker"  # the virtualenv's script
+    return str(beside) if beside.exists() else f"{sys.executable} -m broker.cli"
+
+
 def banner(
     url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path, log: Path | None
 ) -> str:
@@ -105,13 +122,14 @@ def banner(
         lines.append(f"  tokens: from {TOKENS_ENV}")
     shown = tokens["team-a"] if generated else "<team-a token>"
     admin = tokens["admin"] if generated else "<admin token>"
+    cli = invoked_as()
     lines += [
         f"  dashboard: {url}/#token={admin}",
         "  try, in another terminal:",
         f"    export FEDBROKER_TOKEN={shown} FEDBROKER_SERVER={url}",
-        f"    fedbroker submit -f deploy/examples/job.yaml --server {url}",
-        "    fedbroker top",
-        "    fedbroker list",
+        f"    {cli} submit -f deploy/examples/job.yaml",
+        f"    {cli} top",
+        f"    {cli} list",
         "  stop with Ctrl-C (or SIGTERM)",
     ]
     return "\n".join(lines)
@@ -137,12 +155,13 @@ def banner_view(
     else:
         tokens_row = row("tokens", f"from {TOKENS_ENV}")
     team_a = tokens["team-a"] if generated else "<team-a token>"
+    cli = invoked_as()
     lines = [
         row("API", (url, "cyan"), f"   readiness {url}/readyz   metrics {url}/metrics"),
         row("dashboard", (f"{url}/#token={admin}", "cyan")),
         tokens_row,
-        row("try", f"FEDBROKER_SERVER={url} FEDBROKER_TOKEN={team_a} fedbroker top"),
-        row("", "(or: fedbroker submit -f deploy/examples/job.yaml, fedbroker list)"),
+        row("try", f"FEDBROKER_SERVER={url} FEDBROKER_TOKEN={team_a} {cli} top"),
+        row("", f"(or: {cli} submit -f deploy/examples/job.yaml, {cli} list)"),
         row("logs", str(log) if log is not None else "on stderr (--log-stderr)",
             f"   data dir {data_dir}"),
         row("stop", "Ctrl-C"),

@@ -73,7 +73,8 @@ class ClusterLauncher:
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
         """The end of a running job, from its cluster's launcher: a callback where it can
-        (the simulated one), else a task awaiting ``finished`` (a Kubernetes member's poll)."""
+        (the simulated one's timer, a Kubernetes member's one poll per cluster), else a
+        task awaiting ``finished``."""
         launcher = self._for(placement)
         if isinstance(launcher, RunNotifier):
             return launcher.watch(placement, on_end)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import io
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -242,3 +244,27 @@ def test_top_reads_job_events_from_the_stream() -> None:
     broker._take("event: job\ndata: not json")
     assert [e["name"] for e in broker.events] == ["j"]
     assert broker.base == "http://x"
+
+
+def test_the_banner_names_the_cli_as_it_can_be_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make run`` starts ``.venv/bin/fedbroker``, not on PATH: the banner says that path;
+    on PATH it says ``fedbroker``; started as a module, the module."""
+    from broker.cli.demo import invoked_as
+
+    script = tmp_path / "bin" / "fedbroker"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(sys, "argv", [str(script), "demo"])
+    assert invoked_as() == str(script)
+    monkeypatch.setenv("PATH", str(script.parent))
+    assert invoked_as() == "fedbroker"
+    monkeypatch.setenv("PATH", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "__main__.py"), "demo"])
+    monkeypatch.setattr(sys, "executable", str(script.parent / "python"))
+    assert invoked_as() == str(script)  # as a module: the script beside the interpreter
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert invoked_as().endswith("-m broker.cli")
