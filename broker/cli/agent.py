@@ -184,16 +184,20 @@ class Agent:
 def add_agent_command(sub: Any) -> None:
     cmd = sub.add_parser("agent", help="report a member cluster's capacity over MQTT")
     cmd.add_argument("--cluster", required=True, help="the cluster's name in the broker config")
-    cmd.add_argument("--kubeconfig", required=True, type=Path, metavar="FILE")
+    cmd.add_argument("--kubeconfig", required=True, type=Path, metavar="FILE",
+                     help="the kubeconfig of the cluster to report")  # fmt: skip
     cmd.add_argument("--context", default=None, help="default: the current context")
-    cmd.add_argument("--mqtt-host", required=True)
-    cmd.add_argument("--mqtt-port", type=int, default=1883)
+    cmd.add_argument("--mqtt-host", required=True, help="the MQTT broker's host")
+    cmd.add_argument("--mqtt-port", type=int, default=1883, help="the MQTT broker's port")
     cmd.add_argument("--mqtt-username", default=None, help=f"password: ${PASSWORD_ENV}")
-    cmd.add_argument("--topic-prefix", default="fedbroker")
+    cmd.add_argument("--topic-prefix", default="fedbroker", help="prefix of the MQTT topics")
     cmd.add_argument("--client-id", default=None, help="default: fedbroker-agent-<cluster>")
     cmd.add_argument("--interval", type=float, default=10.0, help="heartbeat seconds")
-    cmd.add_argument("--gpu-resource", action="append", default=None, metavar="NAME")
-    cmd.add_argument("--gpu-type-label", default="nvidia.com/gpu.product")
+    cmd.add_argument("--gpu-resource", action="append", default=None, metavar="NAME",
+                     help="an extended resource counted as GPUs (repeat; default: "
+                     "nvidia.com/gpu and amd.com/gpu)")  # fmt: skip
+    cmd.add_argument("--gpu-type-label", default="nvidia.com/gpu.product",
+                     help="node label with the GPU type")  # fmt: skip
 
 
 def _check(args: argparse.Namespace) -> str | None:

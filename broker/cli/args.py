@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from policies import POLICY_NAMES
 
@@ -20,8 +21,32 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Help that states each option's default: ``(default: X)`` is added to an option's
+    help unless it says its default itself or has none worth saying (None, off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or default == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class CommandParser(argparse.ArgumentParser):
-    """An argparse parser whose errors are one line on stderr and exit status 2."""
+    """An argparse parser whose errors are one line on stderr and exit status 2, and whose
+    help states every option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"fedbroker: error: {message}\n")

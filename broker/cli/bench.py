@@ -16,13 +16,15 @@ def add_bench_command(sub: Any) -> None:
         "--clusters", type=positive("--clusters"), default=None,
         help="member clusters (default 20; 100 with --cycle)",
     )  # fmt: skip
-    cmd.add_argument("--nodes-per-cluster", type=positive("--nodes-per-cluster"), default=500)
-    cmd.add_argument("--decisions", type=positive("--decisions"), default=5000)
+    cmd.add_argument("--nodes-per-cluster", type=positive("--nodes-per-cluster"), default=500,
+                     help="nodes in each simulated cluster")  # fmt: skip
+    cmd.add_argument("--decisions", type=positive("--decisions"), default=5000,
+                     help="placement decisions to time")  # fmt: skip
     cmd.add_argument(
         "--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes"
     )
-    cmd.add_argument("--seed", type=int, default=0)
-    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--seed", type=int, default=0, help="random seed of the generated jobs")
+    cmd.add_argument("--json", action="store_true", help="print the results as JSON")
     cmd.add_argument(
         "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"
     )

@@ -1,12 +1,20 @@
-"""The CLI client: ``fedbroker submit | get | list | cancel | explain | clusters``.
+"""The CLI client: ``fedbroker submit | get | list | cancel | explain | clusters | pools``.
 
-It talks to a running broker over its HTTP API (``--server``, default
-``$FEDBROKER_SERVER`` or http://127.0.0.1:8080; token from ``--token`` or
-``$FEDBROKER_TOKEN``; an https server's certificate verified against ``--ca-file`` or
-``$FEDBROKER_CA_FILE``, else the system's trust store) and prints tables for people
-(``broker.cli.render``) or ``-o json|yaml`` for scripts. Every failure is one line on stderr:
-the server's own error message, or why it could not be reached. The token is sent as a
-bearer header and never printed.
+It talks to a running broker over its HTTP API (``broker.cli.connection``: ``--server`` or
+``$FEDBROKER_SERVER``, a scheme-less ``host:port`` taken as http://, default
+http://127.0.0.1:8080; token from ``--token`` or ``$FEDBROKER_TOKEN``; an https server's
+certificate verified against ``--ca-file`` or ``$FEDBROKER_CA_FILE``, else the system's
+trust store) and prints tables for people (``broker.cli.render``) or ``-o json|yaml`` for
+scripts. Every failure is one line on stderr: the server's own error message (a 401 with
+what sets the token), or why it could not be reached (with how to start a broker). The
+token is sent as a bearer header and never printed.
+
+``submit`` labels the job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
+stderr what a known name did (reused a finished one: its next generation; an active one with
+the same spec: nothing new). ``list`` shows each job's last reason (``status.waiting``, why a
+queued job waits), filters by ``--name``/``-l``/``--mine`` on the server (following its
+cursor up to ``--limit``) and with ``--watch`` redraws on ``/v1/events``. ``explain`` of a
+finished job says how, when and where it ran instead of an empty table.
 
 A 503 that carries Retry-After (a follower that does not take writes, a store that is
 down, a new leader rebuilding its state), or a 429 with one (the tenant's rate limit), is
@@ -19,8 +27,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import getpass
 import json
 import os
+import re
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
@@ -30,25 +41,31 @@ from email.utils import parsedate_to_datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import yaml
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from broker.cli.render import render
+from broker.cli.connection import (
+    DEFAULT_SERVER,
+    ClientError,
+    add_connection_options,
+    ca_file_of,
+    http_error,
+    server_url,
+    token_of,
+    unreachable,
+)
+from broker.cli.render import render, render_finished
 from broker.cli.wrap import WrapError, is_plain_object, wrap
 
-DEFAULT_SERVER = "http://127.0.0.1:8080"
 EXIT_ERROR = 1
 DEFAULT_RETRY_SECONDS = 30.0
 MAX_RETRY_SECONDS = 3600.0
 REQUEST_TIMEOUT_SECONDS = 30.0
 
 Sleep = Callable[[float], Awaitable[None]]
-
-
-class ClientError(Exception):
-    """One line for the user."""
 
 
 class Unavailable(ClientError):
@@ -86,16 +103,18 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
+SUBMITTED_BY = "fedbroker.io/submitted-by"
+USER_ENV = "FEDBROKER_USER"
+FINAL_STATES = ("Succeeded", "Failed", "Cancelled")
+
+
 def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
     common = parser_class(add_help=False)
-    common.add_argument("--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER))
-    common.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
+    add_connection_options(common)
     common.add_argument(
-        "--ca-file", default=os.environ.get("FEDBROKER_CA_FILE") or None, metavar="FILE",
-        help="PEM CA certificates an https broker is verified with (default "
-        "$FEDBROKER_CA_FILE, else the system's trust store)",
+        "-o", "--output", choices=("table", "json", "yaml"), default="table",
+        help="tables for people, or the API's answer as JSON or YAML for scripts",
     )  # fmt: skip
-    common.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     common.add_argument(
         "--retry-for",
         type=_retry_seconds,
@@ -107,23 +126,56 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     )
 
     submit = sub.add_parser("submit", parents=[common], help="submit a FederatedJob manifest")
-    submit.add_argument("-f", "--file", type=Path, required=True, help="YAML or JSON manifest")
-    submit.add_argument("--queue", help="queue of a plain workload object (else its label)")
     submit.add_argument(
-        "--priority", type=int, help="priority of a plain workload object (else its label)"
-    )
+        "-f", "--file", type=Path, required=True,
+        help="the manifest: a FederatedJob, or a plain workload object (Job, JobSet, "
+        "PyTorchJob, ...) to wrap in one; YAML or JSON",
+    )  # fmt: skip
+    submit.add_argument(
+        "--queue", help="queue of a plain workload object (default: its fedbroker.io/queue "
+        "label, else the tenant's default queue)",
+    )  # fmt: skip
+    submit.add_argument(
+        "--priority", type=int,
+        help="priority of a plain workload object (default: its fedbroker.io/priority label, "
+        "else 0)",
+    )  # fmt: skip
     for name, text in (
         ("get", "show a job and its history"),
         ("cancel", "cancel a job"),
-        ("explain", "why a job waits"),
+        ("explain", "why a job waits (or, once finished, how and where it ran)"),
     ):
         cmd = sub.add_parser(name, parents=[common], help=text)
-        cmd.add_argument("name")
-    lister = sub.add_parser("list", parents=[common], help="list your jobs")
-    lister.add_argument("--queue")
-    lister.add_argument("--state")
-    lister.add_argument("--cluster")
-    lister.add_argument("--limit", type=int, default=100)
+        cmd.add_argument("name", help="the job's name (metadata.name)")
+    lister = sub.add_parser(
+        "list", parents=[common], help="list your jobs, with why each waits",
+        description="Your tenant's jobs (an admin's token: every tenant's), oldest first, "
+        "with the last reason of each: for a waiting job, why the scheduler could not place "
+        "it at its last look.",
+    )  # fmt: skip
+    lister.add_argument("--queue", help="only jobs of this queue")
+    lister.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
+    lister.add_argument("--cluster", help="only jobs placed on this cluster")
+    lister.add_argument(
+        "--name", metavar="PATTERN",
+        help="only names containing PATTERN, or matching it as a glob when it has * ? or [",
+    )  # fmt: skip
+    lister.add_argument(
+        "-l", "--selector", metavar="LABELS",
+        help="only jobs whose metadata.labels match, kubectl-style: k=v,k2!=v,k3,!k4",
+    )  # fmt: skip
+    lister.add_argument(
+        "--mine", action="store_true",
+        help=f"only jobs submitted by you: `fedbroker submit` labels each job "
+        f"{SUBMITTED_BY}=<user> (${USER_ENV}, else your login name)",
+    )  # fmt: skip
+    lister.add_argument(
+        "--limit", type=_limit, default=100, help="at most this many jobs (1..1000)"
+    )
+    lister.add_argument(
+        "-w", "--watch", action="store_true",
+        help="redraw the list on every job event (from /v1/events) until Ctrl-C",
+    )  # fmt: skip
     sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
     sub.add_parser(
         "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
@@ -131,21 +183,113 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
 
 
 CLIENT_COMMANDS = ("submit", "get", "list", "cancel", "explain", "clusters", "pools")
+JOB_STATES = ("Queued", "Placed", "Running", "Succeeded", "Failed", "Cancelled")
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be within 1..1000, not {value}")
+    return value
+
+
+def submitter() -> str:
+    """Who ``submit`` labels a job with: $FEDBROKER_USER, else the login name, made a valid
+    label value (letters, digits, ``-_.``; at most 63 characters)."""
+    raw = os.environ.get(USER_ENV) or _login()
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", raw)[:63].strip("-_.")
+    return value or "unknown"
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
 
 
 def run_client(args: argparse.Namespace) -> int:
     try:
-        doc = asyncio.run(call(args))
+        if args.command == "list" and args.watch:
+            return asyncio.run(watch_list(args))
+        status, doc = asyncio.run(_answer(args))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 0 if args.command == "list" else 130
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     elif args.output == "yaml":
         print(yaml.safe_dump(doc, sort_keys=False), end="")
+    elif args.command == "explain" and isinstance(doc, dict) and "finished" in doc:
+        print(render_finished(doc["finished"]))
     else:
         print(render(args.command, doc))
+    if args.command == "submit":
+        note = resubmit_note(status, doc)
+        if note:
+            sys.stderr.write(f"fedbroker: {note}\n")
     return 0
+
+
+async def _answer(args: argparse.Namespace) -> tuple[int, Any]:
+    """The command's answer (status, JSON); a list follows its cursor up to --limit; an
+    explain of a finished job carries the job (under ``finished``) for the table."""
+    if args.command == "list":
+        return 200, await list_jobs(args)
+    status, doc = await exchange(args)
+    if (
+        args.command == "explain" and args.output == "table" and isinstance(doc, dict)
+        and doc.get("state") in FINAL_STATES
+    ):  # fmt: skip
+        _, job = await exchange(args, _Request("GET", f"/v1/jobs/{quote(args.name)}"))
+        doc = {**doc, "finished": job}
+    return status, doc
+
+
+async def list_jobs(args: argparse.Namespace) -> dict[str, Any]:
+    """Up to --limit jobs: a filtered page may hold fewer (the server reads a bounded
+    number of jobs per request), so the cursor is followed until the limit or the end."""
+    items: list[Any] = []
+    cursor: str | None = None
+    while True:
+        request = _request_for(args)
+        request.params["limit"] = str(args.limit - len(items))
+        if cursor is not None:
+            request.params["continue"] = cursor
+        _, doc = await exchange(args, request)
+        items.extend(doc.get("items") or [])
+        cursor = doc.get("continue")
+        if cursor is None or len(items) >= args.limit:
+            return {"items": items, "continue": cursor}
+
+
+def resubmit_note(status: int, doc: Any) -> str | None:
+    """What a submission of a name already known did: reused a finished name (201 of a
+    later generation), or answered the active job as it stands (200)."""
+    if not isinstance(doc, dict):
+        return None
+    name = doc.get("metadata", {}).get("name")
+    st = doc.get("status", {})
+    generation = st.get("generation") or 1
+    if status == 201 and generation > 1:
+        return (
+            f"job {name!r} had finished, so its name was reused: this is run "
+            f"{generation} (generation {generation}), queued anew; `fedbroker get {name}` "
+            f"follows this run, `fedbroker get {name} -o json` shows its generation, and the "
+            f"earlier runs stay in the store's archive until retention purges them"
+        )
+    if status == 200:
+        return (
+            f"job {name!r} already exists with this spec ({st.get('state')}); nothing new was "
+            f"submitted. To run it again: `fedbroker cancel {name}` then submit once it is "
+            f"Cancelled, or change metadata.name"
+        )
+    return None
 
 
 async def _sleep(seconds: float) -> None:
@@ -163,6 +307,7 @@ class _Request:
 
 def _request_for(args: argparse.Namespace) -> _Request:
     """The HTTP request a client command stands for."""
+    name = quote(getattr(args, "name", None) or "", safe="")
     match args.command:
         case "submit":
             try:
@@ -170,21 +315,18 @@ def _request_for(args: argparse.Namespace) -> _Request:
             except OSError as exc:
                 raise ClientError(f"{args.file}: {exc.strerror}") from None
             kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
-            wrapped = _wrapped(args, body)
-            if wrapped is not None:
-                return _Request("POST", "/v1/jobs", wrapped, content_type="application/json")
+            labelled = _labelled(args, body)
+            if labelled is not None:
+                return _Request("POST", "/v1/jobs", labelled, content_type="application/json")
             return _Request("POST", "/v1/jobs", body, content_type=kind)
         case "get":
-            return _Request("GET", f"/v1/jobs/{args.name}")
+            return _Request("GET", f"/v1/jobs/{name}")
         case "cancel":
-            return _Request("DELETE", f"/v1/jobs/{args.name}")
+            return _Request("DELETE", f"/v1/jobs/{name}")
         case "explain":
-            return _Request("GET", f"/v1/jobs/{args.name}/explain")
+            return _Request("GET", f"/v1/jobs/{name}/explain")
         case "list":
-            filters = (("queue", args.queue), ("state", args.state), ("cluster", args.cluster))
-            params = {k: str(v) for k, v in filters if v}
-            params["limit"] = str(args.limit)
-            return _Request("GET", "/v1/jobs", params=params)
+            return _Request("GET", "/v1/jobs", params=list_params(args))
         case "clusters":
             return _Request("GET", "/v1/clusters")
         case "pools":
@@ -192,51 +334,86 @@ def _request_for(args: argparse.Namespace) -> _Request:
     return _Request("GET", "")
 
 
-def _wrapped(args: argparse.Namespace, body: bytes) -> bytes | None:
-    """A plain workload object in the file, wrapped in a FederatedJob (``wrap``); None for
-    a FederatedJob or what does not parse (the broker names what is wrong)."""
+def list_params(args: argparse.Namespace) -> dict[str, str]:
+    """The query of ``list``: its filters; ``--mine`` is a selector on the submitter."""
+    selectors = [s for s in (args.selector,) if s]
+    if args.mine:
+        selectors.append(f"{SUBMITTED_BY}={submitter()}")
+    filters = (
+        ("queue", args.queue), ("state", args.state), ("cluster", args.cluster),
+        ("name", args.name), ("selector", ",".join(selectors)),
+    )  # fmt: skip
+    params = {k: str(v) for k, v in filters if v}
+    params["limit"] = str(args.limit)
+    return params
+
+
+def _labelled(args: argparse.Namespace, body: bytes) -> bytes | None:
+    """The manifest to send as JSON: a plain workload object wrapped in a FederatedJob
+    (``wrap``), and a FederatedJob labelled with who submitted it (``--mine``); None for
+    what does not parse as either (sent as it is: the broker names what is wrong)."""
     try:
         doc = yaml.safe_load(body)
     except yaml.YAMLError:
         return None
-    if not is_plain_object(doc):
-        if args.queue is not None or args.priority is not None:
-            raise ClientError("--queue/--priority: only for a plain workload object")
+    if is_plain_object(doc):
+        try:
+            doc = wrap(doc, args.queue, args.priority)
+        except WrapError as exc:
+            raise ClientError(f"{args.file}: {exc}") from None
+    elif args.queue is not None or args.priority is not None:
+        raise ClientError("--queue/--priority: only for a plain workload object")
+    if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
         return None
+    labels = doc["metadata"].get("labels")
+    if labels is None:
+        labels = {}
+    if not isinstance(labels, dict):
+        return None
+    doc["metadata"] = {**doc["metadata"], "labels": {SUBMITTED_BY: submitter(), **labels}}
     try:
-        return json.dumps(wrap(doc, args.queue, args.priority)).encode()
-    except WrapError as exc:
-        raise ClientError(f"{args.file}: {exc}") from None
+        return json.dumps(doc).encode()
+    except (TypeError, ValueError):  # YAML dates and the like: let the broker say
+        return None
 
 
 async def call(args: argparse.Namespace, *, sleep: Sleep = _sleep) -> Any:
-    """The command's request, its answer as JSON; raises ClientError (one line).
+    """The command's request, its answer as JSON; raises ClientError (one line)."""
+    return (await exchange(args, sleep=sleep))[1]
+
+
+async def exchange(
+    args: argparse.Namespace, request: _Request | None = None, *, sleep: Sleep = _sleep
+) -> tuple[int, Any]:
+    """``request`` (default: the command's), its answer's status and JSON; raises
+    ClientError (one line).
 
     ``sleep`` waits between retries (tests inject one that returns at once: the budget is
     counted in the waits asked for as well as in wall-clock time, so it still runs out).
     """
-    request = _request_for(args)
-    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
+    base = server_url(args)
+    request = request or _request_for(args)
+    token = token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if request.content_type is not None:
         headers["Content-Type"] = request.content_type
-    base = args.server.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=_trust(getattr(args, "ca_file", None)))
+    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             send = partial(
                 _request, session, request.method, base + request.path, request.body, headers,
-                request.params,
+                request.params, token,
             )  # fmt: skip
-            return await _retried(send, float(args.retry_for), sleep)
+            answer: tuple[int, Any] = await _retried(send, float(args.retry_for), sleep)
+            return answer
     except aiohttp.ClientSSLError as exc:
         raise ClientError(
             f"cannot verify the broker at {base} over TLS (--ca-file, $FEDBROKER_CA_FILE): "
             f"{_ssl_reason(exc)}"
         ) from None
-    except aiohttp.ClientConnectionError:
-        raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
+    except aiohttp.ClientError as exc:
+        raise ClientError(unreachable(base, exc)) from None
     except TimeoutError:
         raise ClientError(
             f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
@@ -302,7 +479,8 @@ async def _request(
     body: bytes | None,
     headers: dict[str, str],
     params: dict[str, str],
-) -> Any:
+    token: str = "",
+) -> tuple[int, Any]:
     async with session.request(method, url, data=body, headers=headers, params=params) as resp:
         text = await resp.text()
         try:
@@ -311,12 +489,12 @@ async def _request(
             doc = {"error": text.strip()[:200]}
         if resp.status >= 400:
             message = doc.get("error") if isinstance(doc, dict) else None
-            line = " ".join(f"{resp.status} {message or resp.reason}".split())
+            line = http_error(resp.status, message, resp.reason, token)
             wait = retry_after_seconds(resp.headers.get("Retry-After"))
             if resp.status in (429, 503) and wait is not None:  # asked to come back
                 raise Unavailable(line, wait)
             raise ClientError(line)
-        return doc
+        return resp.status, doc
 
 
 def _elapsed(state: RetryCallState) -> float:
@@ -336,3 +514,94 @@ def _hint(state: RetryCallState) -> float:
 def _announce(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome is not None else None
     sys.stderr.write(f"fedbroker: {exc}; retrying in {state.upcoming_sleep:.3g} s\n")
+
+
+WATCH_MIN_SECONDS = 0.5  # a busy broker's events redraw the list at most this often
+
+
+async def watch_list(args: argparse.Namespace) -> int:
+    """``list --watch``: the list, then again after job events (``/v1/events``) that
+    changed it, at most every WATCH_MIN_SECONDS; until Ctrl-C (exit 0) or the stream ends
+    (exit 1)."""
+    base, token = server_url(args), token_of(args)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    changed = asyncio.Event()
+
+    shown: list[Any] = [None]  # what the last drawing showed (ages aside)
+
+    async def redraw() -> None:
+        doc = await list_jobs(args)
+        seen = [
+            (j.get("metadata", {}).get("name"), j.get("metadata", {}).get("namespace"),
+             {k: v for k, v in j.get("status", {}).items() if k != "updatedAt"})
+            for j in doc.get("items", [])
+        ]  # fmt: skip
+        if seen == shown[0]:
+            return  # events of jobs not in this list (another filter, another tenant's)
+        shown[0] = seen
+        if args.output == "table":
+            text = render("list", doc)
+            if sys.stdout.isatty():
+                text = "\x1b[H\x1b[2J" + text  # clear the screen, then the table
+            else:
+                text = f"--- {datetime.now().strftime('%H:%M:%S')}\n{text}"
+        elif args.output == "json":
+            text = json.dumps(doc)
+        else:
+            text = "---\n" + yaml.safe_dump(doc, sort_keys=False).rstrip()
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+    async def painter() -> None:
+        while True:
+            await changed.wait()
+            changed.clear()
+            await redraw()
+            await asyncio.sleep(WATCH_MIN_SECONDS)
+
+    await redraw()
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_SECONDS)
+    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
+    paint = asyncio.ensure_future(painter())
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+            session.get(base + "/v1/events", headers=headers) as resp,
+        ):
+            if resp.status >= 400:
+                text = await resp.text()
+                try:
+                    message = json.loads(text).get("error")
+                except (ValueError, AttributeError):
+                    message = text.strip()[:200]
+                raise ClientError(http_error(resp.status, message, resp.reason, token))
+            async for line in resp.content:
+                if line.startswith(b"event:") and line[6:].strip() not in (b"capacity",):
+                    changed.set()
+                if paint.done():
+                    paint.result()  # a redraw's error ends the watch
+    except aiohttp.ClientError as exc:
+        raise ClientError(unreachable(base, exc)) from None
+    finally:
+        paint.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ClientError):
+            await paint
+    raise ClientError(f"the broker at {base} ended the event stream")
+
+
+__all__ = [
+    "CLIENT_COMMANDS",
+    "DEFAULT_SERVER",
+    "EXIT_ERROR",
+    "SUBMITTED_BY",
+    "ClientError",
+    "add_client_commands",
+    "call",
+    "exchange",
+    "list_jobs",
+    "resubmit_note",
+    "retry_after_seconds",
+    "run_client",
+    "submitter",
+    "watch_list",
+]

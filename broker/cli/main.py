@@ -9,6 +9,7 @@ on stderr naming the problem and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from broker.cli.agent import add_agent_command, run_agent_command
 from broker.cli.args import EXIT_USAGE, CommandParser, UsageError
 from broker.cli.bench import add_bench_command, run_bench_command
 from broker.cli.client import CLIENT_COMMANDS, add_client_commands, run_client
+from broker.cli.completion import add_completion_command, completion_script
 from broker.cli.demo import add_demo_command, run_demo
 from broker.cli.plan import (
     InspectError,
@@ -38,6 +40,11 @@ def _add_client_commands(sub: Any) -> None:
     add_client_commands(sub, CommandParser)
 
 
+def run_completion(args: argparse.Namespace) -> int:
+    print(completion_script(build_parser(), args.shell), end="")
+    return 0
+
+
 # Every family: how it adds its subcommands, and the runner of each (in the help's order).
 FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_simulate_command, {"simulate": run_simulate}),
@@ -50,12 +57,31 @@ FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_plan_command, {"plan": run_plan}),
     (add_agent_command, {"agent": run_agent_command}),
     (add_bench_command, {"bench": run_bench_command}),
+    (add_completion_command, {"completion": run_completion}),
 )
 _RUNNERS: dict[str, Run] = {name: run for _, runs in FAMILIES for name, run in runs.items()}
 
 
+def version() -> str:
+    """The installed package's version (its metadata), or ``unknown`` when run from a tree
+    that was never installed."""
+    try:
+        return importlib.metadata.version("fedbroker")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="fedbroker", description="Multi-cluster GPU federation broker")
+    parser = CommandParser(
+        prog="fedbroker",
+        description="Multi-cluster GPU federation broker. `fedbroker demo` runs one on "
+        "simulated clusters; the other commands talk to a running broker "
+        "($FEDBROKER_SERVER, $FEDBROKER_TOKEN). Reference: docs/cli.md.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"fedbroker {version()}",
+        help="print the installed version and exit",
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
     for add, _ in FAMILIES:
         add(sub)

@@ -35,7 +35,8 @@ class InspectError(Exception):
 
 def add_inspect_command(sub: Any) -> None:
     p = sub.add_parser("inspect", help="read Kubernetes member clusters once, print capacity")
-    p.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE")
+    p.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE",
+                   help="the kubeconfig holding the member clusters")  # fmt: skip
     p.add_argument(
         "--context",
         action="append",
@@ -50,7 +51,7 @@ def add_inspect_command(sub: Any) -> None:
         default=DEFAULT_TIMEOUT,
         help="seconds before an unreachable cluster is reported stale",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 async def inspect_clusters(
@@ -127,11 +128,14 @@ def snapshot_document(ledger: Ledger) -> dict[str, Any]:
 def add_plan_command(sub: Any) -> None:
     p = sub.add_parser("plan", help="where a manifest would go now on Kubernetes clusters")
     p.add_argument("-f", "--file", type=Path, required=True, help="FederatedJob YAML or JSON")
-    p.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE")
-    p.add_argument("--context", action="append", default=[], metavar="NAME")
+    p.add_argument("--kubeconfig", type=Path, required=True, metavar="FILE",
+                   help="the kubeconfig holding the member clusters")  # fmt: skip
+    p.add_argument("--context", action="append", default=[], metavar="NAME",
+                   help="a context to read (repeatable; default: every context)")  # fmt: skip
     p.add_argument("--gpu-type-label", default=None, help="node label with the GPU type")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds before an unreachable cluster is reported stale")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
 def plan_document(job: Job, ledger: Ledger) -> dict[str, Any]:

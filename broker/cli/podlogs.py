@@ -11,14 +11,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import ssl
 import sys
 from typing import Any, BinaryIO
 
 import aiohttp
 
-from broker.cli.client import DEFAULT_SERVER, EXIT_ERROR, ClientError
+from broker.cli.client import EXIT_ERROR
+from broker.cli.connection import (
+    ClientError,
+    add_connection_options,
+    ca_file_of,
+    http_error,
+    server_url,
+    token_of,
+    unreachable,
+)
 from broker.cli.render import table
 
 POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
@@ -27,15 +35,13 @@ CONNECT_TIMEOUT_SECONDS = 30.0
 
 def add_pods_commands(sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER))
-    common.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
-    common.add_argument("--ca-file", default=os.environ.get("FEDBROKER_CA_FILE") or None,
-                        metavar="FILE", help="PEM CA certificates of an https broker")  # fmt: skip
+    add_connection_options(common)
     pods = sub.add_parser("pods", parents=[common], help="a placed job's pods")
-    pods.add_argument("name")
-    pods.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    pods.add_argument("name", help="the job's name")
+    pods.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                      help="a table for people, or the API's JSON")  # fmt: skip
     logs = sub.add_parser("logs", parents=[common], help="stream a pod's log of a job")
-    logs.add_argument("name")
+    logs.add_argument("name", help="the job's name")
     logs.add_argument("-p", "--pod", help="the pod (default: the job's first)")
     logs.add_argument("-c", "--container", help="the container (default: the pod's first)")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
@@ -76,11 +82,11 @@ def _trust(ca_file: str | None) -> ssl.SSLContext | bool:
 async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
     path, params = _request(args)
-    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
+    base = server_url(args)
+    token = token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    base = args.server.rstrip("/")
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=_trust(args.ca_file))
+    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
     try:
         async with (
             aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
@@ -92,15 +98,15 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
                     message = json.loads(text).get("error")
                 except (ValueError, AttributeError):
                     message = text.strip()[:200]
-                raise ClientError(" ".join(f"{resp.status} {message or resp.reason}".split()))
+                raise ClientError(http_error(resp.status, message, resp.reason, token))
             if args.command == "pods":
                 out.write(render_pods(await resp.json(), args.output).encode() + b"\n")
                 return
             async for chunk in resp.content.iter_any():
                 out.write(chunk)
                 out.flush()
-    except aiohttp.ClientConnectionError:
-        raise ClientError(f"cannot reach the broker at {base} (is it running? --server)") from None
+    except aiohttp.ClientError as exc:
+        raise ClientError(unreachable(base, exc)) from None
 
 
 def render_pods(doc: Any, output: str = "table") -> str:

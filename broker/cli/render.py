@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -38,7 +39,7 @@ def _job_row(job: dict[str, Any]) -> list[object]:
         status.get("state"),
         status.get("cluster"),
         _age(status.get("createdAt")),
-        status.get("reason"),
+        status.get("waiting") or status.get("reason"),
     ]
 
 
@@ -191,6 +192,35 @@ def _render_pools(doc: Any) -> str:
     return text
 
 
+def render_finished(job: dict[str, Any]) -> str:
+    """``explain`` of a finished job: nothing waits, so say how and when it ended, where it
+    ran, and where its story is (``get``), instead of an empty table of clusters."""
+    meta, status = job.get("metadata", {}), job.get("status", {})
+    name, state = meta.get("name"), status.get("state")
+    history = status.get("history") or []
+    ran = [h for h in history if h.get("state") in ("Placed", "Running") and h.get("cluster")]
+    where = status.get("cluster") or (ran[-1].get("cluster") if ran else None)
+    ended = status.get("updatedAt")
+    when = (
+        f" at {datetime.fromtimestamp(ended, UTC):%Y-%m-%d %H:%M:%S} UTC, {_age(ended)} ago"
+        if isinstance(ended, int | float) else ""
+    )  # fmt: skip
+    lines = [f"{name}: {state}{when} (finished: it no longer waits for anything)"]
+    how = status.get("reason")
+    if how:
+        lines.append(f"  how:   {how}")
+    if where:
+        started = next((h.get("at") for h in history if h.get("state") == "Running"), None)
+        took = f", ran for {_span(ended - started)}" if started and ended else ""
+        lines.append(f"  where: {where}{took}")
+    else:
+        lines.append("  where: never placed (it ended while it waited)")
+    generation = status.get("generation") or 1
+    lines.append(f"  run:   generation {generation}; submit the name again to start the next")
+    lines.append(f"  more:  fedbroker get {name}   (its history)")
+    return "\n".join(lines)
+
+
 _RENDERERS: dict[str, Callable[[Any], str]] = {
     "submit": _render_job,
     "cancel": _render_job,
@@ -208,4 +238,4 @@ def render(command: str, doc: Any) -> str:
     return json.dumps(doc, indent=2) if renderer is None else renderer(doc)
 
 
-__all__ = ["JOB_HEADER", "render", "table"]
+__all__ = ["JOB_HEADER", "render", "render_finished", "table"]

@@ -37,7 +37,9 @@ def add_simulate_command(sub: Any) -> None:
 
 
 def _add_inputs(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--protocol", choices=("fill", "replay"), default="fill")
+    cmd.add_argument("--protocol", choices=("fill", "replay"), default="fill",
+                     help="fill: place pods until the federation is full; replay: jobs "
+                     "arrive and end over time (waits, utilization)")  # fmt: skip
     cmd.add_argument(
         "--nodes", type=Path, help="node list CSV (default: a generated openb-mix federation)"
     )
@@ -52,16 +54,24 @@ def _add_inputs(cmd: argparse.ArgumentParser) -> None:
         help="split nodes round-robin into this many on-prem clusters (default: 1 for fill, "
         "2 for replay)",
     )
-    cmd.add_argument("--seed", type=int, default=None, help="default: 0 for fill, 1 for replay")
+    cmd.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="random seed of the generated workload (default: 0 for fill, 1 for replay)",
+    )
     cmd.add_argument(
         "--seeds", type=positive("--seeds"), default=1, help="run seeds S..S+N-1 and average"
     )
 
 
 def _add_fill_options(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("--loads", type=loads, default=[80, 90, 100, 110, 130])
-    cmd.add_argument("--json", action="store_true")
-    cmd.add_argument("--dump-placements", type=Path, metavar="FILE")
+    cmd.add_argument("--loads", type=loads, default=[80, 90, 100, 110, 130],
+                     help="fill: the loads reported, percent of GPU capacity requested "
+                     "(default: 80,90,100,110,130)")  # fmt: skip
+    cmd.add_argument("--json", action="store_true", help="print the results as JSON")
+    cmd.add_argument("--dump-placements", type=Path, metavar="FILE",
+                     help="write every placement to FILE (CSV)")  # fmt: skip
     cmd.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
     cmd.add_argument(
         "--workers", type=positive("--workers"), default=1, help="fill: runs in parallel"

@@ -3,9 +3,10 @@
 Like ``kubectl top`` or k9s: it polls ``/v1/clusters``, ``/v1/queues`` and ``/v1/pools``
 every ``--interval`` seconds and follows ``/v1/events`` for the last job events (the
 token's own tenant's; an admin's or a viewer's: everyone's), and redraws the view in place
-(``broker.cli.view.render``). Where to find the broker is as for the other client commands:
-``--server`` (default ``$FEDBROKER_SERVER`` or http://127.0.0.1:8080), ``--token`` (default
-``$FEDBROKER_TOKEN``), ``--ca-file`` (default ``$FEDBROKER_CA_FILE``). A broker that stops
+(``broker.cli.view.render``). Where to find the broker, and what a refused connection or
+token says, is as for the other client commands (``broker.cli.connection``: ``--server``,
+default ``$FEDBROKER_SERVER`` or http://127.0.0.1:8080, a scheme-less host:port taken as
+http://; ``--token``, default ``$FEDBROKER_TOKEN``; ``--ca-file``). A broker that stops
 answering is shown as an error line over the last data, and polled again; a refused token
 ends the command (exit 1). ``--plain`` (chosen by itself when stdout is not a terminal)
 prints a status line every interval instead; ``--once`` prints the view once and exits
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections import deque
@@ -31,7 +31,16 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from broker.cli.client import DEFAULT_SERVER, ClientError, _trust
+from broker.cli.client import _trust
+from broker.cli.connection import (
+    ClientError,
+    add_connection_options,
+    ca_file_of,
+    http_error,
+    server_url,
+    token_of,
+    unreachable,
+)
 from broker.cli.view import (
     EVENTS_SHOWN,
     Snapshot,
@@ -102,6 +111,7 @@ class Broker:
     def __init__(self, session: aiohttp.ClientSession, server: str, token: str) -> None:
         self.session = session
         self.base = server.rstrip("/")
+        self.token = token
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_SHOWN)
         self.last: Snapshot | None = None
@@ -118,13 +128,13 @@ class Broker:
                     doc = {"error": text.strip()[:200]}
                 if resp.status >= 400:
                     message = doc.get("error") if isinstance(doc, dict) else None
-                    line = " ".join(f"{path}: {resp.status} {message or resp.reason}".split())
+                    line = f"{path}: {http_error(resp.status, message, resp.reason, self.token)}"
                     raise (Refused if resp.status in (401, 403) else ClientError)(line)
                 return doc if isinstance(doc, dict) else {}
         except aiohttp.ClientSSLError as exc:
             raise ClientError(f"cannot verify the broker at {self.base} over TLS: {exc}") from None
-        except aiohttp.ClientConnectionError:
-            raise ClientError(f"cannot reach the broker at {self.base} (--server)") from None
+        except aiohttp.ClientConnectionError as exc:
+            raise ClientError(unreachable(self.base, exc)) from None
         except TimeoutError:
             raise ClientError(f"{self.base}{path} did not answer in time") from None
 
@@ -196,16 +206,7 @@ def add_top_command(sub: Any) -> None:
         "top", help="a live view of a running broker: GPUs per cluster, queues, burst pools, "
         "job events",
     )  # fmt: skip
-    cmd.add_argument(
-        "--server", default=os.environ.get("FEDBROKER_SERVER", DEFAULT_SERVER),
-        help=f"the broker's URL (default $FEDBROKER_SERVER or {DEFAULT_SERVER})",
-    )  # fmt: skip
-    cmd.add_argument("--token", default=None, help="bearer token (default $FEDBROKER_TOKEN)")
-    cmd.add_argument(
-        "--ca-file", default=os.environ.get("FEDBROKER_CA_FILE") or None, metavar="FILE",
-        help="PEM CA certificates an https broker is verified with (default "
-        "$FEDBROKER_CA_FILE, else the system's trust store)",
-    )  # fmt: skip
+    add_connection_options(cmd)
     add_interval(cmd)
     add_plain(cmd)
     cmd.add_argument(
@@ -232,10 +233,10 @@ async def top(args: argparse.Namespace, out: TextIO) -> int:
     # Printed once, the view goes down a pipe too (without colours), unless --plain.
     is_plain = args.plain if args.once else use_plain(args.plain, out)
     interval = interval_of(args, is_plain)
-    token = args.token or os.environ.get("FEDBROKER_TOKEN", "")
-    connector = aiohttp.TCPConnector(ssl=_trust(args.ca_file))
+    server, token = server_url(args), token_of(args)
+    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
     async with aiohttp.ClientSession(connector=connector) as session:
-        broker = Broker(session, args.server, token)
+        broker = Broker(session, server, token)
         if args.once:
             snapshot = await broker.snapshot()
             if snapshot.error is not None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.interned import shared
-from broker.model import MILLI_PER_GPU, GpuType, Job, Placement
+from broker.model import MILLI_PER_GPU, GpuType, Job, Placement, Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,9 @@ class Pending:
     # A ``spec.workload`` job's Kubernetes object (API JSON), which the launcher creates
     # instead of pods; plain data here (the service builds the launcher's WorkloadSpec).
     workload: Mapping[str, Any] | None = None
+    # Why it waited at the last cycle that looked at it (the refusal's reasons, shared
+    # between jobs of one shape); None until a cycle has. For lists: no explain per job.
+    waiting: tuple[Reason, ...] | None = None
 
 
 @dataclass(slots=True)

@@ -291,6 +291,7 @@ class _Cycle:
 
     def _wait(self, pending: Pending, why: Unplaceable) -> None:
         self.result.waiting[pending.job.key] = why
+        pending.waiting = why.reasons
         if self.on_decision is not None:
             self.on_decision(pending, why)
 

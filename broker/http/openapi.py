@@ -51,6 +51,11 @@ class JobStatus(Out):
     created_at: float
     updated_at: float
     history: list[HistoryEntry] | None = Field(default=None, description="GET of one job only")
+    waiting: str | None = Field(
+        default=None,
+        description="a queued job: why it waited at the scheduler's last look, in one line "
+        "(the leader's answer; `explain` has every cluster's)",
+    )
 
 
 class Job(Out):
@@ -339,6 +344,17 @@ def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
         _query("state", {"type": "string", "enum": list(JOB_STATES)}, "only this state"),
         _query("cluster", {"type": "string"}, "only jobs placed on this cluster"),
         _query("tenant", {"type": "string"}, "admin or viewer only: this tenant's jobs"),
+        _query(
+            "name",
+            {"type": "string"},
+            "names containing this, or matching it as a glob (`*`, `?`, `[...]`)",
+        ),
+        _query(
+            "selector",
+            {"type": "string"},
+            "labels, kubectl-style: `k=v,k2!=v,k3,!k4` "
+            "(a filtered page may hold fewer than `limit` jobs: follow `continue`)",
+        ),
         _query("limit", {"type": "integer", "minimum": 1, "maximum": max_list_limit}, "page size"),
         _query(
             "continue",

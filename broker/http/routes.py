@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from broker.http.auth import authenticate, owner_of, require, require_on_queue, seen_by, sees_all
+from broker.http.selectors import SelectorError, name_matcher, parse_selector
 from broker.http.state import CONFIG, METRICS, OPENAPI, SERVICE
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service.facade import Service
@@ -43,10 +45,15 @@ def summary_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def job_json(
-    record: JobRecord, history: list[Transition] | None = None, *, full: bool = True
+    record: JobRecord,
+    history: list[Transition] | None = None,
+    *,
+    full: bool = True,
+    waiting: str | None = None,
 ) -> dict[str, Any]:
     """A job as the API shows it: its manifest (``full``; else the summary spec),
-    namespaced to its tenant, and its status."""
+    namespaced to its tenant, and its status (``waiting``: why a queued job waits, in
+    short, from the scheduler's last look at it)."""
     manifest = record.manifest
     status: dict[str, Any] = {
         "state": record.state,
@@ -59,6 +66,8 @@ def job_json(
         "createdAt": record.created_at,
         "updatedAt": record.updated_at,
     }
+    if waiting is not None:
+        status["waiting"] = waiting
     if history is not None:
         status["history"] = [
             {"at": t.at, "state": t.state, "reason": t.reason, "cluster": t.cluster}
@@ -122,17 +131,75 @@ async def list_jobs(request: web.Request) -> web.Response:
     limit = _int_param(request, "limit", 100, 1, MAX_LIST_LIMIT) or 100
     after = _int_param(request, "continue", None, 0, 2**62)
     states: JobState | None = next((s for s in JOB_STATES if s == state), None)
-    records = await request.app[SERVICE].store.list_jobs(
-        tenant=owner or None,
-        queue=query.get("queue") or None,
-        state=states,
-        cluster=query.get("cluster") or None,
-        limit=limit,
-        after_seq=after,
-    )
-    cursor = str(records[-1].seq) if len(records) == limit else None
-    items = [job_json(r, full=view == "full") for r in records]
+    keep = _job_filter(query.get("name") or None, query.get("selector") or None)
+    service = request.app[SERVICE]
+
+    async def page(after_seq: int | None) -> list[JobRecord]:
+        return await service.store.list_jobs(
+            tenant=owner or None,
+            queue=query.get("queue") or None,
+            state=states,
+            cluster=query.get("cluster") or None,
+            limit=limit,
+            after_seq=after_seq,
+        )
+
+    records, cursor = await _filtered(page, keep, after, limit)
+    items = [
+        job_json(r, full=view == "full", waiting=service.waiting(r.tenant, r.name)) for r in records
+    ]
     return web.json_response({"items": items, "continue": cursor})
+
+
+# A filtered list reads at most this many pages of ``limit`` jobs per request; a page that
+# filled up short of ``limit`` answers what it found and a cursor (follow ``continue``).
+FILTER_SCAN_PAGES = 10
+
+
+def _job_filter(name: str | None, selector: str | None) -> Callable[[JobRecord], bool] | None:
+    if name is None and selector is None:
+        return None
+    try:
+        wanted = parse_selector(selector) if selector is not None else ()
+    except SelectorError as exc:
+        raise web.HTTPBadRequest(reason=f"selector: {exc}") from None
+    named = name_matcher(name) if name is not None else None
+
+    def keep(record: JobRecord) -> bool:
+        if named is not None and not named(record.name):
+            return False
+        if not wanted:
+            return True
+        labels = record.manifest.get("metadata", {}).get("labels") or {}
+        return all(r.matches(labels) for r in wanted)
+
+    return keep
+
+
+async def _filtered(
+    page: Callable[[int | None], Awaitable[list[JobRecord]]],
+    keep: Callable[[JobRecord], bool] | None,
+    after: int | None,
+    limit: int,
+) -> tuple[list[JobRecord], str | None]:
+    """Up to ``limit`` kept jobs after ``after``, and the cursor to go on from (None: the
+    end). Unfiltered: one page. Filtered: at most FILTER_SCAN_PAGES pages are read."""
+    if keep is None:
+        records = await page(after)
+        return records, str(records[-1].seq) if len(records) == limit else None
+    kept: list[JobRecord] = []
+    cursor = after
+    for _ in range(FILTER_SCAN_PAGES):
+        records = await page(cursor)
+        for r in records:
+            cursor = r.seq
+            if keep(r):
+                kept.append(r)
+                if len(kept) == limit:
+                    return kept, str(cursor)
+        if len(records) < limit:
+            return kept, None
+    return kept, None if cursor is None else str(cursor)
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -141,7 +208,8 @@ async def get_job(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     service = request.app[SERVICE]
     record = await service.get(owner, name)
-    return web.json_response(job_json(record, await service.store.history(owner, name)))
+    history = await service.store.history(owner, name)
+    return web.json_response(job_json(record, history, waiting=service.waiting(owner, name)))
 
 
 async def cancel_job(request: web.Request) -> web.Response:

@@ -71,6 +71,10 @@ def plain_json(data: dict[str, Any]) -> dict[str, Any]:
 class Metadata(WireModel):
     name: DnsLabel
     namespace: DnsLabel | None = None
+    # Free for the owner (``fedbroker list -l team=vision``); the CLI's submit adds
+    # ``fedbroker.io/submitted-by`` (``list --mine``). Not copied to pods. None when absent
+    # (so a manifest without labels is stored, and shown, as it was sent).
+    labels: Labels | None = None
 
 
 class GangSpec(WireModel):

@@ -110,7 +110,8 @@ class Admission:
         if not created and record.manifest.get("spec") != wire.get("spec"):
             raise Conflict(
                 f"metadata.name: job {job.name!r} exists with another spec ({record.state}); "
-                "cancel it first, or submit under another name"
+                f"cancel it first (`fedbroker cancel {job.name}`: a finished name is reused "
+                "by the next submission), or submit under another name"
             )
         key = job.key
         # A Queued job not created now may be one whose creation committed while its answer

@@ -36,6 +36,7 @@ from broker.service.explain import plan_of, what_next
 from broker.service.leader import default_identity
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
+from broker.service.waiting import waiting_summary
 from broker.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,14 @@ class Service:
             snapshot, controller = self.ledger.snapshot(), self.pools.controller
             doc |= what_next(pending.job, self.queue, controller, snapshot, self.shared.clock())
         return doc
+
+    def waiting(self, tenant: str, name: str) -> str | None:
+        """Why a queued job waited at the last cycle that looked at it, in one line (None:
+        not queued here, or not looked at yet). One look-up: what a list pays per job."""
+        pending = self.queue.get(f"{tenant}/{name}")
+        if pending is None or not pending.waiting:
+            return None
+        return waiting_summary(pending.job, pending.waiting)
 
     def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
         """Dry run: where the manifest would go now. Nothing is stored or reserved."""

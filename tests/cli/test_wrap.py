@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.cli.client import ClientError, _request_for
+from broker.cli.client import SUBMITTED_BY, ClientError, _request_for, submitter
 from broker.manifest import parse_manifest, to_job
 
 POD = {"spec": {"containers": [{"name": "m", "image": "t:1",
@@ -54,7 +54,8 @@ def test_a_plain_object_is_wrapped(
     priority: int | None,
 ) -> None:  # fmt: skip
     sent = submit(tmp_path, pytorchjob(labels), **flags)
-    assert sent["metadata"] == {"name": "bert"}
+    # The wrapper is labelled with who submitted it (``list --mine``); the object keeps its own.
+    assert sent["metadata"] == {"name": "bert", "labels": {SUBMITTED_BY: submitter()}}
     assert sent["spec"].get("queue") == queue
     assert sent["spec"].get("priority") == priority
     assert sent["spec"]["workload"]["metadata"] == {"labels": {"team": "nlp"}}
@@ -70,12 +71,21 @@ def test_a_bad_priority_label_is_one_line_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_federated_job_is_sent_as_written(tmp_path: Path) -> None:
+    """As written but for the submitter's label (``list --mine``), which a label of the
+    manifest's own overrides; what does not parse is sent as it is (the broker says why)."""
     doc = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
-           "metadata": {"name": "x"}, "spec": {"podSets": []}}  # fmt: skip
+           "metadata": {"name": "x", "labels": {"team": "nlp"}},
+           "spec": {"podSets": []}}  # fmt: skip
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     args = argparse.Namespace(command="submit", file=path, queue=None, priority=None)
+    request = _request_for(args)
+    labels = {SUBMITTED_BY: submitter(), "team": "nlp"}
+    assert request.body is not None and request.content_type == "application/json"
+    assert json.loads(request.body) == {**doc, "metadata": {"name": "x", "labels": labels}}
+    path.write_text("kind: FederatedJob\nmetadata: [")
     assert _request_for(args).body == path.read_bytes()
+    path.write_text(yaml.safe_dump(doc))
     args.queue = "q"
     with pytest.raises(ClientError, match="--queue/--priority"):
         _request_for(args)

@@ -208,7 +208,7 @@
     }
     const rows = pending.map((j) => ({
       tenant: j.metadata.namespace, name: j.metadata.name, queue: j.status.queue,
-      reason: j.status.reason || "", gpus: gpusOf(j.spec || {}),
+      reason: j.status.waiting || j.status.reason || "", gpus: gpusOf(j.spec || {}),
       pods: (j.spec.podSets || []).reduce((a, p) => a + (p.count || 1), 0),
     }));
     if (!changed("pending", rows)) return;

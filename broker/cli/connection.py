@@ -1,0 +1,134 @@
+"""How a client command reaches a broker, and what it says when it cannot.
+
+Shared by every command that talks to a running broker (``submit``, ``list``, ``pods``,
+``logs``, ...): the ``--server``/``--token``/``--ca-file`` options and their environment
+variables, the server's URL (``127.0.0.1:8080`` without a scheme is taken as
+``http://127.0.0.1:8080``; anything else that is not an http(s) URL is refused in one line
+naming the flag or the variable it came from), and the one-line messages for the answers a
+newcomer meets first: a 401 names the variable and flag that set the token, a 403 keeps the
+permission the server named, a refused connection names the URL and how to start a broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from urllib.parse import urlsplit
+
+import aiohttp
+
+DEFAULT_SERVER = "http://127.0.0.1:8080"
+SERVER_ENV = "FEDBROKER_SERVER"
+TOKEN_ENV = "FEDBROKER_TOKEN"
+CA_FILE_ENV = "FEDBROKER_CA_FILE"
+START_HINT = (
+    "start one with `fedbroker demo` (or `make run`), or point --server/$FEDBROKER_SERVER at yours"
+)
+
+
+class ClientError(Exception):
+    """One line for the user."""
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--server``, ``--token`` and ``--ca-file``, each with its variable and default."""
+    parser.add_argument(
+        "--server", default=None, metavar="URL",
+        help=f"the broker's URL; without a scheme http:// is assumed (default ${SERVER_ENV}, "
+        f"else {DEFAULT_SERVER})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token", default=None,
+        help=f"bearer token (default ${TOKEN_ENV}; the demo's banner prints its tokens)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ca-file", default=None, metavar="FILE",
+        help=f"PEM CA certificates an https broker is verified with (default ${CA_FILE_ENV}, "
+        "else the system's trust store)",
+    )  # fmt: skip
+
+
+def server_url(args: argparse.Namespace) -> str:
+    """The broker's base URL (no trailing slash) from ``--server``, else $FEDBROKER_SERVER,
+    else the default; ClientError (one line naming where it came from) if it is no URL."""
+    given = getattr(args, "server", None)
+    if given:
+        text, source = given, "--server"
+    elif os.environ.get(SERVER_ENV):
+        text, source = os.environ[SERVER_ENV], f"${SERVER_ENV}"
+    else:
+        text, source = DEFAULT_SERVER, "the default server"
+    return normalize_server(text, source)
+
+
+def normalize_server(text: str, source: str) -> str:
+    """``host:port`` -> ``http://host:port``; an http(s) URL as it is; else ClientError."""
+    url = text.strip()
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is no number
+    except ValueError as exc:
+        raise ClientError(f"{source}: {text!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ClientError(
+            f"{source}: {text!r}: the scheme must be http or https, not {parts.scheme!r}"
+        )
+    if not parts.hostname:
+        raise ClientError(f"{source}: {text!r} has no host (e.g. http://127.0.0.1:8080)")
+    return url.rstrip("/")
+
+
+def token_of(args: argparse.Namespace) -> str:
+    return getattr(args, "token", None) or os.environ.get(TOKEN_ENV, "")
+
+
+def ca_file_of(args: argparse.Namespace) -> str | None:
+    return getattr(args, "ca_file", None) or os.environ.get(CA_FILE_ENV) or None
+
+
+def http_error(status: int, message: str | None, reason: str | None, token: str) -> str:
+    """The line for an error answer: the server's message, and for 401 what sets the token.
+    A 403's message is the server's own: it names the permission missing (``forbidden:
+    ci lacks "submit" on queue training``) or the rule refused (a queue, a cap)."""
+    line = " ".join(f"{status} {message or reason or ''}".split())
+    if status == 401:
+        if not token:
+            return f"{line} (no token given: set ${TOKEN_ENV} or pass --token)"
+        return f"{line} (the token from --token or ${TOKEN_ENV} was not accepted)"
+    return line
+
+
+def unreachable(base: str, exc: BaseException) -> str:
+    """The line for a broker that could not be reached at all."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot reach the broker at {base}: {_why(exc.os_error)}; {START_HINT}"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return f"the broker at {base} closed the connection before answering"
+    return f"cannot talk to the broker at {base}: {type(exc).__name__}: {exc}"
+
+
+def _why(error: OSError) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, socket.gaierror):
+        return "no such host"
+    return (error.strerror or str(error) or type(error).__name__).lower()
+
+
+__all__ = [
+    "CA_FILE_ENV",
+    "DEFAULT_SERVER",
+    "SERVER_ENV",
+    "TOKEN_ENV",
+    "ClientError",
+    "add_connection_options",
+    "ca_file_of",
+    "http_error",
+    "normalize_server",
+    "server_url",
+    "token_of",
+    "unreachable",
+]
