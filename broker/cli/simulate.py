@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
-from broker.cli.args import UsageError, fraction, loads, policy, positive, positive_float
+from broker.cli.args import (
+    UsageError,
+    fraction,
+    loads,
+    plot_file,
+    policy,
+    positive,
+    positive_float,
+)
 from broker.model import Node
 from broker.sim.traces import TracePod, read_nodes, read_openb_pods
 
@@ -62,7 +70,7 @@ def _add_fill_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--loads", type=loads, default=[80, 90, 100, 110, 130])
     cmd.add_argument("--json", action="store_true")
     cmd.add_argument("--dump-placements", type=Path, metavar="FILE")
-    cmd.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
+    cmd.add_argument("--plot", type=plot_file, metavar="FILE", help="write a PNG plot")
     cmd.add_argument(
         "--workers", type=positive("--workers"), default=1, help="fill: runs in parallel"
     )
