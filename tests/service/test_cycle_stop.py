@@ -6,13 +6,15 @@ arrives just as the awaited wake-up completes, so the loop went on as if never c
 Under load a submission wakes the scheduler every few milliseconds, so the race was there
 to lose. Each case here cancels the loop at one step after a wake-up (the event loop's
 iterations counted out with ``sleep(0)``, the interleaving itself under test, not a wait),
-and one absorbs the cancellation inside a cycle, as a library call might.
+and one absorbs the cancellation inside a cycle, as a library call might. ``Service.close``
+does not wait without bound for a background task that ignores its cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -82,3 +84,26 @@ async def test_the_loop_stops_when_a_cycle_absorbs_the_cancellation(service: Ser
     service.shared.wake.set()
     await asyncio.wait_for(entered.wait(), STOP_SECONDS * 5)
     assert await stops(task), "the loop went on to another cycle after its cancellation"
+
+
+async def test_close_does_not_wait_forever_for_a_task_that_ignores_its_cancellation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = Service(demo_config(tmp_path, TOKENS))
+    await service.start()
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # absorbs it, as a misbehaving library call might
+
+    task = service.tasks.spawn("stubborn", stubborn())
+    await steps(1)
+    with caplog.at_level(logging.ERROR, logger="broker.service.facade"):
+        await service.close(timeout=0.2)
+    assert not task.done()  # close returned without it
+    assert any("task stubborn did not stop" in r.getMessage() for r in caplog.records)
+    release.set()
+    await task
