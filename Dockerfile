@@ -16,7 +16,7 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# --- build: the project and its runtime dependencies (no dev/test extras) in a venv ------
+# --- build: the project and its runtime dependencies (no test or plot extras) in a venv --
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -46,8 +46,7 @@ ENV PATH=/opt/fedbroker/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     TMPDIR=/tmp \
-    HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib
+    HOME=/tmp
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /var/lib/fedbroker

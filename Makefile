@@ -11,8 +11,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# Two stamps: `run` installs what running needs (and the simulator's plots); the test
+# tools (pytest, playwright, schemathesis, linters) only for `make test` and its parts.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[plot]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[plot,test]'
 	touch $@
 
 # The main job: the broker on simulated clusters (two on-prem, one cloud pool) with a
@@ -20,12 +26,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed
 	$(BIN)/fedbroker demo
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-test
 	$(BIN)/ruff check broker adapters policies tests
 	$(BIN)/ruff format --check broker adapters policies tests
 	$(BIN)/lint-imports
 
-typecheck: $(VENV)/.installed
+typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
 # promtool (alert rule tests), Chromium (dashboard test) and kubectl (kustomize rendering of
@@ -40,7 +46,7 @@ system-deps:
 	else echo "make: promtool, chromium or kubectl missing (apt-get install prometheus \
 	  chromium kubectl)"; fi
 
-test: system-deps lint typecheck
+test: $(VENV)/.installed-test system-deps lint typecheck
 	$(BIN)/python -m pytest -q
 
 clean:

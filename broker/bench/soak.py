@@ -285,7 +285,7 @@ def table_row(row: dict[str, Any]) -> str:
     return " ".join(cells)
 
 
-def plot(rows: list[dict[str, Any]], path: str) -> None:
+def plot(rows: list[dict[str, Any]], path: str | Path) -> None:
     """CPU per job, the p99s and RSS against jobs submitted, one panel each, in ``path``."""
     import matplotlib
 

@@ -8,13 +8,16 @@ policy ends as ``fedbroker: error: <flag> must be ...`` on stderr, never a trace
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from policies import POLICY_NAMES
 
 EXIT_USAGE = 2
+PLOT_EXTRA = "pip install 'fedbroker[plot]'"
 
 
 class UsageError(Exception):
@@ -121,3 +124,11 @@ def policy(text: str) -> str:
             f"unknown policy {text!r} (known: {', '.join(POLICY_NAMES)})"
         )
     return text
+
+
+def plot_file(text: str) -> Path:
+    """``--plot FILE``: matplotlib is an optional extra (the broker never needs it), so its
+    absence is refused here, in one line, before a long run rather than after it."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise argparse.ArgumentTypeError(f"needs matplotlib, an optional extra: {PLOT_EXTRA}")
+    return Path(text)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from broker.cli.args import positive
+from broker.cli.args import plot_file, positive
 
 
 def add_bench_command(sub: Any) -> None:
@@ -48,7 +48,9 @@ def add_bench_command(sub: Any) -> None:
         help="soak: finished jobs kept this long before the leader purges them (default 600; "
         "the store levels off at about rate x this many finished jobs)",
     )  # fmt: skip
-    cmd.add_argument("--plot", metavar="FILE", help="soak: CPU/job, p99s and RSS as a PNG")
+    cmd.add_argument(
+        "--plot", type=plot_file, metavar="FILE", help="soak: CPU/job, p99s and RSS as a PNG"
+    )
     cmd.add_argument(
         "--store", default=None, metavar="URL",
         help="soak/restart: a postgresql:// server (a fresh database; default: SQLite in a "

@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from adapters.simulated import OPENB_MIX, generate_nodes, generated_pod_mix
-from broker.cli.args import UsageError, fraction, loads, policy, positive, positive_float
+from broker.cli.args import (
+    UsageError,
+    fraction,
+    loads,
+    plot_file,
+    policy,
+    positive,
+    positive_float,
+)
 from broker.model import Node
 from broker.sim.traces import TracePod, read_nodes, read_openb_pods
 
@@ -72,7 +80,7 @@ def _add_fill_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--json", action="store_true", help="print the results as JSON")
     cmd.add_argument("--dump-placements", type=Path, metavar="FILE",
                      help="write every placement to FILE (CSV)")  # fmt: skip
-    cmd.add_argument("--plot", type=Path, metavar="FILE", help="write a PNG plot")
+    cmd.add_argument("--plot", type=plot_file, metavar="FILE", help="write a PNG plot")
     cmd.add_argument(
         "--workers", type=positive("--workers"), default=1, help="fill: runs in parallel"
     )

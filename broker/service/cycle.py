@@ -48,9 +48,14 @@ class Cycles:
         snapshot, one group commit of its placements) instead of one cycle each."""
         s = self.s
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+            # that arrives as the wake-up does (SIGTERM to a busy broker then waited out
+            # serve's 10 s shutdown bound, the loop running on as if never cancelled).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(s.wake.wait(), s.config.scheduler.cycle_seconds)
+                async with asyncio.timeout(s.config.scheduler.cycle_seconds):
+                    await s.wake.wait()
                 await asyncio.sleep(BATCH_SECONDS)
+            _stop_if_cancelled()
             s.wake.clear()
             if not s.leading:
                 continue  # a follower (or a leader whose lease is in doubt) places nothing
@@ -65,6 +70,7 @@ class Cycles:
                 log.exception("scheduling cycle failed; retrying next cycle")
             finally:
                 self.current = None
+            _stop_if_cancelled()  # a cancellation the cycle's awaits absorbed still stops us
 
     async def schedule_once(self, now: float | None = None) -> None:
         """One cycle: roll back expired gangs, place what fits, start the launches. ``now``
@@ -190,6 +196,13 @@ class Cycles:
             if record is not None and record.state == "Queued":
                 s.queue.push(pending)
                 s.wake.set()
+
+
+def _stop_if_cancelled() -> None:
+    """Raise CancelledError when the current task was asked to stop but something it
+    awaited absorbed the request: the loop must end, not start another cycle."""
+    if _cancelling():
+        raise asyncio.CancelledError
 
 
 def _cancelling() -> bool:

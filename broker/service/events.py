@@ -73,8 +73,9 @@ class Subscription:
         try:
             item = self.queue.get_nowait()
         except asyncio.QueueEmpty:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), timeout)
+            try:  # not wait_for: on 3.11 it may swallow a cancellation (see Cycles.run)
+                async with asyncio.timeout(timeout):
+                    item = await self.queue.get()
             except TimeoutError:
                 return None
         if item is _CLOSED:

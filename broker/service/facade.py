@@ -41,6 +41,10 @@ from broker.store import JobRecord, Store
 
 log = logging.getLogger(__name__)
 
+# How long ``close`` waits for the cancelled background tasks; one still running then is
+# logged by name and left (a stop must not hang on it: serve's supervisor waits as long).
+CLOSE_TASKS_SECONDS = 10.0
+
 
 class Service:
     def __init__(self, config: Config, **options: Unpack[Options]) -> None:
@@ -117,7 +121,7 @@ class Service:
         self.tasks.keep("leader", self.lead)
         self.tasks.keep("retention", self.retention.run)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = CLOSE_TASKS_SECONDS) -> None:
         self.ready = False
         self.shared.rebuilt = False
         if self.leadership.held:
@@ -135,7 +139,11 @@ class Service:
         await self.pools.close()
         if self.mqtt is not None:
             await self.mqtt.close()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:  # their failures are logged by the supervisor as they end
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for task in late:
+                name = task.get_name()
+                log.error("task %s did not stop within %ss", name, timeout, extra={"task": name})
         await self.store.close()
 
     # -- reads ------------------------------------------------------------------------------

@@ -363,8 +363,9 @@ class MqttEvents:
                 self.publish_capacity()
             except Exception:
                 log.exception("capacity publication failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._capacity_wake.wait(), CAPACITY_TICK_SECONDS)
+            with contextlib.suppress(TimeoutError):  # not wait_for: see Cycles.run
+                async with asyncio.timeout(CAPACITY_TICK_SECONDS):
+                    await self._capacity_wake.wait()
             if self._capacity_wake.is_set():
                 self._capacity_wake.clear()
                 self._version = -1
