@@ -99,3 +99,13 @@ def test_a_wrong_flag_is_caught() -> None:
     with pytest.raises(SystemExit) as refused:
         build_parser().parse_args(["list", "--no-such-flag"])
     assert refused.value.code != 0
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Short enough to read first, and a map to every page under docs/."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 10 * 1024
+    assert readme.index("make run") < readme.index("make test") < 2000  # the two commands first
+    linked = set(re.findall(r"\]\(docs/([^)#\s]+)", readme))
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")}
+    assert pages - linked == set(), "docs pages the README does not link"
