@@ -151,7 +151,7 @@ def test_the_measured_jobs_have_the_issue_shapes() -> None:
 
 @pytest.fixture
 def gc_restored() -> Iterator[None]:
-    """The benches settle the heap (``gc.freeze``, a higher threshold) as ``serve`` does;
+    """The benches settle the heap (``gc.freeze``, the young threshold) as ``serve`` does;
     in the test process that is undone afterwards."""
     threshold = gc.get_threshold()
     yield

@@ -36,7 +36,8 @@ def test_full_passes_leave_their_survivors_out_of_the_next() -> None:
     settle_heap()
     assert _freeze_survivors in gc.callbacks
     live = [Record([i]) for i in range(1000)]  # "jobs" arriving after start-up
-    assert any(r is live[0] for r in gc.get_objects(generation=0))
+    # Young (a collection of the young generation may have promoted it meanwhile).
+    assert any(r is live[0] for g in (0, 1) for r in gc.get_objects(generation=g))
     frozen_before = gc.get_freeze_count()
     gc.collect(2)  # a full pass: its survivors are frozen by the callback
     assert gc.get_freeze_count() >= frozen_before + len(live)

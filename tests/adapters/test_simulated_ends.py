@@ -1,0 +1,69 @@
+"""The simulated launcher's run ends: one heap of deadlines and one loop timer for every
+running job (``adapters.simulated.launcher._Ends``). Every end not cancelled is delivered
+once, never before its run time, in deadline order; a cancelled one never is."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from builders import placement, pod
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.simulated.launcher import _DUE_SLACK_SECONDS, SimulatedLauncher
+from broker.ports import RunEnd
+
+RUNS = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=25), st.booleans()),  # (run ms, cancelled)
+    min_size=1, max_size=30,
+)  # fmt: skip
+
+
+async def scenario(runs: list[tuple[int, bool]]) -> None:
+    ms = {f"t/j{i}": run for i, (run, _) in enumerate(runs)}
+    launcher = SimulatedLauncher(run_seconds=lambda p: ms[p.job] / 1000)
+    loop = asyncio.get_running_loop()
+    delivered: list[tuple[str, float]] = []
+    owed = {f"t/j{i}" for i, (_, cancelled) in enumerate(runs) if not cancelled}
+    all_in = loop.create_future()
+    started: dict[str, float] = {}
+
+    def on_end(job: str):  # type: ignore[no-untyped-def]
+        def ended(end: RunEnd) -> None:
+            assert end.succeeded
+            delivered.append((job, loop.time()))
+            if {j for j, _ in delivered} >= owed and not all_in.done():
+                all_in.set_result(None)
+
+        return ended
+
+    handles = {}
+    for i in range(len(runs)):
+        key = f"t/j{i}"
+        gang = placement(key, "sim", pod(f"t.j{i}-0", "n1", [0]))
+        await launcher.launch(gang)
+        started[key] = loop.time()
+        handles[key] = launcher.watch(gang, on_end(key))
+    for i, (_, cancelled) in enumerate(runs):
+        if cancelled:
+            handles[f"t/j{i}"].cancel()
+    if owed:
+        async with asyncio.timeout(5):
+            await all_in
+    jobs = [job for job, _ in delivered]
+    assert sorted(jobs) == sorted(owed)  # each owed end once, no cancelled one
+    for job, at in delivered:
+        assert at >= started[job] + ms[job] / 1000 - _DUE_SLACK_SECONDS
+        assert job not in launcher.running  # its pods are gone once it ended
+    dues = [started[job] + ms[job] / 1000 for job in jobs]
+    # In deadline order (deadlines a timer's slack apart may swap).
+    assert all(a <= b + _DUE_SLACK_SECONDS for a, b in itertools.pairwise(dues))
+
+
+@settings(max_examples=40, deadline=None)
+@given(RUNS)
+def test_every_end_not_cancelled_arrives_once_in_deadline_order(
+    runs: list[tuple[int, bool]],
+) -> None:
+    asyncio.run(scenario(runs))
