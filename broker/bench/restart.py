@@ -137,11 +137,11 @@ async def check_store(url: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def bench_store(store: str | None, tmp: Path) -> AsyncIterator[str]:
-    """A fresh store's URL: a SQLite file in ``tmp``, or a new database on the server of a
-    ``postgresql://`` URL, dropped afterwards."""
+async def bench_store(store: str | None, tmp: Path, file: str = "restart.db") -> AsyncIterator[str]:
+    """A fresh store's URL: a SQLite ``file`` in ``tmp``, or a new database on the server of
+    a ``postgresql://`` URL, dropped afterwards."""
     if store is None or store.startswith("sqlite"):
-        yield f"sqlite://{tmp / 'restart.db'}"
+        yield f"sqlite://{tmp / file}"
         return
     admin = await asyncpg.connect(store)
     name = f"fedbroker_bench_{secrets.token_hex(6)}"

@@ -30,6 +30,7 @@ from typing import Any
 
 from adapters.simulated import seeded_run_seconds
 from broker.bench.probes import Probes, probing, rss_mib, store_bytes
+from broker.bench.restart import bench_store
 from broker.bench.serving import bench_config, open_loop, percentile, serving
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
@@ -170,14 +171,16 @@ async def run_soak(
     gpus = settings.clusters * settings.nodes_per_cluster * GPUS_PER_NODE
     mean_run = mean_run_seconds(gpus, settings.load.rate)
     run_seconds = seeded_run_seconds(settings.load.seed, 0.5 * mean_run, 1.5 * mean_run)
+    # A fresh database even on a given server: jobs left live there by an earlier run would
+    # be rebuilt and hold capacity (a run on a used database measured a full federation).
     with tempfile.TemporaryDirectory(prefix="fedbroker-soak-") as tmp:
-        url = settings.store_url or f"sqlite://{Path(tmp) / 'soak.db'}"
-        config = bench_config(
-            url, token, settings.clusters, settings.nodes_per_cluster, QUEUES,
-            retention_seconds=settings.retention_seconds,
-        )  # fmt: skip
-        async with serving(config, run_seconds=run_seconds) as (service, base):
-            return await _drive(service, base, token, settings.load, url, on_row)
+        async with bench_store(settings.store_url, Path(tmp), "soak.db") as url:
+            config = bench_config(
+                url, token, settings.clusters, settings.nodes_per_cluster, QUEUES,
+                retention_seconds=settings.retention_seconds,
+            )  # fmt: skip
+            async with serving(config, run_seconds=run_seconds) as (service, base):
+                return await _drive(service, base, token, settings.load, url, on_row)
 
 
 async def _drive(

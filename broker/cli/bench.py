@@ -53,8 +53,8 @@ def add_bench_command(sub: Any) -> None:
     )
     cmd.add_argument(
         "--store", default=None, metavar="URL",
-        help="soak/restart: a postgresql:// server (a fresh database; default: SQLite in a "
-        "temp dir)",
+        help="soak/restart: a postgresql:// server, on which a fresh database is created and "
+        "dropped afterwards (default: SQLite in a temp dir)",
     )  # fmt: skip
     cmd.add_argument(
         "--cycle", action="store_true",

@@ -110,10 +110,15 @@ def update_job(
     expected: Sequence[JobState] | None,
     attempts: int | None,
     not_before: float | None,
+    fence: tuple[str, str] | None = None,
 ) -> Statement:
     """A transition's compare-and-set: no row back when the job is missing or, with
-    ``expected``, in another state (then ``missing_job`` says which)."""
+    ``expected``, in another state (then ``missing_job`` says which). ``fence`` (PostgreSQL:
+    lease, holder): the statement also checks that ``holder`` holds ``lease`` unexpired and
+    share-locks its row until it commits, as ``PostgresStore.fence`` describes, so one
+    statement in its own transaction is a fenced write (no row back also when not held)."""
     st = Statement(dialect)
+    prefix = ""
     sets = transition_sets(
         state, reason, now, st,
         cluster=cluster, placement=placement, attempts=attempts, not_before=not_before,
@@ -121,7 +126,16 @@ def update_job(
     where = _one_job(st, tenant, name)
     if expected is not None:
         where += f" AND {st.any_of('state', expected)}"
-    return st.done(f"UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}")
+    if fence is not None:
+        lease, holder = fence
+        prefix = (
+            f"WITH fence AS (SELECT 1 FROM leases WHERE name = {st(lease)} AND holder = "
+            f"{st(holder)} AND expires_at > now() FOR SHARE) "
+        )
+        where += " AND EXISTS (SELECT 1 FROM fence)"
+    return st.done(
+        f"{prefix}UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}"
+    )
 
 
 def expected_states(expect: Collection[JobState] | None) -> tuple[JobState, ...] | None:
@@ -411,7 +425,15 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         JobRecord("team-a", "job-1", "q", 1, {}, "Placed", "c", None, 1, None, "", 40.0, 45.0, 7),
         JobRecord("team-b", "job-2", "q", 1, {}, "Running", "c", None, 1, None, "", 40.0, 45.0, 9),
     ]
+    fenced = {} if dialect == "sqlite" else {
+        "fenced transition": update_job(
+            dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
+            placement=None, expected=("Placed",), attempts=None, not_before=None,
+            fence=("scheduler", "host-a:8080"),
+        ),
+    }  # fmt: skip
     return {
+        **fenced,
         "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),
         "get": select_job(dialect, "team-a", "job-1"),
         "state of": state_of(dialect, "team-a", "job-1"),
