@@ -32,7 +32,6 @@ import getpass
 import json
 import os
 import re
-import ssl
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -51,10 +50,13 @@ from broker.cli.connection import (
     DEFAULT_SERVER,
     ClientError,
     add_connection_options,
+    answer_body,
     ca_file_of,
+    error_of,
     http_error,
     server_url,
     token_of,
+    trust,
     unreachable,
 )
 from broker.cli.render import render, render_finished
@@ -398,7 +400,7 @@ async def exchange(
     if request.content_type is not None:
         headers["Content-Type"] = request.content_type
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
+    connector = aiohttp.TCPConnector(ssl=trust(ca_file_of(args)))
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             send = partial(
@@ -418,17 +420,6 @@ async def exchange(
         raise ClientError(
             f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
         ) from None
-
-
-def _trust(ca_file: str | None) -> ssl.SSLContext | bool:
-    """How an https broker is verified: against ``ca_file``, else the system's trust."""
-    if ca_file is None:
-        return True
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not PEM"
-        raise ClientError(f"--ca-file {ca_file}: cannot load: {reason}") from None
 
 
 def _ssl_reason(exc: aiohttp.ClientSSLError) -> str:
@@ -482,14 +473,9 @@ async def _request(
     token: str = "",
 ) -> tuple[int, Any]:
     async with session.request(method, url, data=body, headers=headers, params=params) as resp:
-        text = await resp.text()
-        try:
-            doc = json.loads(text) if text else {}
-        except json.JSONDecodeError:
-            doc = {"error": text.strip()[:200]}
+        doc = answer_body(await resp.text())
         if resp.status >= 400:
-            message = doc.get("error") if isinstance(doc, dict) else None
-            line = http_error(resp.status, message, resp.reason, token)
+            line = http_error(resp.status, error_of(doc), resp.reason, token)
             wait = retry_after_seconds(resp.headers.get("Retry-After"))
             if resp.status in (429, 503) and wait is not None:  # asked to come back
                 raise Unavailable(line, wait)
@@ -561,7 +547,7 @@ async def watch_list(args: argparse.Namespace) -> int:
 
     await redraw()
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
+    connector = aiohttp.TCPConnector(ssl=trust(ca_file_of(args)))
     paint = asyncio.ensure_future(painter())
     try:
         async with (
@@ -569,11 +555,7 @@ async def watch_list(args: argparse.Namespace) -> int:
             session.get(base + "/v1/events", headers=headers) as resp,
         ):
             if resp.status >= 400:
-                text = await resp.text()
-                try:
-                    message = json.loads(text).get("error")
-                except (ValueError, AttributeError):
-                    message = text.strip()[:200]
+                message = error_of(answer_body(await resp.text()))
                 raise ClientError(http_error(resp.status, message, resp.reason, token))
             async for line in resp.content:
                 if line.startswith(b"event:") and line[6:].strip() not in (b"capacity",):

@@ -12,8 +12,11 @@ permission the server named, a refused connection names the URL and how to start
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
+import ssl
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -87,6 +90,32 @@ def token_of(args: argparse.Namespace) -> str:
 
 def ca_file_of(args: argparse.Namespace) -> str | None:
     return getattr(args, "ca_file", None) or os.environ.get(CA_FILE_ENV) or None
+
+
+def trust(ca_file: str | None) -> ssl.SSLContext | bool:
+    """How an https broker is verified: against ``ca_file``, else the system's trust."""
+    if ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not PEM"
+        raise ClientError(f"--ca-file {ca_file}: cannot load: {reason}") from None
+
+
+def answer_body(text: str) -> Any:
+    """An answer's body as JSON (empty: ``{}``); one that is not JSON (a proxy's HTML page)
+    as ``{"error": its first 200 characters}``, so an error line still says something."""
+    try:
+        return json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {"error": text.strip()[:200]}
+
+
+def error_of(doc: Any) -> str | None:
+    """The server's message in an error answer's body, if it has one."""
+    message = doc.get("error") if isinstance(doc, dict) else None
+    return message if isinstance(message, str) else None
 
 
 def http_error(status: int, message: str | None, reason: str | None, token: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import ssl
 import sys
 from typing import Any, BinaryIO
 
@@ -21,10 +20,13 @@ from broker.cli.client import EXIT_ERROR
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
+    answer_body,
     ca_file_of,
+    error_of,
     http_error,
     server_url,
     token_of,
+    trust,
     unreachable,
 )
 from broker.cli.render import table
@@ -70,15 +72,6 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     return f"/v1/jobs/{args.name}/logs", {k: v for k, v in params.items() if v is not None}
 
 
-def _trust(ca_file: str | None) -> ssl.SSLContext | bool:
-    if ca_file is None:
-        return True
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError):
-        raise ClientError(f"--ca-file {ca_file}: cannot load") from None
-
-
 async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
     path, params = _request(args)
@@ -86,18 +79,14 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     token = token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
+    connector = aiohttp.TCPConnector(ssl=trust(ca_file_of(args)))
     try:
         async with (
             aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
             session.get(base + path, params=params, headers=headers) as resp,
         ):
             if resp.status >= 400:
-                text = await resp.text()
-                try:
-                    message = json.loads(text).get("error")
-                except (ValueError, AttributeError):
-                    message = text.strip()[:200]
+                message = error_of(answer_body(await resp.text()))
                 raise ClientError(http_error(resp.status, message, resp.reason, token))
             if args.command == "pods":
                 out.write(render_pods(await resp.json(), args.output).encode() + b"\n")

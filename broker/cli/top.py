@@ -31,14 +31,16 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.text import Text
 
-from broker.cli.client import _trust
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
+    answer_body,
     ca_file_of,
+    error_of,
     http_error,
     server_url,
     token_of,
+    trust,
     unreachable,
 )
 from broker.cli.view import (
@@ -121,14 +123,10 @@ class Broker:
         try:
             async with self.session.get(self.base + path, headers=self.headers,
                                         timeout=timeout) as resp:  # fmt: skip
-                text = await resp.text()
-                try:
-                    doc = json.loads(text) if text else {}
-                except json.JSONDecodeError:
-                    doc = {"error": text.strip()[:200]}
+                doc = answer_body(await resp.text())
                 if resp.status >= 400:
-                    message = doc.get("error") if isinstance(doc, dict) else None
-                    line = f"{path}: {http_error(resp.status, message, resp.reason, self.token)}"
+                    error = http_error(resp.status, error_of(doc), resp.reason, self.token)
+                    line = f"{path}: {error}"
                     raise (Refused if resp.status in (401, 403) else ClientError)(line)
                 return doc if isinstance(doc, dict) else {}
         except aiohttp.ClientSSLError as exc:
@@ -234,7 +232,7 @@ async def top(args: argparse.Namespace, out: TextIO) -> int:
     is_plain = args.plain if args.once else use_plain(args.plain, out)
     interval = interval_of(args, is_plain)
     server, token = server_url(args), token_of(args)
-    connector = aiohttp.TCPConnector(ssl=_trust(ca_file_of(args)))
+    connector = aiohttp.TCPConnector(ssl=trust(ca_file_of(args)))
     async with aiohttp.ClientSession(connector=connector) as session:
         broker = Broker(session, server, token)
         if args.once:
