@@ -3,8 +3,9 @@
 their history and earlier generations; active jobs never are.
 
 Only the leader purges (``Shared.leading``; on PostgreSQL every purge is also fenced by
-the lease, as every write), in batches so one purge never holds the store long, every
-``retention.purgeEverySeconds``, as a supervised task (``Service.spawn_loop``). The time
+the lease, as every write), in small batches paced apart so a purge never holds the store
+long nor comes as a burst of writes, every ``retention.purgeEverySeconds``, as a supervised
+task (``Service.spawn_loop``). The time
 is the service's injected clock, the one the store's timestamps were written with.
 """
 
@@ -20,11 +21,15 @@ from broker.store import StoreError
 
 log = logging.getLogger(__name__)
 
-# Jobs per delete statement. Every other write waits behind one (the store has one writer):
-# at 1,000 a statement took about 50 ms on SQLite with their history, and the soak's purge
-# of 18,000 jobs a minute put 18 of those in the submissions' path (201 p99 ~100 ms); at
-# 200 each waits out ~10 ms at most, for the same total work.
-BATCH = 200
+# Jobs per delete statement, and the pause between two statements of one purge. Every other
+# write waits behind a purge statement and shares its commit (the store has one writer), so
+# a purge must not come as a burst: measured in ``bench --soak`` at 300 jobs/s (18,000 due a
+# minute), batches of 1,000 back to back (about 50 ms each) and then of 200 put a purge
+# statement in every group commit for seconds each minute, and 201 p99 rose to 68-100 ms in
+# every window. Small batches spread out: a write meets at most one small statement, at most
+# BATCH / BATCH_PAUSE_SECONDS (500) jobs purged a second, far above what a broker finishes.
+BATCH = 50
+BATCH_PAUSE_SECONDS = 0.1
 
 
 class Retention:
@@ -45,8 +50,9 @@ class Retention:
         while True:
             purged = await self.s.store.purge_finished(cutoff, BATCH)
             total += purged
-            if purged < BATCH:
+            if purged < BATCH or not self.s.leading:
                 break
+            await self._sleep(BATCH_PAUSE_SECONDS)  # spread out: see BATCH
         if total:
             log.info("retention: purged %d finished jobs", total)
         return total
@@ -61,4 +67,4 @@ class Retention:
                 log.warning("retention: purge failed: %s", exc)
 
 
-__all__ = ["BATCH", "Retention"]
+__all__ = ["BATCH", "BATCH_PAUSE_SECONDS", "Retention"]

@@ -16,7 +16,7 @@ from services import postgres_database
 from broker.config import parse_config
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service.facade import Service
-from broker.service.retention import Retention
+from broker.service.retention import BATCH, BATCH_PAUSE_SECONDS, Retention
 
 DAY = 86_400.0
 CONFIG = """
@@ -129,4 +129,28 @@ async def test_the_supervised_loop_purges_every_period(tmp_path: Path) -> None:
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
+        await service.close()
+
+
+async def test_a_large_purge_comes_in_small_batches_paced_apart(tmp_path: Path) -> None:
+    """Every other write shares a purge statement's commit: a purge of many jobs is spread
+    out, one batch then a pause, never a burst of statements back to back."""
+    clock = Clock()
+    service = service_on(f"sqlite:///{tmp_path / 'jobs.db'}", clock)
+    await service.start()
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    try:
+        jobs = 2 * BATCH + 7
+        for i in range(jobs):
+            await service.submit("team-a", job(f"done-{i}"))
+            await service.cancel("team-a", f"done-{i}")
+        clock.now += 8 * DAY
+        assert await Retention(service.shared, sleep).purge_once() == jobs
+        assert slept == [BATCH_PAUSE_SECONDS, BATCH_PAUSE_SECONDS]  # three batches
+        assert await service.store.list_jobs(tenant="team-a") == []
+    finally:
         await service.close()
