@@ -1,4 +1,5 @@
-"""The PostgreSQL backend of the job store: an asyncpg pool, one transaction per write.
+"""The PostgreSQL backend of the job store: an asyncpg pool, one transaction per write (the
+common transition a single fenced statement: one round trip).
 
 It owns the pool and the mapping of driver errors onto the store's: anything that means
 "the server cannot be used right now" (refused or dropped connections, timeouts, shutdown,
@@ -109,6 +110,10 @@ class PostgresStore:
             "reset": _reset_connection,
         }
         self._pool: asyncpg.Pool | None = None
+        # Leader election's own connections: a renewal must not queue behind job writes for
+        # a connection of the main pool (the soak's leader, every connection busy at 300
+        # jobs/s, timed out renewing and lost its lease).
+        self._lease_pool: asyncpg.Pool | None = None
         self._fence: tuple[str, str] | None = None  # (lease, holder): see fence()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -128,20 +133,26 @@ class PostgresStore:
         try:
             with self._errors("migrate"):
                 await self._migrate(pool)
+            with self._errors("connect"):
+                lease_pool = await asyncpg.create_pool(
+                    self._url, **{**self._pool_options, "min_size": 1, "max_size": 2}
+                )
         except BaseException:
             pool.terminate()
             raise
-        self._pool = pool
+        self._pool, self._lease_pool = pool, lease_pool
 
     async def close(self) -> None:
         pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        try:
-            # Waits for connections in use to come back, so a commit in flight completes.
-            await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
-        except TimeoutError:
-            pool.terminate()
+        lease_pool, self._lease_pool = self._lease_pool, None
+        for each in (pool, lease_pool):
+            if each is None:
+                continue
+            try:
+                # Waits for connections in use to come back, so a commit in flight completes.
+                await asyncio.wait_for(each.close(), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                each.terminate()
 
     async def ping(self) -> bool:
         pool = self._pool
@@ -291,17 +302,20 @@ class PostgresStore:
 
     def fence(self, lease: str, holder: str) -> None:
         """From now on every job write checks, in its own transaction, that ``holder``
-        still holds ``lease`` unexpired, and keeps the lease row share-locked until it
-        commits: a replica taking the lease over waits for that write, then sees it when it
-        rebuilds; a write of a replica whose lease expired or was taken is refused
-        (``LeaseLost``) instead of landing late (the fencing token of the lease)."""
+        still holds ``lease`` unexpired, and keeps the lease row key-share-locked until it
+        commits: a replica taking the lease over (an update of ``holder``, a key: migration
+        6) waits for that write, then sees it when it rebuilds; a write of a replica whose
+        lease expired or was taken is refused (``LeaseLost``) instead of landing late (the
+        fencing token of the lease). The holder's own renewals (``expires_at`` only) do not
+        wait for its writes: with a plain share lock they starved behind them under load."""
         self._fence = (lease, holder)
 
     async def _check_fence(
         self, conn: asyncpg.pool.PoolConnectionProxy, action: str, lease: str, holder: str
     ) -> None:
         held = await conn.fetchval(
-            "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at > now() FOR SHARE",
+            "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at > now() "
+            "FOR KEY SHARE",
             lease,
             holder,
         )
@@ -373,7 +387,7 @@ class PostgresStore:
         self, action: str, statement: str, name: str, holder: str, seconds: float
     ) -> str | None:
         """Run a lease statement that returns the holder when it took; else the live one."""
-        pool = self._require()
+        pool = self._require_lease()
         with self._errors(action):
             held = await pool.fetchval(statement, name, holder, float(seconds))
             if held is not None:
@@ -382,7 +396,7 @@ class PostgresStore:
             return None if live is None else str(live)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        pool = self._require()
+        pool = self._require_lease()
         with self._errors("release_lease"):
             await pool.execute("DELETE FROM leases WHERE name = $1 AND holder = $2", name, holder)
 
@@ -392,6 +406,11 @@ class PostgresStore:
         if self._pool is None:
             raise StoreUnavailable(f"postgres store {self.url_for_logs} is not open")
         return self._pool
+
+    def _require_lease(self) -> asyncpg.Pool:
+        if self._lease_pool is None:
+            raise StoreUnavailable(f"postgres store {self.url_for_logs} is not open")
+        return self._lease_pool
 
     def _scrub(self, exc: BaseException) -> str:
         # Drivers do not put the password in messages today; this keeps it that way.

@@ -130,7 +130,7 @@ def update_job(
         lease, holder = fence
         prefix = (
             f"WITH fence AS (SELECT 1 FROM leases WHERE name = {st(lease)} AND holder = "
-            f"{st(holder)} AND expires_at > now() FOR SHARE) "
+            f"{st(holder)} AND expires_at > now() FOR KEY SHARE) "
         )
         where += " AND EXISTS (SELECT 1 FROM fence)"
     return st.done(
