@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import random
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 
 from broker.model import Placement
@@ -31,6 +32,8 @@ from broker.ports import (
 )
 
 log = logging.getLogger(__name__)
+
+DELETED_KEPT = 1000  # SimulatedLauncher.deleted: the latest deletions only
 
 
 def simulated_log_line(pod: str, step: int) -> bytes:
@@ -154,7 +157,8 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
         self._per_cluster = dict(per_cluster or {})
         self._sleep = sleep
         self.running: dict[str, Placement] = {}
-        self.deleted: list[str] = []
+        # The latest deletions, for tests and debugging: bounded, as a broker runs for months.
+        self.deleted: deque[str] = deque(maxlen=DELETED_KEPT)
         self._ends = _Ends(self.running)
 
     async def launch(self, placement: Placement) -> None:

@@ -152,11 +152,14 @@ class Binding:
                 self.launching.pop(key, None)
                 await self.roll_back(placement, s.clock(), f"launch failed: {exc}", "launch_failed")
             return
-        async with s.lock:
+
+        def started() -> tuple[float, Outcome | None, Launch | None]:
             self.launching.pop(key, None)
             now = s.clock()
-            outcome = s.lifecycle.all_running(key, now)
-            launch = s.lifecycle.get(key)
+            return now, s.lifecycle.all_running(key, now), s.lifecycle.get(key)
+
+        # Synchronous sections under the lock: see StateLock.call (no loop turn per launch).
+        now, outcome, launch = await s.lock.call(started)
         if outcome is None:
             return
         if launch is not None:
@@ -167,10 +170,13 @@ class Binding:
         # then share one group commit instead of queueing one fsync each behind the lock.
         # A cancel landing meanwhile makes this write a harmless compare-and-set miss.
         await self.record(outcome, now, expect="Placed")
-        async with s.lock:
+
+        def watch() -> None:
             launch = s.lifecycle.get(key)
             if launch is not None and launch.running:
                 self.watch_run(placement)
+
+        await s.lock.call(watch)
 
     def watch_run(self, placement: Placement) -> None:
         """Watch a running job for its end (under the lock): a callback where the launcher
@@ -191,13 +197,19 @@ class Binding:
     async def end(self, placement: Placement, end: RunEnd, handle: object) -> None:
         """Free a job's capacity and record its end, if ``handle`` still watches it."""
         s, key = self.s, placement.job
-        async with s.lock:
+
+        def finish() -> tuple[float, Outcome | None] | None:
             if self.runs.get(key) is not handle:
-                return  # stopped meanwhile (cancelled, preempted, failed over)
+                return None  # stopped meanwhile (cancelled, preempted, failed over)
             now = s.clock()
             launch = s.lifecycle.get(key)
             ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
-            outcome = s.lifecycle.finished(key, end.succeeded, end_reason(end, ran))
+            return now, s.lifecycle.finished(key, end.succeeded, end_reason(end, ran))
+
+        ended = await s.lock.call(finish)  # see StateLock.call: no loop turn per end
+        if ended is None:
+            return
+        now, outcome = ended
         # Recorded outside the lock, as a launch's Running write is: jobs end as fast as they
         # are submitted, and each end holding the lock through its group commit let one end
         # through per commit, the cycle queued behind them (the soak's collapse: hundreds of

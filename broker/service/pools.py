@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from kubernetes.aio.client import ApiClient
 
     from adapters.capi import CapiPool
+    from broker.service.statelock import StateLock
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,7 @@ class BurstPools:
 
     # -- the API calls, in order, outside the lock ----------------------------------------
 
-    async def run(self, lock: asyncio.Lock) -> None:
+    async def run(self, lock: StateLock) -> None:
         """Carry out queued actions one after another; a failure is reported to the
         controller (under ``lock``) after the port's own bounded retries."""
         while True:
@@ -210,7 +211,7 @@ class BurstPools:
             finally:
                 self._queue.task_done()
 
-    async def _carry_out(self, action: Action, lock: asyncio.Lock) -> None:
+    async def _carry_out(self, action: Action, lock: StateLock) -> None:
         port = self.ports.get(action.pool)
         if port is None:
             return

@@ -37,6 +37,7 @@ from broker.service.leader import Leadership
 from broker.service.members import KubeMembers
 from broker.service.metrics import SchedulerMetrics
 from broker.service.pools import BurstPools
+from broker.service.statelock import StateLock
 from broker.service.tasks import Supervisor
 from broker.store import JobRecord, Store
 from policies.framework import Policy
@@ -63,7 +64,7 @@ class Shared:
     unplaceable: UnplaceableShapes = field(default_factory=UnplaceableShapes)
     # Active jobs per tenant as this replica writes them; cleared at every change of lead.
     active: ActiveCounts = field(default_factory=ActiveCounts)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: StateLock = field(default_factory=StateLock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     # State rebuilt from the store under the lease we hold (set by recovery, cleared when
     # the lease is lost); ``leading`` is the one question the rest asks.

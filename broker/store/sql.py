@@ -64,6 +64,16 @@ def _one_job(st: Statement, tenant: str, name: str) -> str:
     return f"tenant = {st(tenant)} AND name = {st(name)}"
 
 
+def _fence_cte(st: Statement, fence: tuple[str, str]) -> str:
+    """The lease check of a fenced statement (PostgreSQL): a ``fence`` row while the holder
+    holds the lease unexpired, key-share-locked until the statement's transaction ends."""
+    lease, holder = fence
+    return (
+        f"WITH fence AS (SELECT 1 FROM leases WHERE name = {st(lease)} AND holder = "
+        f"{st(holder)} AND expires_at > now() FOR KEY SHARE) "
+    )
+
+
 def select_job(dialect: Dialect, tenant: str, name: str) -> Statement:
     st = Statement(dialect)
     return st.done(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {_one_job(st, tenant, name)}")
@@ -83,17 +93,37 @@ def insert_job(
     manifest: Mapping[str, Any],
     now: float,
     generation: int = 1,
+    *,
+    fence: tuple[str, str] | None = None,
 ) -> Statement:
-    """A new Queued job, or no row when (tenant, name) exists (ON CONFLICT DO NOTHING)."""
+    """A new Queued job, or no row when (tenant, name) exists (ON CONFLICT DO NOTHING).
+
+    ``fence`` (PostgreSQL: lease, holder): as in ``update_job``, the statement inserts only
+    while ``holder`` holds ``lease`` unexpired and key-share-locks its row until it commits,
+    so one statement in its own transaction is a fenced submission (no row back also when
+    not held: the caller's transaction then finds out which)."""
     st = Statement(dialect)
-    values = ", ".join(
-        st(v) for v in (tenant, name, queue, priority, encode_json(manifest), generation)
+    args = (tenant, name, queue, priority, encode_json(manifest), generation)
+    columns = (
+        "INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
+        "attempts, reason, created_at, updated_at) "
     )
+    conflict = f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+    if fence is None:
+        values = ", ".join(st(v) for v in args)
+        return st.done(
+            f"{columns}VALUES ({values}, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(now)}, "
+            f"{st(now)}) {conflict}"
+        )
+    # INSERT ... SELECT instead of VALUES, for the WHERE; the casts spell the column types
+    # a VALUES row would have taken its placeholders' types from.
+    prefix = _fence_cte(st, fence)
+    casts = ("text", "text", "text", "bigint", "jsonb", "bigint")
+    values = ", ".join(f"{st(v)}::{t}" for v, t in zip(args, casts, strict=True))
     return st.done(
-        f"INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
-        f"attempts, reason, created_at, updated_at) "
-        f"VALUES ({values}, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(now)}, {st(now)}) "
-        f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+        f"{prefix}{columns}SELECT {values}, 'Queued', 0, {st(SUBMITTED_REASON)}::text, "
+        f"{st(now)}::double precision, {st(now)}::double precision "
+        f"WHERE EXISTS (SELECT 1 FROM fence) {conflict}"
     )
 
 
@@ -127,11 +157,7 @@ def update_job(
     if expected is not None:
         where += f" AND {st.any_of('state', expected)}"
     if fence is not None:
-        lease, holder = fence
-        prefix = (
-            f"WITH fence AS (SELECT 1 FROM leases WHERE name = {st(lease)} AND holder = "
-            f"{st(holder)} AND expires_at > now() FOR KEY SHARE) "
-        )
+        prefix = _fence_cte(st, fence)
         where += " AND EXISTS (SELECT 1 FROM fence)"
     return st.done(
         f"{prefix}UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}"
@@ -429,6 +455,10 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         "fenced transition": update_job(
             dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
             placement=None, expected=("Placed",), attempts=None, not_before=None,
+            fence=("scheduler", "host-a:8080"),
+        ),
+        "fenced insert": insert_job(
+            dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0,
             fence=("scheduler", "host-a:8080"),
         ),
     }  # fmt: skip

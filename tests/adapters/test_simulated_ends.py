@@ -11,7 +11,7 @@ from builders import placement, pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.simulated.launcher import _DUE_SLACK_SECONDS, SimulatedLauncher
+from adapters.simulated.launcher import _DUE_SLACK_SECONDS, DELETED_KEPT, SimulatedLauncher
 from broker.ports import RunEnd
 
 RUNS = st.lists(
@@ -67,3 +67,14 @@ def test_every_end_not_cancelled_arrives_once_in_deadline_order(
     runs: list[tuple[int, bool]],
 ) -> None:
     asyncio.run(scenario(runs))
+
+
+async def test_the_record_of_deletions_keeps_only_the_latest() -> None:
+    launcher = SimulatedLauncher()
+    for i in range(DELETED_KEPT + 5):
+        gang = placement(f"t/d{i}", "sim", pod(f"t.d{i}-0", "n1", [0]))
+        await launcher.launch(gang)
+        await launcher.delete(gang)
+    assert len(launcher.deleted) == DELETED_KEPT  # a months-long run does not grow it
+    assert launcher.deleted[0] == "t/d5" and launcher.deleted[-1] == f"t/d{DELETED_KEPT + 4}"
+    assert not launcher.running

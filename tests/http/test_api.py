@@ -310,7 +310,7 @@ async def test_gang_timeout_rolls_back_and_requeues(tmp_path: Path) -> None:
         assert "did not start within 30s" in got["status"]["reason"]
         assert got["status"]["notBefore"] == clock.now + 60
         assert got["status"]["attempts"] == 1
-        assert launcher.deleted == ["team-a/stuck"]
+        assert list(launcher.deleted) == ["team-a/stuck"]
         assert free_gpus(service, "small-a", "A100") == 16
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from broker.service.leader import (
     default_identity,
 )
 from broker.store import LeaseLost, StoreUnavailable
+from broker.store import sql as store_sql
 from broker.store.postgres import PostgresStore
 
 TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
@@ -423,18 +425,34 @@ async def test_job_writes_are_fenced_by_the_lease(pg_url: str, stores: list[Post
     assert placed.state == "Failed"
 
 
+@asynccontextmanager
+async def write_in_flight(store: PostgresStore, how: str) -> AsyncIterator[None]:
+    """An uncommitted job write of the fenced replica: the general transaction (its fence
+    checked first), or the one-statement fenced insert of create_job's common case."""
+    if how == "transaction":
+        async with store._txn("test write") as conn:  # fence checked, lease row locked
+            await conn.execute(
+                "INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
+                "reason, created_at, updated_at) VALUES ('t', 'late', 'q', 0, '{}', 'Queued', "
+                "0, 'Submitted', 1, 1)"
+            )
+            yield
+        return
+    assert store._fence is not None
+    fenced = store_sql.insert_job("postgres", "t", "late", "q", 0, {}, 1.0, fence=store._fence)
+    async with store._require().acquire() as conn, conn.transaction():
+        assert await conn.fetchrow(fenced.sql, *fenced.args) is not None  # inserted, locked
+        yield
+
+
+@pytest.mark.parametrize("how", ["transaction", "fenced statement"])
 async def test_a_takeover_waits_for_the_old_leaders_write_in_flight(
-    pg_url: str, stores: list[PostgresStore]
+    pg_url: str, stores: list[PostgresStore], how: str
 ) -> None:
     a = PostgresLease(stores[0], "host-a:8080", 15)
     b = PostgresLease(stores[1], "host-b:8080", 15)
     assert await a.acquire()
-    async with stores[0]._txn("test write") as conn:  # fence checked, lease row locked
-        await conn.execute(
-            "INSERT INTO jobs (tenant, name, queue, priority, manifest, state, attempts, "
-            "reason, created_at, updated_at) VALUES ('t', 'late', 'q', 0, '{}', 'Queued', 0, "
-            "'Submitted', 1, 1)"
-        )
+    async with write_in_flight(stores[0], how):
         # The holder's own renewal does not wait for its writes (under load, a stream of
         # them starved renewals held behind a share lock) ...
         async with asyncio.timeout(10):
