@@ -1,5 +1,5 @@
 """The PostgreSQL backend of the job store: an asyncpg pool, one transaction per write (the
-common transition a single fenced statement: one round trip).
+common submission and transition each a single fenced statement: one round trip).
 
 It owns the pool and the mapping of driver errors onto the store's: anything that means
 "the server cannot be used right now" (refused or dropped connections, timeouts, shutdown,
