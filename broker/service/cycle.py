@@ -4,7 +4,7 @@
 before trusting them, roll back expired gangs, fail over the jobs of lost members
 (``failover``), run the core's ``run_cycle`` (queues, quotas, fair share, preemption, holds,
 the shape memo), delete and record the preempted, record the admitted placements in one
-group commit, start their launches (``Binding``), and let the burst pools decide. A
+statement, start their launches (``Binding``), and let the burst pools decide. A
 placement whose write is in doubt (the store went away) keeps its reservation until the
 store says whether it committed.
 """
@@ -23,11 +23,10 @@ from broker.model import Placement
 from broker.service.binding import STORE_RETRY_SECONDS, Binding
 from broker.service.failover import Failover
 from broker.service.state import Shared, placement_json
-from broker.store import JobState, StoreError, StoreUnavailable
+from broker.store import PLACE_BATCH, JobState, Placing, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-_QUEUED: tuple[JobState, ...] = ("Queued",)
 # How long a woken scheduler lets more submissions arrive before it decides (a latency of a
 # few milliseconds traded for far fewer cycles under load).
 BATCH_SECONDS = 0.005
@@ -133,33 +132,41 @@ class Cycles:
             await self.binding.record(evicted, now, expect=was)
 
     async def _admit(self, result: CycleResult, now: float) -> None:
-        """Record the cycle's placements together (the store makes them durable in one
-        group commit instead of one fsync each), then launch what was recorded."""
-        s = self.s
+        """Record the cycle's placements together, then launch what was recorded: one
+        compare-and-set statement per PLACE_BATCH of them (one round trip and one commit
+        for a cycle, not one per job), the batches of a large cycle sharing a group commit."""
+        s, admitted = self.s, result.admitted
+        batches = [admitted[i : i + PLACE_BATCH] for i in range(0, len(admitted), PLACE_BATCH)]
         writes = [
-            s.store.transition(
-                p.job.tenant, p.job.name, "Placed",
-                f"placed on {pl.cluster} by {pl.policy or 'policy'}", now,
-                cluster=pl.cluster, placement=placement_json(pl), expect=_QUEUED,
-                attempts=p.attempts,
-            )
-            for p, pl in result.admitted
-        ]  # fmt: skip
+            s.store.place_many([_placing(*admit) for admit in batch], now) for batch in batches
+        ]
         written = await asyncio.gather(*writes, return_exceptions=True)
-        for (pending, placement), outcome in zip(result.admitted, written, strict=True):
-            key = pending.job.key
-            if isinstance(outcome, StoreUnavailable):
-                # In doubt: the write may have committed before the connection went. The
-                # reservation is held until the store answers again and says which.
-                log.warning("placement of %s in doubt: %s", key, outcome)
-                s.tasks.spawn(f"settle {key}", self._settle(pending, placement))
-            elif isinstance(outcome, BaseException):
-                # Cancelled meanwhile, or the store failed: give the capacity back.
-                s.ledger.forget(key)
-                s.queue.release(key)
-                log.warning("could not record placement of %s: %s", key, outcome)
-            else:
-                self._launch(pending, placement, now)
+        for batch, outcome in zip(batches, written, strict=True):
+            if isinstance(outcome, BaseException):
+                for pending, placement in batch:
+                    self._not_recorded(pending, placement, outcome)
+                continue
+            moved = {record.seq for record in outcome}
+            for pending, placement in batch:
+                if pending.seq in moved:
+                    self._launch(pending, placement, now)
+                else:  # cancelled (or failed by an operator) since the cycle read the queue
+                    self._not_recorded(pending, placement, "no longer Queued in the store")
+
+    def _not_recorded(
+        self, pending: Pending, placement: Placement, why: BaseException | str
+    ) -> None:
+        s, key = self.s, pending.job.key
+        if isinstance(why, StoreUnavailable):
+            # In doubt: the write may have committed before the connection went. The
+            # reservation is held until the store answers again and says which.
+            log.warning("placement of %s in doubt: %s", key, why)
+            s.tasks.spawn(f"settle {key}", self._settle(pending, placement))
+            return
+        # Moved on meanwhile, cancelled, or the store failed: give the capacity back.
+        s.ledger.forget(key)
+        s.queue.release(key)
+        log.warning("could not record placement of %s: %s", key, why)
 
     def _launch(self, pending: Pending, placement: Placement, now: float) -> None:
         self.s.lifecycle.placed(pending, placement, now)
@@ -196,6 +203,13 @@ class Cycles:
             if record is not None and record.state == "Queued":
                 s.queue.push(pending)
                 s.wake.set()
+
+
+def _placing(pending: Pending, placement: Placement) -> Placing:
+    reason = f"placed on {placement.cluster} by {placement.policy or 'policy'}"
+    return Placing(
+        pending.seq, placement.cluster, placement_json(placement), pending.attempts, reason
+    )
 
 
 def _stop_if_cancelled() -> None:

@@ -22,12 +22,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from broker.service.active import ActiveCounts
-from broker.store import FINAL_STATES, Generation, JobRecord, JobState, Store, Transition
+from broker.store import (
+    FINAL_STATES,
+    Generation,
+    JobRecord,
+    JobState,
+    Placing,
+    Store,
+    Transition,
+)
 
 EventKind = Literal["job", "capacity"]
 DEFAULT_QUEUE_SIZE = 256
 # A transition to or from these states changes reservations or allocations.
 _HOLDS_CAPACITY: frozenset[str] = frozenset({"Placed", "Running"})
+_QUEUED: tuple[JobState, ...] = ("Queued",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +267,15 @@ class PublishingStore:
         # One capacity change for the batch: it says "look again", not what changed.
         if records and (state in _HOLDS_CAPACITY or state in FINAL_STATES or state == "Queued"):
             self.bus.publish("capacity", None, {"cause": f"{state} {len(records)} jobs"})
+        return records
+
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        records = await self.inner.place_many(placings, now)
+        for record in records:  # as transition does, per job moved
+            self.active.moved(record.tenant, "Placed", _QUEUED)
+            self.bus.publish("job", record.tenant, job_event(record))
+        if records:  # one capacity change for the cycle, as transition_many
+            self.bus.publish("capacity", None, {"cause": f"Placed {len(records)} jobs"})
         return records
 
     async def active_jobs(

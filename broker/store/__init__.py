@@ -28,6 +28,10 @@ ACTIVE_STATES: Final[tuple[JobState, ...]] = tuple(s for s in JOB_STATES if s no
 # The reason recorded with the Queued transition that create_job writes.
 SUBMITTED_REASON: Final = "Submitted"
 
+# The most jobs one ``place_many`` call moves (SQLite: five of a statement's at most 32,766
+# parameters each).
+PLACE_BATCH: Final = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -46,6 +50,18 @@ class JobRecord:
     updated_at: float
     seq: int  # increasing submission order (FIFO); gaps are possible
     generation: int = 1  # 1, then +1 each time the name is submitted again after it finished
+
+
+@dataclass(frozen=True, slots=True)
+class Placing:
+    """One queued job's move to Placed in ``Store.place_many``: the row of ``seq`` (never
+    reused), the cluster and placement it gets, its attempts so far and the reason."""
+
+    seq: int
+    cluster: str
+    placement: Mapping[str, Any]
+    attempts: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +221,18 @@ class Store(Protocol):
         """
         ...
 
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        """Move each job to Placed in one transaction: a scheduling cycle's placements.
+
+        Per job, the compare-and-set and the history row of ``transition(tenant, name,
+        "Placed", reason, now, cluster=, placement=, attempts=, expect=("Queued",))`` on
+        the row of its seq; a job that is gone or no longer Queued (cancelled meanwhile) is
+        skipped (left unchanged, not returned) instead of raising. All or nothing: if the
+        transaction fails, no job has moved. The moved jobs come back as stored, in no
+        particular order. Callers keep a batch to at most PLACE_BATCH jobs.
+        """
+        ...
+
     async def active_jobs(
         self, *, after_seq: int | None = None, limit: int | None = None
     ) -> list[JobRecord]:
@@ -276,10 +304,12 @@ __all__ = [
     "ACTIVE_STATES",
     "FINAL_STATES",
     "JOB_STATES",
+    "PLACE_BATCH",
     "Generation",
     "JobNotFound",
     "JobRecord",
     "JobState",
+    "Placing",
     "StateConflict",
     "Store",
     "StoreError",

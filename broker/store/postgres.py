@@ -1,17 +1,14 @@
-"""The PostgreSQL backend of the job store: an asyncpg pool, one transaction per write (the
-common submission and transition each a single fenced statement: one round trip).
+"""The PostgreSQL backend of the job store: an asyncpg pool, one transaction per write.
 
-It owns the pool and the mapping of driver errors onto the store's: anything that means
-"the server cannot be used right now" (refused or dropped connections, timeouts, shutdown,
-too many clients, a read-only standby after failover, bad credentials) becomes
-``StoreUnavailable`` so the service reports not-ready and retries; everything else is a
-``StoreError``. Writes are single transactions at READ COMMITTED, which is enough because
-each one is a single-row compare-and-set: ``INSERT .. ON CONFLICT DO NOTHING`` waits for a
-concurrent insert of the same (tenant, name) and then sees it, and ``UPDATE .. WHERE state
-= ANY(expect)`` re-checks the condition on the row version it finally locks. Migrations run
-under a transaction-scoped advisory lock so replicas starting together apply each version
-once. The URL (which may carry a password) is kept private; messages use ``url_for_logs``
-and scrub the password from driver text as a second guard.
+The common writes are single fenced statements, and concurrent submissions and plain
+transitions share one (``Coalescer``: group commit). Driver errors become the store's in
+``pgerrors`` (StoreUnavailable when the server cannot be used right now). Writes run at
+READ COMMITTED, which is enough because each one is a single-row compare-and-set:
+``INSERT .. ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same (tenant,
+name) and then sees it, and ``UPDATE .. WHERE state = ANY(expect)`` re-checks the condition
+on the row version it finally locks. Migrations run under a transaction-scoped advisory
+lock so replicas starting together apply each version once. The URL (which may carry a
+password) is kept private; messages use ``url_for_logs``.
 
 Note on ``seq``: it comes from an identity sequence, so it is unique and increasing in
 insertion order, but two concurrent transactions may commit out of seq order. FIFO
@@ -23,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any, Final
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import asyncpg
-import asyncpg.exceptions as pgerr
 
 from broker.store import (
     FINAL_STATES,
@@ -37,52 +32,37 @@ from broker.store import (
     JobRecord,
     JobState,
     LeaseLost,
+    Placing,
     StoreError,
     StoreUnavailable,
     Transition,
+    pglease,
     redact_url,
     sql,
 )
+from broker.store.batch import (
+    Move,
+    NewJob,
+    insert_new_jobs,
+    move_jobs,
+    moved_records,
+    place_jobs,
+    update_jobs,
+)
+from broker.store.coalesce import Coalescer
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
+from broker.store.pgerrors import POOL_LOG_FILTER, UNAVAILABLE, scrub, secrets_in, translated
+from broker.store.pglease import ACQUIRE, RELEASE, RENEW
 
 # Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
 _MIGRATION_LOCK: Final = 0x6665646272_6F6B72
 PING_TIMEOUT_S: Final = 2.0
+# Coalesced statements of one kind (submissions; transitions) in flight at once, and the
+# most writes one carries. Few slots make the batches under load large: each statement is
+# a commit (a WAL flush) and a lease row lock, which many concurrent ones contend for.
+COALESCED_SLOTS: Final = 2
+COALESCED_MOST: Final = 500
 CLOSE_TIMEOUT_S: Final = 10.0
-
-_UNAVAILABLE: Final = (
-    OSError,  # refused, unreachable, DNS
-    TimeoutError,  # connect or command timeout (asyncio.TimeoutError is the same class)
-    asyncpg.InterfaceError,  # connection closed under us
-    # A query sent on a connection the server has just terminated can trip asyncpg's
-    # protocol state check before the EOF is seen; the pool drops that connection.
-    pgerr.InternalClientError,
-    pgerr.PostgresConnectionError,  # class 08
-    pgerr.OperatorInterventionError,  # class 57: admin shutdown, cannot connect now
-    pgerr.InsufficientResourcesError,  # class 53: too many connections, disk full
-    pgerr.InvalidAuthorizationSpecificationError,  # class 28: fixed by config, not code
-    pgerr.InvalidCatalogNameError,  # the database does not exist (yet)
-    pgerr.ReadOnlySQLTransactionError,  # connected to a standby after a failover
-)
-
-
-class _PoolReconnectsWithoutTraceback(logging.Filter):
-    """asyncpg's pool logs a warning with a full traceback each time it fails to reconnect
-    its minimum of connections, every second while the server is down or restarting. That
-    is expected (the store reports it as StoreUnavailable, the service as not-ready), not a
-    bug: such a record keeps its message and the error's one-line summary, not the trace."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, _UNAVAILABLE):
-            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
-            record.args = None
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-_POOL_LOG_FILTER: Final = _PoolReconnectsWithoutTraceback()
 
 
 class PostgresStore:
@@ -100,7 +80,7 @@ class PostgresStore:
     ) -> None:
         self._url = url
         self.url_for_logs = redact_url(url)
-        self._secrets = _secrets_in(url)
+        self._secrets = secrets_in(url)
         self._migrations = tuple(migrations)
         self._pool_options: dict[str, Any] = {
             "min_size": min_size,
@@ -115,6 +95,15 @@ class PostgresStore:
         # jobs/s, timed out renewing and lost its lease).
         self._lease_pool: asyncpg.Pool | None = None
         self._fence: tuple[str, str] | None = None  # (lease, holder): see fence()
+        # Concurrent submissions and plain transitions leave as one statement each batch
+        # (group commit, as SQLite's): at 300 jobs/s one statement per write, each with its
+        # own round trip, commit and lease check, took PostgreSQL most of a core.
+        self._inserts: Coalescer[NewJob, JobRecord] = Coalescer(
+            self._insert_batch, _job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+        )
+        self._moves: Coalescer[Move, JobRecord] = Coalescer(
+            self._move_batch, _job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -122,7 +111,7 @@ class PostgresStore:
         if self._pool is not None:
             return
         check_order(self._migrations)
-        logging.getLogger("asyncpg.pool").addFilter(_POOL_LOG_FILTER)  # once: same object
+        logging.getLogger("asyncpg.pool").addFilter(POOL_LOG_FILTER)  # once: same object
         with self._errors("connect"):
             try:
                 pool = await asyncpg.create_pool(self._url, **self._pool_options)
@@ -143,6 +132,8 @@ class PostgresStore:
         self._pool, self._lease_pool = pool, lease_pool
 
     async def close(self) -> None:
+        await self._inserts.drain()
+        await self._moves.drain()
         pool, self._pool = self._pool, None
         lease_pool, self._lease_pool = self._lease_pool, None
         for each in (pool, lease_pool):
@@ -177,7 +168,7 @@ class PostgresStore:
                 return [r[0] for r in await conn.fetch(query)]
 
             def failed(migration: Migration, exc: Exception) -> None:
-                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _UNAVAILABLE):
+                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, UNAVAILABLE):
                     raise StoreError(
                         f"postgres store {self.url_for_logs}: migration {migration.version} "
                         f"({migration.name}) failed: {self._scrub(exc)}"
@@ -198,18 +189,14 @@ class PostgresStore:
         *,
         reuse_finished: bool = False,
     ) -> tuple[JobRecord, bool]:
-        # The common case (a new name) in one round trip, fenced by itself, as transition's:
-        # BEGIN, the fence's SELECT, the INSERT and COMMIT were four, each a turn of a busy
-        # event loop, in the path of every 201. No row back (the name exists, or the lease
-        # is not held): the transaction below finds out which and does the rest.
-        fast = sql.insert_job(
-            "postgres", tenant, name, queue, priority, manifest, now, fence=self._fence
-        )
-        pool = self._require()
-        with self._errors("create_job"):
-            row = await pool.fetchrow(fast.sql, *fast.args)
-        if row is not None:
-            return _job(row), True
+        # The common case (a new name) in one fenced statement, shared with the submissions
+        # arriving meanwhile (the coalescer): BEGIN, the fence's SELECT, the INSERT and
+        # COMMIT were four round trips, each a turn of a busy event loop, in the path of
+        # every 201. No row back (the name exists, or the lease is not held): the
+        # transaction below finds out which and does the rest.
+        new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now)
+        if (stored := await self._coalesced(self._inserts, new)) is not None:
+            return stored, True
         insert = sql.insert_job("postgres", tenant, name, queue, priority, manifest, now)
         async with self._txn("create_job") as conn:
             row = await conn.fetchrow(insert.sql, *insert.args)
@@ -268,6 +255,11 @@ class PostgresStore:
         not_before: float | None = None,
     ) -> JobRecord:
         expected = sql.expected_states(expect)
+        plain = cluster is None and placement is None and attempts is None
+        if plain and not_before is None and state not in ("Queued", "Placed"):
+            move = Move(tenant, name, sql.check_state(state), reason, now, expected)
+            if (moved := await self._coalesced(self._moves, move)) is not None:
+                return moved
         fields: dict[str, Any] = {
             "cluster": cluster, "placement": placement, "expected": expected,
             "attempts": attempts, "not_before": not_before,
@@ -298,10 +290,50 @@ class PostgresStore:
     ) -> list[JobRecord]:
         if not jobs:
             return []
-        update = sql.update_jobs("postgres", jobs, state, reason, now)
+        update = update_jobs("postgres", jobs, state, reason, now)
         async with self._txn("transition_many") as conn:
             rows = await conn.fetch(update.sql, *update.args)
-        return sql.moved_records(jobs, rows)
+        return moved_records(jobs, rows)
+
+    async def _coalesced(
+        self, coalescer: Coalescer[Any, JobRecord], write: Any
+    ) -> JobRecord | None:
+        """The write sent with others; None when it did not apply (the caller's own
+        statement then finds out why) or when its batch failed for another write's sake
+        (a refused row fails the whole statement: each is then tried alone)."""
+        try:
+            return await coalescer(write)
+        except (StoreUnavailable, LeaseLost):
+            raise  # in doubt, or not ours to write: the same for every write of the batch
+        except StoreError:
+            return None
+
+    async def _insert_batch(self, rows: Sequence[NewJob]) -> list[JobRecord | None]:
+        statement = insert_new_jobs(rows, self._fence)
+        with self._errors("create_job"):
+            found = await self._require().fetch(statement.sql, *statement.args)
+        return _by_job(rows, found)
+
+    async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:
+        statement = move_jobs(moves, self._fence)
+        with self._errors("transition"):
+            found = await self._require().fetch(statement.sql, *statement.args)
+        return _by_job(moves, found)
+
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        if not placings:
+            return []
+        # One round trip for the cycle, fenced by itself (as transition's fast path). No
+        # row back may mean the lease is not held: the transaction below says (LeaseLost),
+        # or finds every job moved on meanwhile.
+        fast = place_jobs("postgres", placings, now, fence=self._fence)
+        with self._errors("place_many"):
+            rows = await self._require().fetch(fast.sql, *fast.args)
+        if not rows and self._fence is not None:
+            update = place_jobs("postgres", placings, now)
+            async with self._txn("place_many") as conn:
+                rows = await conn.fetch(update.sql, *update.args)
+        return [_job(row) for row in rows]
 
     @asynccontextmanager
     async def _txn(self, action: str) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy]:
@@ -325,13 +357,7 @@ class PostgresStore:
     async def _check_fence(
         self, conn: asyncpg.pool.PoolConnectionProxy, action: str, lease: str, holder: str
     ) -> None:
-        held = await conn.fetchval(
-            "SELECT 1 FROM leases WHERE name = $1 AND holder = $2 AND expires_at > now() "
-            "FOR KEY SHARE",
-            lease,
-            holder,
-        )
-        if held is None:
+        if await conn.fetchval(pglease.FENCE, lease, holder) is None:
             raise LeaseLost(
                 f"postgres store {self.url_for_logs}: {action} refused: "
                 f"{holder} no longer holds the {lease} lease"
@@ -388,29 +414,18 @@ class PostgresStore:
         """Take the lease ``name`` for ``holder`` when it is free, expired or already
         ``holder``'s, for ``seconds`` of the database's clock; one statement. Returns the
         live holder afterwards (``holder`` when taken; None when nobody holds it)."""
-        return await self._hold_lease("acquire_lease", _ACQUIRE_LEASE, name, holder, seconds)
+        with self._errors("acquire_lease"):
+            return await pglease.hold(self._require_lease(), ACQUIRE, name, holder, seconds)
 
     async def renew_lease(self, name: str, holder: str, seconds: float) -> str | None:
         """Extend ``holder``'s lease only while it is unexpired and still ``holder``'s;
         returns the live holder afterwards, as acquire_lease."""
-        return await self._hold_lease("renew_lease", _RENEW_LEASE, name, holder, seconds)
-
-    async def _hold_lease(
-        self, action: str, statement: str, name: str, holder: str, seconds: float
-    ) -> str | None:
-        """Run a lease statement that returns the holder when it took; else the live one."""
-        pool = self._require_lease()
-        with self._errors(action):
-            held = await pool.fetchval(statement, name, holder, float(seconds))
-            if held is not None:
-                return str(held)
-            live = await pool.fetchval(_LEASE_HOLDER, name)
-            return None if live is None else str(live)
+        with self._errors("renew_lease"):
+            return await pglease.hold(self._require_lease(), RENEW, name, holder, seconds)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        pool = self._require_lease()
         with self._errors("release_lease"):
-            await pool.execute("DELETE FROM leases WHERE name = $1 AND holder = $2", name, holder)
+            await self._require_lease().execute(RELEASE, name, holder)
 
     # -- errors ----------------------------------------------------------------------------
 
@@ -425,39 +440,11 @@ class PostgresStore:
         return self._lease_pool
 
     def _scrub(self, exc: BaseException) -> str:
-        # Drivers do not put the password in messages today; this keeps it that way.
-        text = f"{type(exc).__name__}: {exc}"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return scrub(exc, self._secrets)
 
-    @contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
+    def _errors(self, action: str) -> AbstractContextManager[None]:
         """Translate driver errors into the store's, with the (redacted) URL named."""
-        try:
-            yield
-        except StoreError:
-            raise
-        except _UNAVAILABLE as exc:
-            raise StoreUnavailable(
-                f"postgres store {self.url_for_logs}: {action} failed: {self._scrub(exc)}"
-            ) from exc
-        except asyncpg.PostgresError as exc:
-            raise StoreError(
-                f"postgres store {self.url_for_logs}: {action} failed: {self._scrub(exc)}"
-            ) from exc
-
-
-def _secrets_in(url: str) -> list[str]:
-    """Every spelling of a password in ``url`` (userinfo or query, raw and decoded)."""
-    try:
-        parts = urlsplit(url)
-        found = [parts.password or ""]
-        found += [v for k, v in parse_qsl(parts.query) if k.lower() in ("password", "sslpassword")]
-    except ValueError:
-        return []
-    found += [unquote(s) for s in found]
-    return sorted({s for s in found if s}, key=len, reverse=True)
+        return translated(f"postgres store {self.url_for_logs}: {action}", self._secrets)
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:
@@ -469,24 +456,19 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
+def _job_key(write: NewJob | Move) -> tuple[str, str]:
+    return write.tenant, write.name
+
+
+def _by_job(
+    writes: Sequence[NewJob | Move], rows: Sequence[asyncpg.Record]
+) -> list[JobRecord | None]:
+    """A batch's rows back, in the order of its writes: None for a write that did not apply."""
+    records = {(r.tenant, r.name): r for r in map(_job, rows)}
+    return [records.get(_job_key(write)) for write in writes]
+
+
 def _job(row: asyncpg.Record) -> JobRecord:
     # Without a custom codec asyncpg passes JSONB as text both ways, the same as SQLite: one
     # encoder (encode_json, which refuses NaN before any I/O) and one decoder for both.
     return sql.job_from_row(tuple(row))
-
-
-# One statement, timed by the database's clock: insert, or take over a row that expired or
-# is already ours (a restarted replica with the same identity); no row returned otherwise.
-_ACQUIRE_LEASE = (
-    "INSERT INTO leases (name, holder, expires_at) "
-    "VALUES ($1, $2, now() + make_interval(secs => $3)) "
-    "ON CONFLICT (name) DO UPDATE SET holder = EXCLUDED.holder, "
-    "expires_at = EXCLUDED.expires_at "
-    "WHERE leases.expires_at < now() OR leases.holder = EXCLUDED.holder "
-    "RETURNING holder"
-)
-_RENEW_LEASE = (
-    "UPDATE leases SET expires_at = now() + make_interval(secs => $3) "
-    "WHERE name = $1 AND holder = $2 AND expires_at >= now() RETURNING holder"
-)
-_LEASE_HOLDER = "SELECT holder FROM leases WHERE name = $1 AND expires_at >= now()"

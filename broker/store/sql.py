@@ -10,7 +10,7 @@ rules of a transition (Store.transition) live here, once.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -64,7 +64,7 @@ def _one_job(st: Statement, tenant: str, name: str) -> str:
     return f"tenant = {st(tenant)} AND name = {st(name)}"
 
 
-def _fence_cte(st: Statement, fence: tuple[str, str]) -> str:
+def fence_cte(st: Statement, fence: tuple[str, str]) -> str:
     """The lease check of a fenced statement (PostgreSQL): a ``fence`` row while the holder
     holds the lease unexpired, key-share-locked until the statement's transaction ends."""
     lease, holder = fence
@@ -93,37 +93,17 @@ def insert_job(
     manifest: Mapping[str, Any],
     now: float,
     generation: int = 1,
-    *,
-    fence: tuple[str, str] | None = None,
 ) -> Statement:
     """A new Queued job, or no row when (tenant, name) exists (ON CONFLICT DO NOTHING).
-
-    ``fence`` (PostgreSQL: lease, holder): as in ``update_job``, the statement inserts only
-    while ``holder`` holds ``lease`` unexpired and key-share-locks its row until it commits,
-    so one statement in its own transaction is a fenced submission (no row back also when
-    not held: the caller's transaction then finds out which)."""
+    (PostgreSQL's common case sends ``batch.insert_new_jobs``, fenced, instead.)"""
     st = Statement(dialect)
     args = (tenant, name, queue, priority, encode_json(manifest), generation)
-    columns = (
-        "INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
-        "attempts, reason, created_at, updated_at) "
-    )
-    conflict = f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
-    if fence is None:
-        values = ", ".join(st(v) for v in args)
-        return st.done(
-            f"{columns}VALUES ({values}, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(now)}, "
-            f"{st(now)}) {conflict}"
-        )
-    # INSERT ... SELECT instead of VALUES, for the WHERE; the casts spell the column types
-    # a VALUES row would have taken its placeholders' types from.
-    prefix = _fence_cte(st, fence)
-    casts = ("text", "text", "text", "bigint", "jsonb", "bigint")
-    values = ", ".join(f"{st(v)}::{t}" for v, t in zip(args, casts, strict=True))
+    values = ", ".join(st(v) for v in args)
     return st.done(
-        f"{prefix}{columns}SELECT {values}, 'Queued', 0, {st(SUBMITTED_REASON)}::text, "
-        f"{st(now)}::double precision, {st(now)}::double precision "
-        f"WHERE EXISTS (SELECT 1 FROM fence) {conflict}"
+        "INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
+        f"attempts, reason, created_at, updated_at) VALUES ({values}, 'Queued', 0, "
+        f"{st(SUBMITTED_REASON)}, {st(now)}, {st(now)}) "
+        f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
     )
 
 
@@ -157,7 +137,7 @@ def update_job(
     if expected is not None:
         where += f" AND {st.any_of('state', expected)}"
     if fence is not None:
-        prefix = _fence_cte(st, fence)
+        prefix = fence_cte(st, fence)
         where += " AND EXISTS (SELECT 1 FROM fence)"
     return st.done(
         f"{prefix}UPDATE jobs SET {', '.join(sets)} WHERE {where} RETURNING {JOB_COLUMNS}"
@@ -221,54 +201,6 @@ def active_jobs(
     # (state, seq) index and sort every active job for each page; name the index.
     jobs = "jobs INDEXED BY jobs_active_seq" if dialect == "sqlite" else "jobs"
     return st.done(f"SELECT {JOB_COLUMNS} FROM {jobs} WHERE {where} ORDER BY seq{page}")
-
-
-# What a transition changes (transition_sets), in moved_records' order: the rest of a record
-# stays as the caller read it, so a batch's rows come back without their manifests.
-MOVED_COLUMNS: Final = "seq, state, cluster, placement, attempts, not_before, reason, updated_at"
-
-
-def update_jobs(
-    dialect: Dialect, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
-) -> Statement:
-    """Many transitions' compare-and-set as one statement: each job still as the caller read
-    it (its row by seq, which is never reused, still in the record's state) moves to
-    ``state`` with transition's field rules (as a transition given no cluster, placement,
-    attempts or not_before); the others are left as they are, and only the moved come back
-    (MOVED_COLUMNS). One statement is atomic on both backends, and the history trigger
-    writes a row per moved job, as for one transition."""
-    st = Statement(dialect)
-    sets = transition_sets(
-        state, reason, now, st, cluster=None, placement=None, attempts=None, not_before=None
-    )
-    if dialect == "sqlite":  # a row of placeholders per job, their arguments after the SETs'
-        st.args.extend(a for job in jobs for a in (job.seq, check_state(job.state)))
-        moves = f"(VALUES {', '.join(['(?, ?)'] * len(jobs))}) AS moves"
-    else:  # two arrays, whatever the batch's size
-        seqs, states = st([job.seq for job in jobs]), st([check_state(j.state) for j in jobs])
-        moves = f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
-    return st.done(
-        f"UPDATE jobs SET {', '.join(sets)} FROM {moves} "
-        f"WHERE jobs.seq = moves.column1 AND jobs.state = moves.column2 "
-        f"RETURNING {', '.join(f'jobs.{c}' for c in MOVED_COLUMNS.split(', '))}"
-    )
-
-
-def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
-    """The jobs of an ``update_jobs`` that moved, each its record as given with the fields
-    its row (MOVED_COLUMNS) says it has now."""
-    by_seq = {job.seq: job for job in jobs}
-    moved = []
-    for seq, state, cluster, placement, attempts, not_before, reason, updated_at in rows:
-        job = by_seq[int(seq)]
-        placed = None if placement is None else json.loads(placement)
-        until = None if not_before is None else float(not_before)
-        moved.append(JobRecord(
-            job.tenant, job.name, job.queue, job.priority, job.manifest, state, cluster, placed,
-            int(attempts), until, reason, job.created_at, float(updated_at), job.seq,
-            job.generation,
-        ))  # fmt: skip
-    return moved
 
 
 def count_active(dialect: Dialect, tenant: str) -> Statement:
@@ -432,55 +364,3 @@ def states_filter(state: JobState | Collection[JobState] | None) -> tuple[JobSta
     if isinstance(state, str):
         return (check_state(state),)
     return tuple(check_state(s) for s in state)
-
-
-def hot_statements(dialect: Dialect) -> dict[str, Statement]:
-    """Every statement the broker sends often, built by the functions the backends call
-    (sample arguments): tests/store/test_query_plans.py fails if one needs a full scan of a
-    table. A new statement on a hot path belongs here too."""
-
-    def listing(**filters: Any) -> Statement:
-        every: dict[str, Any] = {"tenant": None, "queue": None, "state": None, "cluster": None}
-        return list_jobs(dialect, **{**every, **filters}, limit=100, after_seq=10)
-
-    update = update_job(
-        dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c", placement=None,
-        expected=("Placed",), attempts=None, not_before=None,
-    )  # fmt: skip
-    moves = [
-        JobRecord("team-a", "job-1", "q", 1, {}, "Placed", "c", None, 1, None, "", 40.0, 45.0, 7),
-        JobRecord("team-b", "job-2", "q", 1, {}, "Running", "c", None, 1, None, "", 40.0, 45.0, 9),
-    ]
-    fenced = {} if dialect == "sqlite" else {
-        "fenced transition": update_job(
-            dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
-            placement=None, expected=("Placed",), attempts=None, not_before=None,
-            fence=("scheduler", "host-a:8080"),
-        ),
-        "fenced insert": insert_job(
-            dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0,
-            fence=("scheduler", "host-a:8080"),
-        ),
-    }  # fmt: skip
-    return {
-        **fenced,
-        "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),
-        "get": select_job(dialect, "team-a", "job-1"),
-        "state of": state_of(dialect, "team-a", "job-1"),
-        "transition": update,
-        "transition many": update_jobs(dialect, moves, "Queued", "requeued", 50.0),
-        "list": listing(),
-        "list by state": listing(state=("Queued", "Placed")),
-        "list by tenant": listing(tenant="team-a"),
-        "list by tenant and state": listing(tenant="team-a", state="Running"),
-        "list by queue": listing(queue="q"),
-        "list by cluster": listing(cluster="c"),
-        "history": history(dialect, "team-a", "job-1"),
-        "active jobs": active_jobs(dialect),
-        "active jobs page": active_jobs(dialect, after_seq=10, limit=1000),
-        "count active": count_active(dialect, "team-a"),
-        "generations": generations(dialect, "team-a", "job-1"),
-        "purge finished": purge_finished_jobs(dialect, 40.0, 1000),
-        "purge generations": purge_generations(dialect, 40.0),
-        "delete finished": delete_finished_job(dialect, "team-a", "job-1"),
-    }

@@ -28,12 +28,14 @@ from broker.store import (
     Generation,
     JobRecord,
     JobState,
+    Placing,
     StoreError,
     StoreUnavailable,
     Transition,
     sql,
     sqlite_url,
 )
+from broker.store.batch import moved_records, place_jobs, update_jobs
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 
 # How long a writer waits for another process's write lock before giving up (ms).
@@ -247,11 +249,19 @@ class SqliteStore:
     ) -> list[JobRecord]:
         if not jobs:
             return []
-        update = sql.update_jobs("sqlite", jobs, state, reason, now)
+        update = update_jobs("sqlite", jobs, state, reason, now)
         async with self._write_txn("transition_many") as conn:
             # One statement: atomic on its own, as every write in a group (see _write_txn).
             rows = await conn.execute_fetchall(update.sql, update.args)
-        return sql.moved_records(jobs, rows)
+        return moved_records(jobs, rows)
+
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        if not placings:
+            return []
+        update = place_jobs("sqlite", placings, now)
+        async with self._write_txn("place_many") as conn:
+            rows = await conn.execute_fetchall(update.sql, update.args)
+        return [_job(row) for row in rows]
 
     @asynccontextmanager
     async def _write_txn(self, action: str) -> AsyncIterator[aiosqlite.Connection]:

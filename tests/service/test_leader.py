@@ -34,8 +34,8 @@ from broker.service.leader import (
     Timings,
     default_identity,
 )
-from broker.store import LeaseLost, StoreUnavailable
-from broker.store import sql as store_sql
+from broker.store import LeaseLost, Placing, StoreUnavailable
+from broker.store.batch import NewJob, insert_new_jobs
 from broker.store.postgres import PostgresStore
 
 TOKEN = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
@@ -410,6 +410,9 @@ async def test_job_writes_are_fenced_by_the_lease(pg_url: str, stores: list[Post
     assert await a.acquire()  # fences stores[0] with host-a's lease
     _, created = await stores[0].create_job("t", "j1", "q", 0, {"k": 1}, 1.0)
     assert created
+    j0, _ = await stores[0].create_job("t", "j0", "q", 0, {"k": 0}, 1.0)
+    held = await stores[0].place_many([Placing(j0.seq, "c1", {"pods": []}, 0, "placed")], 1.5)
+    assert [job.name for job in held] == ["j0"]  # the fenced statement, lease held
     await expire(pg_url)  # a paused longer than its lease: its writes must not land
     with pytest.raises(LeaseLost, match="host-a:8080 no longer holds"):
         await stores[0].create_job("t", "j2", "q", 0, {"k": 2}, 2.0)
@@ -418,6 +421,9 @@ async def test_job_writes_are_fenced_by_the_lease(pg_url: str, stores: list[Post
     assert await stores[1].get_job("t", "j2") is None
     j1 = await stores[1].get_job("t", "j1")
     assert j1 is not None and j1.state == "Queued"
+    with pytest.raises(LeaseLost):
+        await stores[0].place_many([Placing(j1.seq, "c1", {"pods": []}, 0, "late")], 3.0)
+    assert (await stores[1].get_job("t", "j1")) == j1
     assert await b.acquire()
     with pytest.raises(LeaseLost):  # taken over: still refused
         await stores[0].transition("t", "j1", "Failed", "late", 4.0)
@@ -428,7 +434,8 @@ async def test_job_writes_are_fenced_by_the_lease(pg_url: str, stores: list[Post
 @asynccontextmanager
 async def write_in_flight(store: PostgresStore, how: str) -> AsyncIterator[None]:
     """An uncommitted job write of the fenced replica: the general transaction (its fence
-    checked first), or the one-statement fenced insert of create_job's common case."""
+    checked first), or the one-statement fenced insert of create_job's common case (the
+    coalesced statement, here carrying one submission)."""
     if how == "transaction":
         async with store._txn("test write") as conn:  # fence checked, lease row locked
             await conn.execute(
@@ -439,7 +446,7 @@ async def write_in_flight(store: PostgresStore, how: str) -> AsyncIterator[None]
             yield
         return
     assert store._fence is not None
-    fenced = store_sql.insert_job("postgres", "t", "late", "q", 0, {}, 1.0, fence=store._fence)
+    fenced = insert_new_jobs([NewJob("t", "late", "q", 0, "{}", 1.0)], store._fence)
     async with store._require().acquire() as conn, conn.transaction():
         assert await conn.fetchrow(fenced.sql, *fenced.args) is not None  # inserted, locked
         yield

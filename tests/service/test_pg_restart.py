@@ -34,7 +34,7 @@ import functools
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,7 +62,7 @@ from test_crash_safety import (
 
 from broker.manifest import FederatedJob, parse_manifest
 from broker.service.facade import Service
-from broker.store import JobRecord, StoreUnavailable
+from broker.store import JobRecord, Placing, StoreUnavailable
 from broker.store.sqlite import SqliteStore
 
 JOBS = 700
@@ -312,6 +312,9 @@ class CutOff(SqliteStore):
         state = str(kwargs.get("state", args[2]))
         return await self._cut(state, functools.partial(super().transition, *args, **kwargs))
 
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        return await self._cut("Placed", functools.partial(super().place_many, placings, now))
+
 
 def gang(name: str) -> FederatedJob:
     return parse_manifest(json.dumps(gang_manifest(name)).encode(), "application/json")
@@ -348,6 +351,36 @@ async def test_a_placement_in_doubt_is_settled_from_the_store(tmp_path: Path, wh
         history = [t.state for t in await store.history("team-a", "train")]
         assert history == ["Queued", "Placed", "Running"], history
         assert free_gpus(service, "small-a", "A100") == 8  # one 8-GPU pod of 16 GPUs
+    finally:
+        await service.close()
+
+
+class CancelledBehind(SqliteStore):
+    """A store in which the job is cancelled (by a user on another replica's API, say)
+    between the cycle's decision and its write of the placements."""
+
+    async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
+        await self.transition("team-a", "train", "Cancelled", "by the user", now)
+        return await super().place_many(placings, now)
+
+
+async def test_a_placement_of_a_job_cancelled_meanwhile_gives_its_capacity_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CancelledBehind(str(tmp_path / "jobs.db"))
+    clock = Clock()
+    service = Service(make_config(tmp_path), store=store, clock=clock)
+    await service.start()
+    try:
+        before = free_gpus(service, "small-a", "A100")
+        await service.submit("team-a", gang("train"))
+        await service.schedule_once(clock.now)
+        assert "team-a/train" not in service.ledger.reservations()
+        assert service.lifecycle.get("team-a/train") is None  # not launched
+        assert service.queue.get("team-a/train") is None
+        assert free_gpus(service, "small-a", "A100") == before
+        assert (await service.get("team-a", "train")).state == "Cancelled"
+        assert "no longer Queued" in caplog.text
     finally:
         await service.close()
 

@@ -1,6 +1,6 @@
 """Every hot statement of the store is served by an index, on both backends.
 
-The statements come from ``broker.store.sql.hot_statements``, built by the same functions
+The statements come from ``broker.store.hot.hot_statements``, built by the same functions
 the backends call, so this test reads the plans of what the broker really sends. Each runs
 on a store holding jobs in every state over several tenants, queues and clusters, finished
 generations and history. SQLite: ``EXPLAIN QUERY PLAN`` (the store never runs ANALYZE, so
@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 from services import postgres_database
 
-from broker.store import JobRecord, JobState, Store, open_store, sql, sqlite_path, sqlite_url
+from broker.store import JobRecord, JobState, Store, hot, open_store, sql, sqlite_path, sqlite_url
 from broker.store.migrations import Dialect
 
 OUR_TABLES = frozenset({"jobs", "job_history", "job_generations", "leases", "schema_migrations"})
@@ -97,7 +97,7 @@ async def test_hot_statements_use_indexes(url: str) -> None:
         await store.close()
     dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
     scans: dict[str, list[str]] = {}
-    for name, statement in sql.hot_statements(dialect).items():
+    for name, statement in hot.hot_statements(dialect).items():
         if dialect == "sqlite":
             found = sqlite_full_scans(sqlite_path(url), statement)
         else:

@@ -1,7 +1,8 @@
-"""``Store.transition_many``, the batched compare-and-set of a restart's rebuild, on both
-backends: each job moves exactly as ``transition(expect=...)`` would move it (fields and
-history row), a job whose state changed meanwhile, or whose row is not the one read, is
-skipped, and a batch is all or nothing.
+"""The batched compare-and-sets on both backends: ``Store.transition_many`` (a restart's
+rebuild) and ``Store.place_many`` (a scheduling cycle's placements). Each job moves exactly
+as ``transition(expect=...)`` would move it (fields and history row), a job whose state
+changed meanwhile, or whose row is not the one read, is skipped, and a batch is all or
+nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ import pytest
 from services import postgres_database
 from test_store import query
 
-from broker.store import JobRecord, Store, StoreError, open_store, sqlite_path, sqlite_url
+from broker.store import (
+    JobRecord,
+    JobState,
+    Placing,
+    Store,
+    StoreError,
+    open_store,
+    sqlite_path,
+    sqlite_url,
+)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -112,6 +122,73 @@ async def test_a_batch_is_all_or_nothing(url: str, store: Store) -> None:
         [job for job in batch if job.name != "job-13"], "Queued", "requeued", 9.0
     )
     assert len(moved) == len(names) - 1
+
+
+# -- place_many ----------------------------------------------------------------------------------
+
+
+QUEUED: tuple[JobState, ...] = ("Queued",)
+
+
+def placing(job: JobRecord, cluster: str, attempts: int = 0) -> Placing:
+    placement = {"cluster": cluster, "pods": [{"pod": f"{job.name}-0", "node": "n3"}]}
+    return Placing(job.seq, cluster, placement, attempts, f"placed on {cluster} by binpack")
+
+
+async def test_placements_move_as_transition_would(store: Store) -> None:
+    # Twins: "a-*" placed through the batch, "b-*" one by one through transition.
+    for prefix in ("a", "b"):
+        for i, tenant in enumerate(("t1", "t2")):
+            await store.create_job(tenant, f"{prefix}-{i}", "q", 1, {"n": i}, 1.0)
+    queued = [job for job in await store.active_jobs() if job.name.startswith("a-")]
+    batch = [placing(job, f"c{job.seq}", attempts=job.seq % 3) for job in queued]
+    moved = await store.place_many(batch, 7.0)
+    assert sorted(job.name for job in moved) == ["a-0", "a-1"]
+    for job, move in zip(queued, batch, strict=True):
+        twin = job.name.replace("a-", "b-")
+        single = await store.transition(
+            job.tenant, twin, "Placed", move.reason, 7.0, cluster=move.cluster,
+            placement=move.placement, attempts=move.attempts, expect=QUEUED,
+        )  # fmt: skip
+        mine = await store.get_job(job.tenant, job.name)
+        assert mine is not None and mine in moved  # what came back is what is stored
+        assert dataclasses.replace(mine, name=twin, seq=single.seq) == single
+        assert (mine.state, mine.cluster, mine.placement) == (
+            "Placed",
+            move.cluster,
+            move.placement,
+        )
+        assert await store.history(job.tenant, job.name) == await store.history(job.tenant, twin)
+
+
+async def test_placements_of_jobs_no_longer_queued_are_skipped(store: Store) -> None:
+    jobs = [(await store.create_job("t", name, "q", 1, {}, 1.0))[0] for name in "abc"]
+    cancelled = await store.transition("t", "b", "Cancelled", "by the user", 2.0)
+    gone = dataclasses.replace(jobs[2], seq=jobs[2].seq + 1000)
+    moved = await store.place_many([placing(jobs[0], "c1"), placing(jobs[1], "c1"),
+                                    placing(gone, "c1")], 3.0)  # fmt: skip
+    assert [job.name for job in moved] == ["a"]
+    assert await store.get_job("t", "b") == cancelled
+    job_c = await store.get_job("t", "c")
+    assert job_c is not None and job_c.state == "Queued"
+    assert await store.place_many([], 3.0) == []
+    # Placed already: a second placement of the same job does not move it again.
+    assert await store.place_many([placing(jobs[0], "c2")], 4.0) == []
+    job_a = await store.get_job("t", "a")
+    assert job_a is not None and job_a.cluster == "c1"
+
+
+async def test_a_cycles_placements_are_all_or_nothing(url: str, store: Store) -> None:
+    jobs = [(await store.create_job("t", f"job-{i}", "q", 1, {}, 1.0))[0] for i in range(20)]
+    await refuse_updates_of(url, "job-13")
+    with pytest.raises(StoreError, match="refused"):
+        await store.place_many([placing(job, "c1") for job in jobs], 2.0)
+    assert {job.state for job in await store.active_jobs()} == {"Queued"}
+    assert await query(url, "SELECT count(*) FROM job_history") == [(len(jobs),)]
+    moved = await store.place_many(
+        [placing(job, "c1") for job in jobs if job.name != "job-13"], 2.0
+    )
+    assert len(moved) == len(jobs) - 1
 
 
 async def refuse_updates_of(url: str, name: str) -> None:

@@ -1,0 +1,218 @@
+"""The statements that write many jobs at once, for either SQL dialect (see ``sql``): a
+restart's requeue (``update_jobs``), a scheduling cycle's placements (``place_jobs``), and
+on PostgreSQL the concurrent submissions and transitions a ``Coalescer`` sends together
+(``insert_new_jobs``, ``move_jobs``).
+
+Each is one statement, so atomic on both backends without a savepoint, and the history
+trigger writes a row per moved job as for one transition. The jobs are joined by seq (a
+row's, never reused) from a list of placeholder rows on SQLite and from arrays on
+PostgreSQL, so the statement's text does not depend on the batch's size there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.store import SUBMITTED_REASON, JobRecord, JobState, Placing
+from broker.store.migrations import Dialect
+from broker.store.sql import (
+    JOB_COLUMNS,
+    Statement,
+    check_state,
+    encode_json,
+    fence_cte,
+    transition_sets,
+)
+
+# What a transition changes (transition_sets), in moved_records' order: the rest of a record
+# stays as the caller read it, so a batch's rows come back without their manifests.
+MOVED_COLUMNS: Final = "seq, state, cluster, placement, attempts, not_before, reason, updated_at"
+
+
+def update_jobs(
+    dialect: Dialect, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
+) -> Statement:
+    """Many transitions' compare-and-set as one statement: each job still as the caller read
+    it (its row by seq, which is never reused, still in the record's state) moves to
+    ``state`` with transition's field rules (as a transition given no cluster, placement,
+    attempts or not_before); the others are left as they are, and only the moved come back
+    (MOVED_COLUMNS). One statement is atomic on both backends, and the history trigger
+    writes a row per moved job, as for one transition."""
+    st = Statement(dialect)
+    sets = transition_sets(
+        state, reason, now, st, cluster=None, placement=None, attempts=None, not_before=None
+    )
+    if dialect == "sqlite":  # a row of placeholders per job, their arguments after the SETs'
+        st.args.extend(a for job in jobs for a in (job.seq, check_state(job.state)))
+        moves = f"(VALUES {', '.join(['(?, ?)'] * len(jobs))}) AS moves"
+    else:  # two arrays, whatever the batch's size
+        seqs, states = st([job.seq for job in jobs]), st([check_state(j.state) for j in jobs])
+        moves = f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
+    return st.done(
+        f"UPDATE jobs SET {', '.join(sets)} FROM {moves} "
+        f"WHERE jobs.seq = moves.column1 AND jobs.state = moves.column2 "
+        f"RETURNING {', '.join(f'jobs.{c}' for c in MOVED_COLUMNS.split(', '))}"
+    )
+
+
+def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
+    """The jobs of an ``update_jobs`` that moved, each its record as given with the fields
+    its row (MOVED_COLUMNS) says it has now."""
+    by_seq = {job.seq: job for job in jobs}
+    moved = []
+    for seq, state, cluster, placement, attempts, not_before, reason, updated_at in rows:
+        job = by_seq[int(seq)]
+        placed = None if placement is None else json.loads(placement)
+        until = None if not_before is None else float(not_before)
+        moved.append(JobRecord(
+            job.tenant, job.name, job.queue, job.priority, job.manifest, state, cluster, placed,
+            int(attempts), until, reason, job.created_at, float(updated_at), job.seq,
+            job.generation,
+        ))  # fmt: skip
+    return moved
+
+
+def place_jobs(
+    dialect: Dialect,
+    placings: Sequence[Placing],
+    now: float,
+    *,
+    fence: tuple[str, str] | None = None,
+) -> Statement:
+    """A cycle's placements as one compare-and-set (Store.place_many): each job still Queued
+    on the row of its seq moves to Placed with its own cluster, placement, attempts and
+    reason; the others are left as they are, and only the moved come back (JOB_COLUMNS).
+    ``fence`` (PostgreSQL: lease, holder) as in ``sql.update_job``: while not held, no row
+    moves and none comes back."""
+    st = Statement(dialect)  # placeholders in the text's order: SQLite's are positional
+    prefix = "" if fence is None else fence_cte(st, fence)
+    sets = f"state = {st('Placed')}, updated_at = {st(now)}"
+    if dialect == "sqlite":
+        rows = (
+            f"({st(p.seq)}, {st(p.cluster)}, {st(encode_json(p.placement))}, "
+            f"{st(p.attempts)}, {st(p.reason)})"
+            for p in placings
+        )
+        moves, placement = f"(VALUES {', '.join(rows)}) AS moves", "moves.column3"
+    else:
+        arrays = (
+            f"{st([p.seq for p in placings])}::bigint[]",
+            f"{st([p.cluster for p in placings])}::text[]",
+            f"{st([encode_json(p.placement) for p in placings])}::text[]",
+            f"{st([p.attempts for p in placings])}::integer[]",
+            f"{st([p.reason for p in placings])}::text[]",
+        )
+        columns = "column1, column2, column3, column4, column5"
+        moves = f"unnest({', '.join(arrays)}) AS moves ({columns})"
+        placement = "moves.column3::jsonb"
+    sets += (
+        f", cluster = moves.column2, placement = {placement}, attempts = moves.column4, "
+        "reason = moves.column5"
+    )
+    where = f"jobs.seq = moves.column1 AND jobs.state = {st('Queued')}"
+    if fence is not None:
+        where += " AND EXISTS (SELECT 1 FROM fence)"
+    returning = ", ".join(f"jobs.{c}" for c in JOB_COLUMNS.split(", "))
+    update = f"UPDATE jobs SET {sets} FROM {moves} WHERE {where}"
+    return st.done(f"{prefix}{update} RETURNING {returning}")
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A submission of a name not stored yet (create_job's common case)."""
+
+    tenant: str
+    name: str
+    queue: str
+    priority: int
+    manifest: str  # encoded (encode_json), so a bad one fails before it joins a batch
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A transition with no field but its state and reason (transition's common case: to
+    Running or a final state)."""
+
+    tenant: str
+    name: str
+    state: JobState
+    reason: str
+    now: float
+    expect: tuple[JobState, ...] | None
+
+
+def insert_new_jobs(rows: Sequence[NewJob], fence: tuple[str, str] | None) -> Statement:
+    """PostgreSQL: each submission as ``sql.insert_job`` (generation 1, fenced when
+    ``fence`` is given) in one statement; a name that exists comes back as no row (ON
+    CONFLICT DO NOTHING, also against an earlier row of the same batch)."""
+    st = Statement("postgres")
+    prefix = "" if fence is None else fence_cte(st, fence)
+    arrays = ", ".join((
+        f"{st([r.tenant for r in rows])}::text[]",
+        f"{st([r.name for r in rows])}::text[]",
+        f"{st([r.queue for r in rows])}::text[]",
+        f"{st([r.priority for r in rows])}::bigint[]",
+        f"{st([r.manifest for r in rows])}::text[]",
+        f"{st([r.now for r in rows])}::double precision[]",
+    ))  # fmt: skip
+    where = "" if fence is None else " WHERE EXISTS (SELECT 1 FROM fence)"
+    return st.done(
+        f"{prefix}INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, "
+        "state, attempts, reason, created_at, updated_at) "
+        f"SELECT n.tenant, n.name, n.queue, n.priority, n.manifest::jsonb, 1, 'Queued', 0, "
+        f"{st(SUBMITTED_REASON)}::text, n.at, n.at "
+        f"FROM unnest({arrays}) AS n (tenant, name, queue, priority, manifest, at){where} "
+        f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+    )
+
+
+def move_jobs(moves: Sequence[Move], fence: tuple[str, str] | None) -> Statement:
+    """PostgreSQL: each move as ``sql.update_job`` with no field but state and reason (its
+    compare-and-set on ``expect``, fenced when ``fence`` is given) in one statement; a job
+    that is missing or in another state comes back as no row. The jobs of a batch are
+    distinct (a join applies one row per job)."""
+    st = Statement("postgres")
+    prefix = "" if fence is None else fence_cte(st, fence)
+    for move in moves:
+        if move.state in ("Queued", "Placed"):
+            raise ValueError(f"move_jobs does not apply {move.state}'s field rules")
+    arrays = ", ".join((
+        f"{st([m.tenant for m in moves])}::text[]",
+        f"{st([m.name for m in moves])}::text[]",
+        f"{st([check_state(m.state) for m in moves])}::text[]",
+        f"{st([m.reason for m in moves])}::text[]",
+        f"{st([m.now for m in moves])}::double precision[]",
+        f"{st([_expected(m.expect) for m in moves])}::text[]",
+    ))  # fmt: skip
+    where = (
+        "jobs.tenant = m.tenant AND jobs.name = m.name AND "
+        "(m.expect IS NULL OR jobs.state = ANY(string_to_array(m.expect, ',')))"
+    )
+    if fence is not None:
+        where += " AND EXISTS (SELECT 1 FROM fence)"
+    returning = ", ".join(f"jobs.{c}" for c in JOB_COLUMNS.split(", "))
+    return st.done(
+        f"{prefix}UPDATE jobs SET state = m.state, reason = m.reason, updated_at = m.at "
+        f"FROM unnest({arrays}) AS m (tenant, name, state, reason, at, expect) "
+        f"WHERE {where} RETURNING {returning}"
+    )
+
+
+def _expected(expect: tuple[JobState, ...] | None) -> str | None:
+    return None if expect is None else ",".join(check_state(s) for s in expect)
+
+
+__all__ = [
+    "MOVED_COLUMNS",
+    "Move",
+    "NewJob",
+    "insert_new_jobs",
+    "move_jobs",
+    "moved_records",
+    "place_jobs",
+    "update_jobs",
+]
