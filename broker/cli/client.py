@@ -16,27 +16,20 @@ queued job waits), filters by ``--name``/``-l``/``--mine`` on the server (follow
 cursor up to ``--limit``) and with ``--watch`` redraws on ``/v1/events``. ``explain`` of a
 finished job says how, when and where it ran instead of an empty table.
 
-A 503 that carries Retry-After (a follower that does not take writes, a store that is
-down, a new leader rebuilding its state), or a 429 with one (the tenant's rate limit), is
-retried after the hinted wait, for at most
-``--retry-for`` seconds in all (default ``$FEDBROKER_RETRY_SECONDS`` or 30; 0 turns it off);
-each retry is announced on stderr, and when the time is up the last answer is the error.
+A 503 or 429 with Retry-After is asked again for at most ``--retry-for`` seconds
+(``broker.cli.retrying``; default ``$FEDBROKER_RETRY_SECONDS`` or 30; 0 turns it off).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import getpass
 import json
 import os
 import re
 import sys
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,66 +37,31 @@ from urllib.parse import quote
 
 import aiohttp
 import yaml
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from broker.cli.connection import (
     DEFAULT_SERVER,
     ClientError,
     add_connection_options,
-    answer_body,
     ca_file_of,
-    error_of,
-    http_error,
     server_url,
     token_of,
     trust,
     unreachable,
 )
 from broker.cli.render import render, render_finished
+from broker.cli.retrying import (
+    DEFAULT_RETRY_SECONDS,
+    REQUEST_TIMEOUT_SECONDS,
+    Sleep,
+    retried,
+    retry_after_seconds,
+    retry_seconds,
+    send_request,
+)
+from broker.cli.watching import watch
 from broker.cli.wrap import WrapError, is_plain_object, wrap
 
 EXIT_ERROR = 1
-DEFAULT_RETRY_SECONDS = 30.0
-MAX_RETRY_SECONDS = 3600.0
-REQUEST_TIMEOUT_SECONDS = 30.0
-
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class Unavailable(ClientError):
-    """A 503 with Retry-After: the broker asks to be asked again after ``retry_after`` s."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-def _retry_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
-    if not 0 <= value <= MAX_RETRY_SECONDS:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be within 0..{MAX_RETRY_SECONDS:g}, not {text}")
-    return value
-
-
-def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
-    """Retry-After as seconds (delta-seconds or an HTTP date, RFC 9110 10.2.3); None when
-    absent or unreadable."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
-
 
 SUBMITTED_BY = "fedbroker.io/submitted-by"
 USER_ENV = "FEDBROKER_USER"
@@ -111,6 +69,23 @@ FINAL_STATES = ("Succeeded", "Failed", "Cancelled")
 
 
 def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    common = _common_options(parser_class)
+    _add_submit(sub, common)
+    for name, text in (
+        ("get", "show a job and its history"),
+        ("cancel", "cancel a job"),
+        ("explain", "why a job waits (or, once finished, how and where it ran)"),
+    ):
+        cmd = sub.add_parser(name, parents=[common], help=text)
+        cmd.add_argument("name", help="the job's name (metadata.name)")
+    _add_list(sub, common)
+    sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    sub.add_parser(
+        "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
+    )
+
+
+def _common_options(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     common = parser_class(add_help=False)
     add_connection_options(common)
     common.add_argument(
@@ -119,14 +94,17 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     )  # fmt: skip
     common.add_argument(
         "--retry-for",
-        type=_retry_seconds,
+        type=retry_seconds,
         metavar="SECONDS",
         default=os.environ.get("FEDBROKER_RETRY_SECONDS", str(DEFAULT_RETRY_SECONDS)),
         help="retry a 503 or 429 with Retry-After (no leader, store down, state being "
         "rebuilt, rate limited) for "
         "at most this long in all; 0: never (default $FEDBROKER_RETRY_SECONDS or 30)",
     )
+    return common
 
+
+def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     submit = sub.add_parser("submit", parents=[common], help="submit a FederatedJob manifest")
     submit.add_argument(
         "-f", "--file", type=Path, required=True,
@@ -142,13 +120,9 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
         help="priority of a plain workload object (default: its fedbroker.io/priority label, "
         "else 0)",
     )  # fmt: skip
-    for name, text in (
-        ("get", "show a job and its history"),
-        ("cancel", "cancel a job"),
-        ("explain", "why a job waits (or, once finished, how and where it ran)"),
-    ):
-        cmd = sub.add_parser(name, parents=[common], help=text)
-        cmd.add_argument("name", help="the job's name (metadata.name)")
+
+
+def _add_list(sub: Any, common: argparse.ArgumentParser) -> None:
     lister = sub.add_parser(
         "list", parents=[common], help="list your jobs, with why each waits",
         description="Your tenant's jobs (an admin's token: every tenant's), oldest first, "
@@ -178,10 +152,6 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
         "-w", "--watch", action="store_true",
         help="redraw the list on every job event (from /v1/events) until Ctrl-C",
     )  # fmt: skip
-    sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
-    sub.add_parser(
-        "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
-    )
 
 
 CLIENT_COMMANDS = ("submit", "get", "list", "cancel", "explain", "clusters", "pools")
@@ -404,10 +374,10 @@ async def exchange(
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             send = partial(
-                _request, session, request.method, base + request.path, request.body, headers,
+                send_request, session, request.method, base + request.path, request.body, headers,
                 request.params, token,
             )  # fmt: skip
-            answer: tuple[int, Any] = await _retried(send, float(args.retry_for), sleep)
+            answer: tuple[int, Any] = await retried(send, float(args.retry_for), sleep)
             return answer
     except aiohttp.ClientSSLError as exc:
         raise ClientError(
@@ -427,148 +397,9 @@ def _ssl_reason(exc: aiohttp.ClientSSLError) -> str:
     return str(getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or cause)
 
 
-async def _retried(send: Callable[[], Awaitable[Any]], budget: float, sleep: Sleep) -> Any:
-    """``send()``, again after each Unavailable for at most ``budget`` seconds in all.
-
-    Every command is safe to send again, writes included:
-    * submit: jobs are idempotent by (tenant, name) -- the store inserts with
-      ON CONFLICT (tenant, name) DO NOTHING and the API answers a resubmission of the
-      same spec with 200 and the job already stored (never a second job; another spec
-      is a 409 while the job is active). So a retry
-      after an answer that was lost (e.g. a follower's forward that reached the
-      leader) cannot create a duplicate.
-    * cancel: cancelling a job in a final state returns it unchanged.
-    * the rest are reads.
-    A follower's 503 is raised before anything is written in any case.
-    """
-    retrying = AsyncRetrying(
-        sleep=sleep,
-        retry=retry_if_exception_type(Unavailable),
-        wait=lambda state: min(_hint(state), _left(state, budget)),
-        stop=lambda state: _left(state, budget) <= 0,
-        before_sleep=_announce,
-        reraise=True,
-    )
-    try:
-        async for attempt in retrying:
-            with attempt:
-                return await send()
-    except Unavailable as exc:
-        tries = retrying.statistics.get("attempt_number", 1)
-        if budget <= 0:
-            raise ClientError(f"{exc} (not retried: --retry-for 0)") from None
-        raise ClientError(
-            f"{exc} (still unavailable after {tries} attempts in {budget:g} s; --retry-for)"
-        ) from None
-    raise AssertionError("unreachable: tenacity returns or raises")  # pragma: no cover
-
-
-async def _request(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    body: bytes | None,
-    headers: dict[str, str],
-    params: dict[str, str],
-    token: str = "",
-) -> tuple[int, Any]:
-    async with session.request(method, url, data=body, headers=headers, params=params) as resp:
-        doc = answer_body(await resp.text())
-        if resp.status >= 400:
-            line = http_error(resp.status, error_of(doc), resp.reason, token)
-            wait = retry_after_seconds(resp.headers.get("Retry-After"))
-            if resp.status in (429, 503) and wait is not None:  # asked to come back
-                raise Unavailable(line, wait)
-            raise ClientError(line)
-        return resp.status, doc
-
-
-def _elapsed(state: RetryCallState) -> float:
-    """Time used so far: wall clock, or the waits asked for when sleep was faster."""
-    return max(state.seconds_since_start or 0.0, state.idle_for)
-
-
-def _left(state: RetryCallState, budget: float) -> float:
-    return budget - _elapsed(state)
-
-
-def _hint(state: RetryCallState) -> float:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    return exc.retry_after if isinstance(exc, Unavailable) else 1.0
-
-
-def _announce(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    sys.stderr.write(f"fedbroker: {exc}; retrying in {state.upcoming_sleep:.3g} s\n")
-
-
-WATCH_MIN_SECONDS = 0.5  # a busy broker's events redraw the list at most this often
-
-
 async def watch_list(args: argparse.Namespace) -> int:
-    """``list --watch``: the list, then again after job events (``/v1/events``) that
-    changed it, at most every WATCH_MIN_SECONDS; until Ctrl-C (exit 0) or the stream ends
-    (exit 1)."""
-    base, token = server_url(args), token_of(args)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    changed = asyncio.Event()
-
-    shown: list[Any] = [None]  # what the last drawing showed (ages aside)
-
-    async def redraw() -> None:
-        doc = await list_jobs(args)
-        seen = [
-            (j.get("metadata", {}).get("name"), j.get("metadata", {}).get("namespace"),
-             {k: v for k, v in j.get("status", {}).items() if k != "updatedAt"})
-            for j in doc.get("items", [])
-        ]  # fmt: skip
-        if seen == shown[0]:
-            return  # events of jobs not in this list (another filter, another tenant's)
-        shown[0] = seen
-        if args.output == "table":
-            text = render("list", doc)
-            if sys.stdout.isatty():
-                text = "\x1b[H\x1b[2J" + text  # clear the screen, then the table
-            else:
-                text = f"--- {datetime.now().strftime('%H:%M:%S')}\n{text}"
-        elif args.output == "json":
-            text = json.dumps(doc)
-        else:
-            text = "---\n" + yaml.safe_dump(doc, sort_keys=False).rstrip()
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-
-    async def painter() -> None:
-        while True:
-            await changed.wait()
-            changed.clear()
-            await redraw()
-            await asyncio.sleep(WATCH_MIN_SECONDS)
-
-    await redraw()
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT_SECONDS)
-    connector = aiohttp.TCPConnector(ssl=trust(ca_file_of(args)))
-    paint = asyncio.ensure_future(painter())
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
-            session.get(base + "/v1/events", headers=headers) as resp,
-        ):
-            if resp.status >= 400:
-                message = error_of(answer_body(await resp.text()))
-                raise ClientError(http_error(resp.status, message, resp.reason, token))
-            async for line in resp.content:
-                if line.startswith(b"event:") and line[6:].strip() not in (b"capacity",):
-                    changed.set()
-                if paint.done():
-                    paint.result()  # a redraw's error ends the watch
-    except aiohttp.ClientError as exc:
-        raise ClientError(unreachable(base, exc)) from None
-    finally:
-        paint.cancel()
-        with contextlib.suppress(asyncio.CancelledError, ClientError):
-            await paint
-    raise ClientError(f"the broker at {base} ended the event stream")
+    """``list --watch`` (``broker.cli.watching``)."""
+    return await watch(args, list_jobs)
 
 
 __all__ = [
