@@ -55,6 +55,8 @@ from broker.store.pgerrors import POOL_LOG_FILTER, UNAVAILABLE, scrub, secrets_i
 from broker.store.pglease import ACQUIRE, RELEASE, RENEW
 
 # Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
+log = logging.getLogger(__name__)
+
 _MIGRATION_LOCK: Final = 0x6665646272_6F6B72
 PING_TIMEOUT_S: Final = 2.0
 # Coalesced statements of one kind (submissions; transitions) in flight at once, and the
@@ -122,6 +124,9 @@ class PostgresStore:
         try:
             with self._errors("migrate"):
                 await self._migrate(pool)
+                warning = autovacuum_warning(await pool.fetchval("SHOW autovacuum"))
+            if warning is not None:
+                log.warning("postgres store %s: %s", self.url_for_logs, warning)
             with self._errors("connect"):
                 lease_pool = await asyncpg.create_pool(
                     self._url, **{**self._pool_options, "min_size": 1, "max_size": 2}
@@ -454,6 +459,20 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
     one more round trip per write."""
     if conn.is_in_transaction():
         await conn.execute("ROLLBACK")
+
+
+def autovacuum_warning(setting: str | None) -> str | None:
+    """What to tell the operator about the server's ``autovacuum`` setting, if anything.
+    Every transition leaves a dead row version behind (``state`` is indexed: no HOT
+    update), so without autovacuum the job tables and their indexes grow without bound and
+    every write slows down (a soak at 200 jobs/s left 86,000 dead rows beside 23,000 live
+    ones after 150 s)."""
+    if setting == "on":
+        return None
+    return (
+        f"autovacuum is {setting or 'unknown'} on the server: the jobs and job_history "
+        "tables will bloat and writes slow down; turn it on, or VACUUM them regularly"
+    )
 
 
 def _job_key(write: NewJob | Move) -> tuple[str, str]:
