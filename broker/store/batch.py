@@ -202,6 +202,17 @@ def move_jobs(moves: Sequence[Move], fence: tuple[str, str] | None) -> Statement
     )
 
 
+def job_key(write: NewJob | Move) -> tuple[str, str]:
+    return write.tenant, write.name
+
+
+def by_job(writes: Sequence[NewJob | Move], rows: Iterable[JobRecord]) -> list[JobRecord | None]:
+    """A batch's records back, in the order of its writes: None for a write that did not
+    apply (its job is not among them)."""
+    records = {(r.tenant, r.name): r for r in rows}
+    return [records.get(job_key(write)) for write in writes]
+
+
 def _expected(expect: tuple[JobState, ...] | None) -> str | None:
     return None if expect is None else ",".join(check_state(s) for s in expect)
 
@@ -210,7 +221,9 @@ __all__ = [
     "MOVED_COLUMNS",
     "Move",
     "NewJob",
+    "by_job",
     "insert_new_jobs",
+    "job_key",
     "move_jobs",
     "moved_records",
     "place_jobs",

@@ -46,23 +46,7 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         Placing(7, "c", {"cluster": "c", "nodes": {"n1": 1}}, 0, "placed on c"),
         Placing(9, "d", {"cluster": "d", "nodes": {"n2": 1}}, 1, "placed on d"),
     ]
-    lease = ("scheduler", "host-a:8080")
-    fenced = {} if dialect == "sqlite" else {
-        "fenced transition": update_job(
-            dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
-            placement=None, expected=("Placed",), attempts=None, not_before=None,
-            fence=lease,
-        ),
-        "fenced place many": place_jobs(dialect, placings, 50.0, fence=lease),
-        "fenced insert": insert_new_jobs(
-            [NewJob("team-a", "job-new", "q", 1, "{}", 50.0), NewJob("team-b", "x", "q", 1,
-             "{}", 50.0)], lease,
-        ),
-        "fenced move": move_jobs(
-            [Move("team-a", "job-1", "Running", "up", 50.0, ("Placed",)),
-             Move("team-b", "job-2", "Failed", "gone", 50.0, None)], lease,
-        ),
-    }  # fmt: skip
+    fenced = {} if dialect == "sqlite" else _fenced(dialect, placings)
     return {
         **fenced,
         "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),
@@ -86,6 +70,27 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         "purge generations": purge_generations(dialect, 40.0),
         "delete finished": delete_finished_job(dialect, "team-a", "job-1"),
     }
+
+
+def _fenced(dialect: Dialect, placings: list[Placing]) -> dict[str, Statement]:
+    """PostgreSQL's fenced statements (SQLite's writer lock is the fence there)."""
+    lease = ("scheduler", "host-a:8080")
+    return {
+        "fenced transition": update_job(
+            dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
+            placement=None, expected=("Placed",), attempts=None, not_before=None,
+            fence=lease,
+        ),
+        "fenced place many": place_jobs(dialect, placings, 50.0, fence=lease),
+        "fenced insert": insert_new_jobs(
+            [NewJob("team-a", "job-new", "q", 1, "{}", 50.0), NewJob("team-b", "x", "q", 1,
+             "{}", 50.0)], lease,
+        ),
+        "fenced move": move_jobs(
+            [Move("team-a", "job-1", "Running", "up", 50.0, ("Placed",)),
+             Move("team-b", "job-2", "Failed", "gone", 50.0, None)], lease,
+        ),
+    }  # fmt: skip
 
 
 __all__ = ["hot_statements"]

@@ -43,7 +43,9 @@ from broker.store import (
 from broker.store.batch import (
     Move,
     NewJob,
+    by_job,
     insert_new_jobs,
+    job_key,
     move_jobs,
     moved_records,
     place_jobs,
@@ -51,7 +53,15 @@ from broker.store.batch import (
 )
 from broker.store.coalesce import Coalescer
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
-from broker.store.pgerrors import POOL_LOG_FILTER, UNAVAILABLE, scrub, secrets_in, translated
+from broker.store.pgerrors import (
+    POOL_LOG_FILTER,
+    UNAVAILABLE,
+    autovacuum_warning,
+    reset_connection,
+    scrub,
+    secrets_in,
+    translated,
+)
 from broker.store.pglease import ACQUIRE, RELEASE, RENEW
 
 # Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
@@ -89,7 +99,7 @@ class PostgresStore:
             "max_size": max_size,
             "timeout": connect_timeout,
             "command_timeout": command_timeout,
-            "reset": _reset_connection,
+            "reset": reset_connection,
         }
         self._pool: asyncpg.Pool | None = None
         # Leader election's own connections: a renewal must not queue behind job writes for
@@ -101,10 +111,10 @@ class PostgresStore:
         # (group commit, as SQLite's): at 300 jobs/s one statement per write, each with its
         # own round trip, commit and lease check, took PostgreSQL most of a core.
         self._inserts: Coalescer[NewJob, JobRecord] = Coalescer(
-            self._insert_batch, _job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+            self._insert_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
         )
         self._moves: Coalescer[Move, JobRecord] = Coalescer(
-            self._move_batch, _job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+            self._move_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -317,13 +327,13 @@ class PostgresStore:
         statement = insert_new_jobs(rows, self._fence)
         with self._errors("create_job"):
             found = await self._require().fetch(statement.sql, *statement.args)
-        return _by_job(rows, found)
+        return by_job(rows, map(_job, found))
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:
         statement = move_jobs(moves, self._fence)
         with self._errors("transition"):
             found = await self._require().fetch(statement.sql, *statement.args)
-        return _by_job(moves, found)
+        return by_job(moves, map(_job, found))
 
     async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
         if not placings:
@@ -450,41 +460,6 @@ class PostgresStore:
     def _errors(self, action: str) -> AbstractContextManager[None]:
         """Translate driver errors into the store's, with the (redacted) URL named."""
         return translated(f"postgres store {self.url_for_logs}: {action}", self._secrets)
-
-
-async def _reset_connection(conn: asyncpg.Connection) -> None:
-    """What a connection back in the pool needs here: no transaction left open. asyncpg's
-    default reset also unlocks advisory locks, closes cursors, unlistens and resets settings,
-    none of which the store leaves behind (its only advisory lock is transaction-scoped), in
-    one more round trip per write."""
-    if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
-
-
-def autovacuum_warning(setting: str | None) -> str | None:
-    """What to tell the operator about the server's ``autovacuum`` setting, if anything.
-    Every transition leaves a dead row version behind (``state`` is indexed: no HOT
-    update), so without autovacuum the job tables and their indexes grow without bound and
-    every write slows down (a soak at 200 jobs/s left 86,000 dead rows beside 23,000 live
-    ones after 150 s)."""
-    if setting == "on":
-        return None
-    return (
-        f"autovacuum is {setting or 'unknown'} on the server: the jobs and job_history "
-        "tables will bloat and writes slow down; turn it on, or VACUUM them regularly"
-    )
-
-
-def _job_key(write: NewJob | Move) -> tuple[str, str]:
-    return write.tenant, write.name
-
-
-def _by_job(
-    writes: Sequence[NewJob | Move], rows: Sequence[asyncpg.Record]
-) -> list[JobRecord | None]:
-    """A batch's rows back, in the order of its writes: None for a write that did not apply."""
-    records = {(r.tenant, r.name): r for r in map(_job, rows)}
-    return [records.get(_job_key(write)) for write in writes]
 
 
 def _job(row: asyncpg.Record) -> JobRecord:

@@ -10,7 +10,8 @@ import asyncpg
 import pytest
 from services import postgres_database
 
-from broker.store.postgres import PostgresStore, autovacuum_warning
+from broker.store.pgerrors import autovacuum_warning
+from broker.store.postgres import PostgresStore
 
 
 @pytest.mark.parametrize(
