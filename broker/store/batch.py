@@ -1,18 +1,19 @@
 """The statements that write many jobs at once, for either SQL dialect (see ``sql``): a
 restart's requeue (``update_jobs``), a scheduling cycle's placements (``place_jobs``), and
-on PostgreSQL the concurrent submissions and transitions a ``Coalescer`` sends together
-(``insert_new_jobs``, ``move_jobs``).
+the concurrent submissions and transitions a ``Coalescer`` sends together (``insert_new_jobs``,
+``move_jobs``).
 
 Each is one statement, so atomic on both backends without a savepoint, and the history
 trigger writes a row per moved job as for one transition. The jobs are joined by seq (a
-row's, never reused) from a list of placeholder rows on SQLite and from arrays on
-PostgreSQL, so the statement's text does not depend on the batch's size there.
+row's, never reused) or by (tenant, name) from a list of placeholder rows on SQLite and
+from arrays on PostgreSQL, so the statement's text does not depend on the batch's size
+there.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -134,8 +135,8 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """A transition with no field but its state and reason (transition's common case: to
-    Running or a final state)."""
+    """A transition with no cluster or placement (transition's common case: to Running or
+    a final state); attempts and not_before are set where not None."""
 
     tenant: str
     name: str
@@ -143,13 +144,30 @@ class Move:
     reason: str
     now: float
     expect: tuple[JobState, ...] | None
+    attempts: int | None = None
+    not_before: float | None = None
 
 
-def insert_new_jobs(rows: Sequence[NewJob], fence: tuple[str, str] | None) -> Statement:
-    """PostgreSQL: each submission as ``sql.insert_job`` (generation 1, fenced when
-    ``fence`` is given) in one statement; a name that exists comes back as no row (ON
-    CONFLICT DO NOTHING, also against an earlier row of the same batch)."""
-    st = Statement("postgres")
+def insert_new_jobs(
+    dialect: Dialect, rows: Sequence[NewJob], fence: tuple[str, str] | None = None
+) -> Statement:
+    """Each submission as ``sql.insert_job`` (generation 1; fenced when ``fence`` is given,
+    PostgreSQL) in one statement; a name that exists comes back as no row (ON CONFLICT DO
+    NOTHING, also against an earlier row of the same batch)."""
+    st = Statement(dialect)
+    columns = (
+        "INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, state, "
+        "attempts, reason, created_at, updated_at) "
+    )
+    conflict = f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+    if dialect == "sqlite":  # a row of placeholders per job
+        values = ", ".join(
+            f"({st(r.tenant)}, {st(r.name)}, {st(r.queue)}, {st(r.priority)}, "
+            f"{st(r.manifest)}, 1, 'Queued', 0, {st(SUBMITTED_REASON)}, {st(r.now)}, "
+            f"{st(r.now)})"
+            for r in rows
+        )
+        return st.done(f"{columns}VALUES {values} {conflict}")
     prefix = "" if fence is None else fence_cte(st, fence)
     arrays = ", ".join((
         f"{st([r.tenant for r in rows])}::text[]",
@@ -161,45 +179,83 @@ def insert_new_jobs(rows: Sequence[NewJob], fence: tuple[str, str] | None) -> St
     ))  # fmt: skip
     where = "" if fence is None else " WHERE EXISTS (SELECT 1 FROM fence)"
     return st.done(
-        f"{prefix}INSERT INTO jobs (tenant, name, queue, priority, manifest, generation, "
-        "state, attempts, reason, created_at, updated_at) "
+        f"{prefix}{columns}"
         f"SELECT n.tenant, n.name, n.queue, n.priority, n.manifest::jsonb, 1, 'Queued', 0, "
         f"{st(SUBMITTED_REASON)}::text, n.at, n.at "
         f"FROM unnest({arrays}) AS n (tenant, name, queue, priority, manifest, at){where} "
-        f"ON CONFLICT (tenant, name) DO NOTHING RETURNING {JOB_COLUMNS}"
+        f"{conflict}"
     )
 
 
-def move_jobs(moves: Sequence[Move], fence: tuple[str, str] | None) -> Statement:
-    """PostgreSQL: each move as ``sql.update_job`` with no field but state and reason (its
-    compare-and-set on ``expect``, fenced when ``fence`` is given) in one statement; a job
-    that is missing or in another state comes back as no row. The jobs of a batch are
-    distinct (a join applies one row per job)."""
-    st = Statement("postgres")
-    prefix = "" if fence is None else fence_cte(st, fence)
+def move_jobs(
+    dialect: Dialect, moves: Sequence[Move], fence: tuple[str, str] | None = None
+) -> Statement:
+    """Each move as ``sql.update_job`` with no cluster or placement (its compare-and-set
+    on ``expect``; attempts and not_before set where given, as transition_sets does;
+    fenced when ``fence`` is given, PostgreSQL) in one
+    statement; a job that is missing or in another state comes back as no row. The jobs of
+    a batch are distinct (a join applies one row per job)."""
+    st = Statement(dialect)
     for move in moves:
         if move.state in ("Queued", "Placed"):
             raise ValueError(f"move_jobs does not apply {move.state}'s field rules")
-    arrays = ", ".join((
-        f"{st([m.tenant for m in moves])}::text[]",
-        f"{st([m.name for m in moves])}::text[]",
-        f"{st([check_state(m.state) for m in moves])}::text[]",
-        f"{st([m.reason for m in moves])}::text[]",
-        f"{st([m.now for m in moves])}::double precision[]",
-        f"{st([_expected(m.expect) for m in moves])}::text[]",
-    ))  # fmt: skip
-    where = (
-        "jobs.tenant = m.tenant AND jobs.name = m.name AND "
-        "(m.expect IS NULL OR jobs.state = ANY(string_to_array(m.expect, ',')))"
-    )
+    if dialect == "sqlite":  # a row of placeholders per move; expect as ",A,B,"
+        rows = ", ".join(
+            f"({st(m.tenant)}, {st(m.name)}, {st(check_state(m.state))}, {st(m.reason)}, "
+            f"{st(m.now)}, {st(None if m.expect is None else f',{_expected(m.expect)},')}, "
+            f"{st(m.attempts)}, {st(m.not_before)})"
+            for m in moves
+        )
+        table = f"(VALUES {rows}) AS m"
+        expected = "instr(m.column6, ',' || jobs.state || ',') > 0"
+        columns = tuple(f"m.column{i}" for i in range(1, 9))
+        prefix = ""
+    else:
+        prefix = "" if fence is None else fence_cte(st, fence)
+        arrays = ", ".join((
+            f"{st([m.tenant for m in moves])}::text[]",
+            f"{st([m.name for m in moves])}::text[]",
+            f"{st([check_state(m.state) for m in moves])}::text[]",
+            f"{st([m.reason for m in moves])}::text[]",
+            f"{st([m.now for m in moves])}::double precision[]",
+            f"{st([_expected(m.expect) for m in moves])}::text[]",
+            f"{st([m.attempts for m in moves])}::integer[]",
+            f"{st([m.not_before for m in moves])}::double precision[]",
+        ))  # fmt: skip
+        names = ("tenant", "name", "state", "reason", "at", "expect", "attempts", "not_before")
+        table = f"unnest({arrays}) AS m ({', '.join(names)})"
+        expected = "jobs.state = ANY(string_to_array(m.expect, ','))"
+        columns = tuple(f"m.{n}" for n in names)
+    tenant, name, state, reason, at, expect, attempts, not_before = columns
+    where = f"jobs.tenant = {tenant} AND jobs.name = {name} AND ({expect} IS NULL OR {expected})"
     if fence is not None:
         where += " AND EXISTS (SELECT 1 FROM fence)"
     returning = ", ".join(f"jobs.{c}" for c in JOB_COLUMNS.split(", "))
     return st.done(
-        f"{prefix}UPDATE jobs SET state = m.state, reason = m.reason, updated_at = m.at "
-        f"FROM unnest({arrays}) AS m (tenant, name, state, reason, at, expect) "
-        f"WHERE {where} RETURNING {returning}"
+        f"{prefix}UPDATE jobs SET state = {state}, reason = {reason}, updated_at = {at}, "
+        f"attempts = COALESCE({attempts}, jobs.attempts), "
+        f"not_before = COALESCE({not_before}, jobs.not_before) "
+        f"FROM {table} WHERE {where} RETURNING {returning}"
     )
+
+
+def as_move(
+    tenant: str,
+    name: str,
+    state: JobState,
+    reason: str,
+    now: float,
+    expected: tuple[JobState, ...] | None,
+    fields: Mapping[str, Any],
+) -> Move | None:
+    """The transition as a Move when it is one: no cluster or placement, to a state with no
+    field rules of its own (Running or a final state)."""
+    if state in ("Queued", "Placed") or fields["cluster"] is not None:
+        return None
+    if fields["placement"] is not None:
+        return None
+    attempts, not_before = fields["attempts"], fields["not_before"]
+    return Move(tenant, name, check_state(state), reason, now, expected, attempts, not_before)
 
 
 def job_key(write: NewJob | Move) -> tuple[str, str]:
@@ -221,6 +277,7 @@ __all__ = [
     "MOVED_COLUMNS",
     "Move",
     "NewJob",
+    "as_move",
     "by_job",
     "insert_new_jobs",
     "job_key",

@@ -18,9 +18,12 @@ costs O(k) to build and to hand out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from broker.store import LeaseLost, StoreError, StoreUnavailable
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,7 +58,7 @@ class Coalescer(Generic[T, R]):
             return await asyncio.shield(done)
         except asyncio.CancelledError:
             if not self._dropped(done):  # sent: wait for its outcome (it may be stored)
-                await asyncio.wait([done])
+                await settled(done)
             raise
 
     async def drain(self) -> None:
@@ -116,8 +119,28 @@ class Coalescer(Generic[T, R]):
         self._start()
 
 
+async def settled(outcome: asyncio.Future[Any]) -> None:
+    """Wait for a write's outcome even through further cancel requests: a caller cancelled
+    once more still gets control back only once its write is settled (stored or not)."""
+    while not outcome.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([outcome])
+
+
+async def coalesced(coalescer: Coalescer[T, R], write: T) -> R | None:
+    """A store's write sent with others; None when it did not apply (the caller's own
+    statement then finds out why) or when its batch failed for another write's sake (a
+    refused row fails the whole statement: each is then tried alone)."""
+    try:
+        return await coalescer(write)
+    except (StoreUnavailable, LeaseLost):
+        raise  # in doubt, or not ours to write: the same for every write of the batch
+    except StoreError:
+        return None
+
+
 def _stopped(exc: BaseException) -> Exception:
     return RuntimeError(f"the batch was stopped: {exc!r}")
 
 
-__all__ = ["Coalescer"]
+__all__ = ["Coalescer", "coalesced", "settled"]

@@ -55,6 +55,8 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         "transition": update,
         "transition many": update_jobs(dialect, moves, "Queued", "requeued", 50.0),
         "place many": place_jobs(dialect, placings, 50.0),
+        "insert many": insert_new_jobs(dialect, _NEW_JOBS),
+        "move many": move_jobs(dialect, _MOVES),
         "list": listing(),
         "list by state": listing(state=("Queued", "Placed")),
         "list by tenant": listing(tenant="team-a"),
@@ -77,20 +79,33 @@ def _fenced(dialect: Dialect, placings: list[Placing]) -> dict[str, Statement]:
     lease = ("scheduler", "host-a:8080")
     return {
         "fenced transition": update_job(
-            dialect, "team-a", "job-1", "Running", "pods running", 50.0, cluster="c",
-            placement=None, expected=("Placed",), attempts=None, not_before=None,
+            dialect,
+            "team-a",
+            "job-1",
+            "Running",
+            "pods running",
+            50.0,
+            cluster="c",
+            placement=None,
+            expected=("Placed",),
+            attempts=None,
+            not_before=None,
             fence=lease,
         ),
         "fenced place many": place_jobs(dialect, placings, 50.0, fence=lease),
-        "fenced insert": insert_new_jobs(
-            [NewJob("team-a", "job-new", "q", 1, "{}", 50.0), NewJob("team-b", "x", "q", 1,
-             "{}", 50.0)], lease,
-        ),
-        "fenced move": move_jobs(
-            [Move("team-a", "job-1", "Running", "up", 50.0, ("Placed",)),
-             Move("team-b", "job-2", "Failed", "gone", 50.0, None)], lease,
-        ),
-    }  # fmt: skip
+        "fenced insert": insert_new_jobs(dialect, _NEW_JOBS, lease),
+        "fenced move": move_jobs(dialect, _MOVES, lease),
+    }
+
+
+_NEW_JOBS = (
+    NewJob("team-a", "job-new", "q", 1, "{}", 50.0),
+    NewJob("team-b", "x", "q", 1, "{}", 50.0),
+)
+_MOVES = (
+    Move("team-a", "job-1", "Running", "up", 50.0, ("Placed",)),
+    Move("team-b", "job-2", "Failed", "gone", 50.0, None, 2, 60.0),
+)
 
 
 __all__ = ["hot_statements"]

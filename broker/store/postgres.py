@@ -43,6 +43,7 @@ from broker.store import (
 from broker.store.batch import (
     Move,
     NewJob,
+    as_move,
     by_job,
     insert_new_jobs,
     job_key,
@@ -51,7 +52,7 @@ from broker.store.batch import (
     place_jobs,
     update_jobs,
 )
-from broker.store.coalesce import Coalescer
+from broker.store.coalesce import Coalescer, coalesced
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 from broker.store.pgerrors import (
     POOL_LOG_FILTER,
@@ -210,7 +211,7 @@ class PostgresStore:
         # every 201. No row back (the name exists, or the lease is not held): the
         # transaction below finds out which and does the rest.
         new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now)
-        if (stored := await self._coalesced(self._inserts, new)) is not None:
+        if (stored := await coalesced(self._inserts, new)) is not None:
             return stored, True
         insert = sql.insert_job("postgres", tenant, name, queue, priority, manifest, now)
         async with self._txn("create_job") as conn:
@@ -270,15 +271,14 @@ class PostgresStore:
         not_before: float | None = None,
     ) -> JobRecord:
         expected = sql.expected_states(expect)
-        plain = cluster is None and placement is None and attempts is None
-        if plain and not_before is None and state not in ("Queued", "Placed"):
-            move = Move(tenant, name, sql.check_state(state), reason, now, expected)
-            if (moved := await self._coalesced(self._moves, move)) is not None:
-                return moved
         fields: dict[str, Any] = {
-            "cluster": cluster, "placement": placement, "expected": expected,
-            "attempts": attempts, "not_before": not_before,
+            "cluster": cluster, "placement": placement, "attempts": attempts,
+            "not_before": not_before,
         }  # fmt: skip
+        move = as_move(tenant, name, state, reason, now, expected, fields)
+        if move is not None and (moved := await coalesced(self._moves, move)) is not None:
+            return moved
+        fields["expected"] = expected
         # The common case in one round trip: one statement is its own transaction, fenced
         # by itself (BEGIN, the fence's SELECT, the UPDATE and COMMIT took four, each a
         # turn of a busy event loop: the soak's writes fell behind at ~500/s on 10
@@ -310,27 +310,14 @@ class PostgresStore:
             rows = await conn.fetch(update.sql, *update.args)
         return moved_records(jobs, rows)
 
-    async def _coalesced(
-        self, coalescer: Coalescer[Any, JobRecord], write: Any
-    ) -> JobRecord | None:
-        """The write sent with others; None when it did not apply (the caller's own
-        statement then finds out why) or when its batch failed for another write's sake
-        (a refused row fails the whole statement: each is then tried alone)."""
-        try:
-            return await coalescer(write)
-        except (StoreUnavailable, LeaseLost):
-            raise  # in doubt, or not ours to write: the same for every write of the batch
-        except StoreError:
-            return None
-
     async def _insert_batch(self, rows: Sequence[NewJob]) -> list[JobRecord | None]:
-        statement = insert_new_jobs(rows, self._fence)
+        statement = insert_new_jobs("postgres", rows, self._fence)
         with self._errors("create_job"):
             found = await self._require().fetch(statement.sql, *statement.args)
         return by_job(rows, map(_job, found))
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:
-        statement = move_jobs(moves, self._fence)
+        statement = move_jobs("postgres", moves, self._fence)
         with self._errors("transition"):
             found = await self._require().fetch(statement.sql, *statement.args)
         return by_job(moves, map(_job, found))

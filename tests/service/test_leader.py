@@ -446,7 +446,7 @@ async def write_in_flight(store: PostgresStore, how: str) -> AsyncIterator[None]
             yield
         return
     assert store._fence is not None
-    fenced = insert_new_jobs([NewJob("t", "late", "q", 0, "{}", 1.0)], store._fence)
+    fenced = insert_new_jobs("postgres", [NewJob("t", "late", "q", 0, "{}", 1.0)], store._fence)
     async with store._require().acquire() as conn, conn.transaction():
         assert await conn.fetchrow(fenced.sql, *fenced.args) is not None  # inserted, locked
         yield

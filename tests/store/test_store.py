@@ -104,6 +104,31 @@ async def query(url: str, sql: str) -> list[tuple[Any, ...]]:
         await conn_pg.close()
 
 
+async def refuse(url: str, when: str) -> None:
+    """Triggers that fail every insert or update of a jobs row matching ``when`` (SQL on
+    NEW, the same in both dialects), behind the store's back."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(sqlite_path(url)) as conn:
+            for event in ("INSERT", "UPDATE"):
+                conn.execute(
+                    f"CREATE TRIGGER refuse_{event.lower()} BEFORE {event} ON jobs "
+                    f"WHEN {when} BEGIN SELECT RAISE(ABORT, 'refused'); END"
+                )
+        return
+    conn_pg = await asyncpg.connect(url)
+    try:
+        await conn_pg.execute(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF {when} THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
+        )
+        await conn_pg.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW "
+            "EXECUTE FUNCTION refuse()"
+        )
+    finally:
+        await conn_pg.close()
+
+
 async def create(
     store: Store, name: str, *, tenant: str = "team-a", queue: str = "training", now: float = 100.0
 ) -> JobRecord:
@@ -314,18 +339,17 @@ async def test_sqlite_write_cancelled_at_each_statement(tmp_path: Path, statemen
                 loop.call_soon_threadsafe(task.cancel)
 
         assert store._writer is not None
-        await store._writer.set_trace_callback(on_statement)
+        await store._writer.call(lambda conn: conn.set_trace_callback(on_statement))
         with contextlib.suppress(asyncio.CancelledError):
             await task
         job = await store.get_job("t", "c")
         assert len(await store.history("t", "c")) == (0 if job is None else 1)
-        if statement == "BEGIN":
-            assert job is None  # cancelled before its one statement was sent
-        else:
-            # The write is one statement (its history row comes from a trigger); once sent it
-            # runs whole and commits with its group, though the caller saw CancelledError and
-            # never got a 201: a resubmission finds it (below), nothing is half-written.
-            assert job is not None
+        # The write was handed to its batch (the coalescer's, whose statement BEGIN opens the
+        # group for) before any statement ran, and it is one statement (its history row comes
+        # from a trigger): once handed over it runs whole and commits with its group, though
+        # the caller saw CancelledError and never got a 201. A resubmission finds it (below),
+        # nothing is half-written.
+        assert job is not None
         _, created = await store.create_job("t", "c", "q", 0, {}, 2.0)
         assert created == (job is None)
     finally:

@@ -11,10 +11,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from services import postgres_database
-from test_store import query
+from test_store import query, refuse
 
 from broker.store import (
     JobRecord,
@@ -23,7 +22,6 @@ from broker.store import (
     Store,
     StoreError,
     open_store,
-    sqlite_path,
     sqlite_url,
 )
 
@@ -112,7 +110,7 @@ async def test_a_job_submitted_again_is_not_the_row_read(store: Store) -> None:
 async def test_a_batch_is_all_or_nothing(url: str, store: Store) -> None:
     names = [f"job-{i}" for i in range(20)]
     batch = [await placed(store, "t", name) for name in names]
-    await refuse_updates_of(url, "job-13")
+    await refuse(url, "NEW.name = 'job-13'")
     with pytest.raises(StoreError, match="refused"):
         await store.transition_many(batch, "Queued", "requeued", 9.0)
     assert {job.state for job in await store.active_jobs()} == {"Placed"}
@@ -180,7 +178,7 @@ async def test_placements_of_jobs_no_longer_queued_are_skipped(store: Store) -> 
 
 async def test_a_cycles_placements_are_all_or_nothing(url: str, store: Store) -> None:
     jobs = [(await store.create_job("t", f"job-{i}", "q", 1, {}, 1.0))[0] for i in range(20)]
-    await refuse_updates_of(url, "job-13")
+    await refuse(url, "NEW.name = 'job-13'")
     with pytest.raises(StoreError, match="refused"):
         await store.place_many([placing(job, "c1") for job in jobs], 2.0)
     assert {job.state for job in await store.active_jobs()} == {"Queued"}
@@ -189,27 +187,3 @@ async def test_a_cycles_placements_are_all_or_nothing(url: str, store: Store) ->
         [placing(job, "c1") for job in jobs if job.name != "job-13"], 2.0
     )
     assert len(moved) == len(jobs) - 1
-
-
-async def refuse_updates_of(url: str, name: str) -> None:
-    """A trigger that fails any update of job ``name``, behind the store's back."""
-    if url.startswith("sqlite"):
-        import sqlite3
-
-        with sqlite3.connect(sqlite_path(url)) as conn:
-            conn.execute(
-                "CREATE TRIGGER refuse BEFORE UPDATE ON jobs "
-                f"WHEN OLD.name = '{name}' BEGIN SELECT RAISE(ABORT, 'refused'); END"
-            )
-        return
-    conn_pg = await asyncpg.connect(url)
-    try:
-        await conn_pg.execute(
-            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            f"IF OLD.name = '{name}' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
-        )
-        await conn_pg.execute(
-            "CREATE TRIGGER refuse BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse()"
-        )
-    finally:
-        await conn_pg.close()

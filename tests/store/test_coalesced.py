@@ -1,29 +1,40 @@
-"""PostgreSQL: concurrent submissions and plain transitions share statements (the store's
-coalescers), each with the outcome it would have had alone: a name submitted twice at once
-is created once; a refused row fails its own write only; a transition whose compare-and-set
-does not hold still says why."""
+"""Both backends: concurrent submissions and plain transitions share statements (the
+stores' coalescers), each with the outcome it would have had alone: a name submitted twice
+at once is created once; a refused row fails its own write only; a transition whose
+compare-and-set does not hold still says why."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
-import asyncpg
 import pytest
 from services import postgres_database
-from test_store import query
+from test_store import query, refuse
 
-from broker.store import JobNotFound, JobState, StateConflict, StoreError
+from broker.store import JobNotFound, JobState, StateConflict, StoreError, open_store, sqlite_url
 from broker.store.postgres import PostgresStore
+from broker.store.sqlite import SqliteStore
 
 QUEUED: tuple[JobState, ...] = ("Queued",)
 RUNNING: tuple[JobState, ...] = ("Running",)
 
+Coalescing = PostgresStore | SqliteStore
 
-@pytest.fixture
-async def pg() -> AsyncIterator[tuple[str, PostgresStore]]:
-    async with postgres_database() as url:
-        store = PostgresStore(url)
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[str, Coalescing]]:
+    async with contextlib.AsyncExitStack() as stack:
+        if request.param == "sqlite":
+            url = sqlite_url(str(tmp_path / "jobs.db"))
+        else:
+            url = await stack.enter_async_context(postgres_database())
+        store = open_store(url)
+        assert isinstance(store, PostgresStore | SqliteStore)
         await store.open()
         try:
             yield url, store
@@ -31,24 +42,8 @@ async def pg() -> AsyncIterator[tuple[str, PostgresStore]]:
             await store.close()
 
 
-async def refuse(url: str, when: str) -> None:
-    """A trigger on jobs that fails a row matching ``when`` (SQL on NEW), behind the store."""
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute(
-            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            f"IF {when} THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
-        )
-        await conn.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW "
-            "EXECUTE FUNCTION refuse()"
-        )
-    finally:
-        await conn.close()
-
-
-async def test_concurrent_writes_share_statements(pg: tuple[str, PostgresStore]) -> None:
-    url, store = pg
+async def test_concurrent_writes_share_statements(backend: tuple[str, Coalescing]) -> None:
+    url, store = backend
     names = [f"job-{i}" for i in range(200)]
     created = await asyncio.gather(
         *(store.create_job("t", n, "q", 0, {"n": n}, 1.0) for n in names)
@@ -66,9 +61,9 @@ async def test_concurrent_writes_share_statements(pg: tuple[str, PostgresStore])
 
 
 async def test_a_name_submitted_twice_at_once_is_created_once(
-    pg: tuple[str, PostgresStore],
+    backend: tuple[str, Coalescing],
 ) -> None:
-    _, store = pg
+    _, store = backend
     outcomes = await asyncio.gather(
         *(store.create_job("t", "same", "q", 0, {"try": i}, 1.0) for i in range(6))
     )
@@ -76,8 +71,8 @@ async def test_a_name_submitted_twice_at_once_is_created_once(
     assert len({job.seq for job, _ in outcomes}) == 1  # the others got the stored job
 
 
-async def test_a_refused_submission_fails_alone(pg: tuple[str, PostgresStore]) -> None:
-    url, store = pg
+async def test_a_refused_submission_fails_alone(backend: tuple[str, Coalescing]) -> None:
+    url, store = backend
     await refuse(url, "NEW.name = 'bad'")
     names = ["a", "b", "bad", "c", "d"]
     outcomes = await asyncio.gather(
@@ -88,8 +83,8 @@ async def test_a_refused_submission_fails_alone(pg: tuple[str, PostgresStore]) -
     assert sorted(r[0] for r in await query(url, "SELECT name FROM jobs")) == ["a", "b", "c", "d"]
 
 
-async def test_a_refused_transition_fails_alone(pg: tuple[str, PostgresStore]) -> None:
-    url, store = pg
+async def test_a_refused_transition_fails_alone(backend: tuple[str, Coalescing]) -> None:
+    url, store = backend
     names = ["a", "b", "bad", "c"]
     for n in names:
         await store.create_job("t", n, "q", 0, {}, 1.0)
@@ -102,8 +97,8 @@ async def test_a_refused_transition_fails_alone(pg: tuple[str, PostgresStore]) -
     assert states == {"a": "Running", "b": "Running", "bad": "Queued", "c": "Running"}
 
 
-async def test_a_move_that_does_not_apply_says_why(pg: tuple[str, PostgresStore]) -> None:
-    _, store = pg
+async def test_a_move_that_does_not_apply_says_why(backend: tuple[str, Coalescing]) -> None:
+    _, store = backend
     await store.create_job("t", "a", "q", 0, {}, 1.0)
     outcomes = await asyncio.gather(
         store.transition("t", "a", "Succeeded", "done", 2.0, expect=RUNNING),
@@ -113,3 +108,27 @@ async def test_a_move_that_does_not_apply_says_why(pg: tuple[str, PostgresStore]
     assert isinstance(outcomes[0], StateConflict) and isinstance(outcomes[1], JobNotFound)
     job = await store.get_job("t", "a")
     assert job is not None and job.state == "Queued"
+
+
+async def test_a_move_sets_attempts_and_not_before_as_transition_would(
+    backend: tuple[str, Coalescing],
+) -> None:
+    # Twins: "a" moves through the coalescer with others, "b" alone through the statement
+    # transition falls back to (a cluster given, the same as the one stored: not a move).
+    _, store = backend
+    for name in ("a", "b", "c"):
+        await store.create_job("t", name, "q", 0, {}, 1.0)
+    moved = await asyncio.gather(
+        store.transition("t", "a", "Failed", "gave up", 2.0, attempts=3, not_before=9.0),
+        store.transition("t", "c", "Running", "up", 2.0),
+    )
+    assert store._moves.writes == 2
+    alone = await store.transition(
+        "t", "b", "Failed", "gave up", 2.0, attempts=3, not_before=9.0, cluster="c1"
+    )
+    fields = [(j.state, j.attempts, j.not_before, j.reason) for j in (moved[0], alone)]
+    assert fields[0] == fields[1] == ("Failed", 3, 9.0, "gave up")
+    # Neither given: both stay as they were.
+    assert (moved[1].attempts, moved[1].not_before) == (0, None)
+    stored = await store.get_job("t", "a")
+    assert stored is not None and (stored.attempts, stored.not_before) == (3, 9.0)
