@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, MutableSequence, Sequence
 from typing import Any, Generic, TypeVar
 
 from broker.store import LeaseLost, StoreError, StoreUnavailable
@@ -54,27 +54,12 @@ class Coalescer(Generic[T, R]):
         done: asyncio.Future[R | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((write, done))
         self._start()
-        try:
-            return await asyncio.shield(done)
-        except asyncio.CancelledError:
-            if not self._dropped(done):  # sent: wait for its outcome (it may be stored)
-                await settled(done)
-            raise
+        return await outcome_of(done, self._waiting)
 
     async def drain(self) -> None:
         """Wait until every batch in flight has settled (for close)."""
         while self._in_flight:
             await asyncio.wait(set(self._in_flight))
-
-    def _dropped(self, done: asyncio.Future[R | None]) -> bool:
-        """Take a write still waiting out of the queue (nothing was sent); False when it is
-        already in a batch. O(waiting), on cancellation only."""
-        for i, (_, waiting) in enumerate(self._waiting):
-            if waiting is done:
-                del self._waiting[i]
-                done.cancel()
-                return True
-        return False
 
     def _start(self) -> None:
         while self._waiting and len(self._in_flight) < self._slots:
@@ -119,6 +104,22 @@ class Coalescer(Generic[T, R]):
         self._start()
 
 
+async def outcome_of(done: asyncio.Future[T], waiting: MutableSequence[tuple[Any, Any]]) -> T:
+    """The outcome of a write handed in as ``(write, done)`` to ``waiting``. A caller
+    cancelled while its write still waits takes it out (nothing was sent; O(waiting), on
+    cancellation only); once sent, it waits for the outcome (the write may be stored)."""
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        for i, (_, other) in enumerate(waiting):
+            if other is done:
+                del waiting[i]
+                done.cancel()
+                raise
+        await settled(done)
+        raise
+
+
 async def settled(outcome: asyncio.Future[Any]) -> None:
     """Wait for a write's outcome even through further cancel requests: a caller cancelled
     once more still gets control back only once its write is settled (stored or not)."""
@@ -143,4 +144,4 @@ def _stopped(exc: BaseException) -> Exception:
     return RuntimeError(f"the batch was stopped: {exc!r}")
 
 
-__all__ = ["Coalescer", "coalesced", "settled"]
+__all__ = ["Coalescer", "coalesced", "outcome_of", "settled"]

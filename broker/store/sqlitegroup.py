@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from broker.store.coalesce import settled
+from broker.store.coalesce import outcome_of
 
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], T]
@@ -64,12 +64,7 @@ class GroupWriter:
         self._waiting.append((work, done))
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.get_running_loop().create_task(self._drain())
-        try:
-            return await asyncio.shield(done)
-        except asyncio.CancelledError:
-            if not self._dropped(done):
-                await settled(done)
-            raise
+        return await outcome_of(done, self._waiting)
 
     async def call(self, work: Work[T]) -> T:
         """``work(conn)`` on the writer thread, outside any group (opening, migrations)."""
@@ -79,14 +74,6 @@ class GroupWriter:
         """Wait until every write handed in so far has settled (for close)."""
         while self._drainer is not None and not self._drainer.done():
             await asyncio.wait([self._drainer])
-
-    def _dropped(self, done: asyncio.Future[Any]) -> bool:
-        for i, (_, waiting) in enumerate(self._waiting):
-            if waiting is done:
-                del self._waiting[i]
-                done.cancel()
-                return True
-        return False
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
