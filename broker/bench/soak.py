@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+
 from adapters.simulated import seeded_run_seconds
 from broker.bench.probes import Probes, probing, rss_mib, store_bytes
 from broker.bench.restart import bench_store
@@ -315,6 +317,23 @@ def plot(rows: list[dict[str, Any]], path: str | Path) -> None:
     plt.close(fig)
 
 
+def store_description(store: str | None) -> str:
+    """The store as the header names it; on PostgreSQL with the server's autovacuum
+    setting, without which the tables bloat and every write slows down as a run goes on
+    (docs/operations.md): a table of figures must say which it was."""
+    if not store or store.startswith("sqlite"):
+        return "SQLite store"
+
+    async def autovacuum() -> str:
+        conn = await asyncpg.connect(store)
+        try:
+            return str(await conn.fetchval("SHOW autovacuum"))
+        finally:
+            await conn.close()
+
+    return f"PostgreSQL store (server autovacuum {run_loop(autovacuum())})"
+
+
 def main_soak(args: Any) -> int:
     """``fedbroker bench --soak``: prints each row as its window ends (``--json``: all of
     them at the end, as a list)."""
@@ -324,10 +343,10 @@ def main_soak(args: Any) -> int:
     )
     if not args.json:
         gpus = args.clusters * args.nodes_per_cluster * GPUS_PER_NODE
-        store = "PostgreSQL" if args.store else "SQLite"
+        store = store_description(args.store)
         print(
             f"soak over HTTP: {args.jobs} jobs offered at {args.rate}/s to {args.clusters} "
-            f"simulated clusters x {args.nodes_per_cluster} nodes ({gpus} GPUs), {store} store; "
+            f"simulated clusters x {args.nodes_per_cluster} nodes ({gpus} GPUs), {store}; "
             f"mean run {mean_run_seconds(gpus, load.rate):.1f} s for {BUSY:.0%} busy; "
             f"finished jobs kept {args.retention:g} s"
         )
@@ -354,4 +373,5 @@ __all__ = [
     "mean_run_seconds",
     "run_soak",
     "soak_manifest",
+    "store_description",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -28,18 +29,28 @@ log = logging.getLogger(__name__)
 # statement in every group commit for seconds each minute, and 201 p99 rose to 68-100 ms in
 # every window. Small batches spread out: a write meets at most one small statement, at most
 # BATCH / BATCH_PAUSE_SECONDS (500) jobs purged a second, far above what a broker finishes.
+# The pause is from one statement's start to the next's (less what the statement took, but
+# at least MIN_PAUSE_SECONDS): paced from each statement's end, the soak's purge managed
+# 50 jobs per 0.13-0.2 s (the statement's wait for its group and commit came on top), under
+# the 300 jobs/s finishing, so finished jobs piled up past their retention (183 s late
+# after 500,000 jobs), the store grew, and every write slowed down with it.
 BATCH = 50
 BATCH_PAUSE_SECONDS = 0.1
+MIN_PAUSE_SECONDS = 0.02
 
 
 class Retention:
-    """Purges old finished jobs; ``sleep`` is injected for tests."""
+    """Purges old finished jobs; ``sleep`` and ``monotonic`` are injected for tests."""
 
     def __init__(
-        self, shared: Shared, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+        self,
+        shared: Shared,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.s = shared
         self._sleep = sleep
+        self._monotonic = monotonic
 
     async def purge_once(self) -> int:
         """Purge what is past the retention now, if this replica leads; how many jobs."""
@@ -48,11 +59,13 @@ class Retention:
         cutoff = self.s.clock() - self.s.config.retention.finished_jobs_seconds
         total = 0
         while True:
+            started = self._monotonic()
             purged = await self.s.store.purge_finished(cutoff, BATCH)
             total += purged
             if purged < BATCH or not self.s.leading:
                 break
-            await self._sleep(BATCH_PAUSE_SECONDS)  # spread out: see BATCH
+            took = self._monotonic() - started
+            await self._sleep(max(MIN_PAUSE_SECONDS, BATCH_PAUSE_SECONDS - took))  # see BATCH
         if total:
             log.info("retention: purged %d finished jobs", total)
         return total
@@ -67,4 +80,4 @@ class Retention:
                 log.warning("retention: purge failed: %s", exc)
 
 
-__all__ = ["BATCH", "BATCH_PAUSE_SECONDS", "Retention"]
+__all__ = ["BATCH", "BATCH_PAUSE_SECONDS", "MIN_PAUSE_SECONDS", "Retention"]

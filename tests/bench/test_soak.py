@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from services import postgres_database
 
@@ -26,6 +27,7 @@ from broker.bench.soak import (
     mean_run_seconds,
     run_soak,
     soak_manifest,
+    store_description,
 )
 from broker.cli.main import main
 from broker.service.events import EventBus
@@ -110,6 +112,19 @@ async def test_postgres_store_size_is_measured() -> None:
     check_rows(rows, 100, 3)
     sizes = [row["store_mib"] for row in rows]
     assert sizes == sorted(sizes)  # nothing is purged this early: the tables only grow
+
+
+async def test_the_header_names_the_store_and_the_servers_autovacuum() -> None:
+    assert store_description(None) == "SQLite store"
+    assert store_description("sqlite:///tmp/x.db") == "SQLite store"
+    async with postgres_database("fedbroker_soak") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            setting = await conn.fetchval("SHOW autovacuum")
+        finally:
+            await conn.close()
+        described = await asyncio.to_thread(store_description, url)
+    assert described == f"PostgreSQL store (server autovacuum {setting})"
 
 
 def test_windows_are_emitted_in_order_once_every_answer_is_in() -> None:
