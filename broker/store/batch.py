@@ -13,11 +13,12 @@ there.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from broker.store import SUBMITTED_REASON, JobRecord, JobState, Placing
+from broker.store.coalesce import Coalescer
 from broker.store.migrations import Dialect
 from broker.store.sql import (
     JOB_COLUMNS,
@@ -31,6 +32,8 @@ from broker.store.sql import (
 # What a transition changes (transition_sets), in moved_records' order: the rest of a record
 # stays as the caller read it, so a batch's rows come back without their manifests.
 MOVED_COLUMNS: Final = "seq, state, cluster, placement, attempts, not_before, reason, updated_at"
+# The most writes one coalesced statement carries (both backends).
+COALESCED_MOST: Final = 500
 
 
 def update_jobs(
@@ -258,6 +261,19 @@ def as_move(
     return Move(tenant, name, check_state(state), reason, now, expected, attempts, not_before)
 
 
+def coalescers(
+    inserts: Callable[[Sequence[NewJob]], Awaitable[Sequence[JobRecord | None]]],
+    moves: Callable[[Sequence[Move]], Awaitable[Sequence[JobRecord | None]]],
+    slots: int,
+) -> tuple[Coalescer[NewJob, JobRecord], Coalescer[Move, JobRecord]]:
+    """A store's two coalescers (submissions; moves), keyed by job, at most COALESCED_MOST
+    writes a batch (SQLite: 8 placeholders each, far below its 32,766)."""
+    return (
+        Coalescer(inserts, job_key, slots=slots, most=COALESCED_MOST),
+        Coalescer(moves, job_key, slots=slots, most=COALESCED_MOST),
+    )
+
+
 def job_key(write: NewJob | Move) -> tuple[str, str]:
     return write.tenant, write.name
 
@@ -274,11 +290,13 @@ def _expected(expect: tuple[JobState, ...] | None) -> str | None:
 
 
 __all__ = [
+    "COALESCED_MOST",
     "MOVED_COLUMNS",
     "Move",
     "NewJob",
     "as_move",
     "by_job",
+    "coalescers",
     "insert_new_jobs",
     "job_key",
     "move_jobs",

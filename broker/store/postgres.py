@@ -45,14 +45,14 @@ from broker.store.batch import (
     NewJob,
     as_move,
     by_job,
+    coalescers,
     insert_new_jobs,
-    job_key,
     move_jobs,
     moved_records,
     place_jobs,
     update_jobs,
 )
-from broker.store.coalesce import Coalescer, coalesced
+from broker.store.coalesce import coalesced
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 from broker.store.pgerrors import (
     POOL_LOG_FILTER,
@@ -65,16 +65,14 @@ from broker.store.pgerrors import (
 )
 from broker.store.pglease import ACQUIRE, RELEASE, RENEW
 
-# Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
 log = logging.getLogger(__name__)
 
+# Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
 _MIGRATION_LOCK: Final = 0x6665646272_6F6B72
 PING_TIMEOUT_S: Final = 2.0
-# Coalesced statements of one kind (submissions; transitions) in flight at once, and the
-# most writes one carries. Few slots make the batches under load large: each statement is
-# a commit (a WAL flush) and a lease row lock, which many concurrent ones contend for.
+# Coalesced statements of one kind in flight at once. Few make the batches under load large:
+# each is a commit (a WAL flush) and a lease row lock, which concurrent ones contend for.
 COALESCED_SLOTS: Final = 2
-COALESCED_MOST: Final = 500
 CLOSE_TIMEOUT_S: Final = 10.0
 
 
@@ -111,11 +109,8 @@ class PostgresStore:
         # Concurrent submissions and plain transitions leave as one statement each batch
         # (group commit, as SQLite's): at 300 jobs/s one statement per write, each with its
         # own round trip, commit and lease check, took PostgreSQL most of a core.
-        self._inserts: Coalescer[NewJob, JobRecord] = Coalescer(
-            self._insert_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
-        )
-        self._moves: Coalescer[Move, JobRecord] = Coalescer(
-            self._move_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+        self._inserts, self._moves = coalescers(
+            self._insert_batch, self._move_batch, COALESCED_SLOTS
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -325,9 +320,8 @@ class PostgresStore:
     async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
         if not placings:
             return []
-        # One round trip for the cycle, fenced by itself (as transition's fast path). No
-        # row back may mean the lease is not held: the transaction below says (LeaseLost),
-        # or finds every job moved on meanwhile.
+        # One round trip, fenced by itself (as transition's fast path). No row back: the
+        # transaction below says LeaseLost, or finds every job moved on meanwhile.
         fast = place_jobs("postgres", placings, now, fence=self._fence)
         with self._errors("place_many"):
             rows = await self._require().fetch(fast.sql, *fast.args)

@@ -41,14 +41,14 @@ from broker.store.batch import (
     NewJob,
     as_move,
     by_job,
+    coalescers,
     insert_new_jobs,
-    job_key,
     move_jobs,
     moved_records,
     place_jobs,
     update_jobs,
 )
-from broker.store.coalesce import Coalescer, coalesced
+from broker.store.coalesce import coalesced
 from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
 from broker.store.sqlitegroup import GroupWriter, Work, rollback
 
@@ -56,13 +56,11 @@ T = TypeVar("T")
 
 # How long a writer waits for another process's write lock before giving up (ms).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
-# Coalesced statements of one kind (submissions; plain transitions) in flight at once, and
-# the most writes one carries (8 placeholders each: far below SQLite's 32,766). Two: a
-# second batch waits in the writer's queue while the first is on its thread, and joins the
+# Coalesced statements of one kind (submissions; plain transitions) in flight at once. Two:
+# a second batch waits in the writer's queue while the first is on its thread, and joins the
 # next group (the soak at 300/s, 30k jobs: 201 p50/p99 8.4/23.8 ms with one slot, 6.1/17.6
 # with two, 5.5/17.1 with four; CPU per job the same).
 COALESCED_SLOTS = 2
-COALESCED_MOST = 500
 
 # Error names that mean "the database cannot be used right now" (disk, locks, permissions),
 # as opposed to a bug or a schema problem. Prefixes cover the extended codes (IOERR_FSYNC).
@@ -101,11 +99,8 @@ class SqliteStore:
         # one statement per write cost ~0.3 ms of CPU each (a statement's setup and its
         # round trip), against ~0.02 ms per job in one statement of 300 (measured on
         # 2026-12-03 afternoon's machine).
-        self._inserts: Coalescer[NewJob, JobRecord] = Coalescer(
-            self._insert_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
-        )
-        self._moves: Coalescer[Move, JobRecord] = Coalescer(
-            self._move_batch, job_key, slots=COALESCED_SLOTS, most=COALESCED_MOST
+        self._inserts, self._moves = coalescers(
+            self._insert_batch, self._move_batch, COALESCED_SLOTS
         )
 
     # -- lifecycle -------------------------------------------------------------------------
