@@ -169,13 +169,12 @@ class Lifecycle:
         return due
 
     def roll_back(self, job: str, now: float, reason: str) -> Outcome | None:
-        """The gang's pods are deleted (or never made it): release everything it held and
-        requeue it with backoff, or fail it once past its backoff limit."""
-        launch = self._forget(job)
+        """The gang's pods are deleted (or never made it): release everything it held (its
+        reservation, or its bound usage if it ran) and requeue it with backoff, or fail it
+        once past its backoff limit."""
+        launch = self._release(job)
         if launch is None:
             return None
-        self._ledger.forget(job)
-        self._queue.release(job)
         pending = launch.pending
         attempts = pending.attempts + 1
         limit = self._settings.backoff_limit

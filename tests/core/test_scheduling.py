@@ -226,6 +226,21 @@ def test_gang_timeout_deletes_releases_and_requeues_with_backoff() -> None:
     assert again is not None and again.attempts == 2 and again.not_before == 420.0
 
 
+def test_rolling_back_a_running_gang_frees_its_bound_capacity() -> None:
+    # A gang rolled back after it ran (its pods deleted) gives back its bound usage, not
+    # only a reservation it no longer holds: placed again, it fits where it was.
+    ledger = federation({"c": nodes("n", 1, gpus=8)})
+    before = free_milli(ledger)
+    h = Harness(ledger)
+    h.queue.push(Pending(gang("g", pods=1, gpus=8), 0, 0.0))
+    assert h.cycle(0.0) == ["default/g"]
+    assert h.lifecycle.all_running("default/g", 1.0) is not None
+    outcome = h.lifecycle.roll_back("default/g", 2.0, "pods deleted")
+    assert outcome is not None and outcome.state == "Queued"
+    assert free_milli(ledger) == before
+    assert h.cycle(outcome.not_before or 0.0) == ["default/g"]
+
+
 def test_backoff_limit_fails_the_job() -> None:
     ledger = federation({"c": nodes("n", 1, gpus=8)})
     h = Harness(ledger)
