@@ -29,6 +29,9 @@ from broker.bench.serving import BENCH_TENANT, bench_config, open_loop, percenti
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
 
+# How long the run waits after the last answer for every acknowledged job to be placed.
+PLACE_TIMEOUT_S = 120.0
+
 
 def job_body(name: str) -> bytes:
     """A one-GPU FederatedJob as JSON, the API's usual content type for programs."""
@@ -94,12 +97,8 @@ async def _load(service: Service, base: str, token: str, jobs: int, rate: float)
             acked, failed, submitted_in = await asyncio.to_thread(results.get, True, 1800)
         finally:
             await asyncio.to_thread(generator.join, 30)
-        # Wait (bounded) for the scheduler to place every acknowledged job.
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if not await service.store.list_jobs(state="Queued", limit=1):
-                break
-            await asyncio.sleep(0.05)
+        # Wait (bounded) until the probe has seen every acknowledged job placed.
+        await probes.placements.wait_placed(len(acked), PLACE_TIMEOUT_S)
         # CPU the broker process (all its threads) spent taking and placing the jobs: less
         # sensitive than latency to whatever else the machine runs, so comparable across
         # runs. RSS now, with every job live: nothing below reads them all back.

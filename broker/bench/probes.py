@@ -92,6 +92,8 @@ class Placements:
         self._sub = bus.subscribe(None, queue_size=0)
         self._submitted: dict[str, float] = {}  # placed ones leave: O(queued jobs)
         self.latencies: list[float] = []
+        self.placed = 0  # jobs seen placed since the probe started (take() keeps it)
+        self._more = asyncio.Event()
 
     async def run(self) -> None:
         try:
@@ -106,12 +108,27 @@ class Placements:
                     submitted = self._submitted.pop(key, None)
                     if submitted is not None:
                         self.latencies.append(data["at"] - submitted)
+                        self.placed += 1
+                        self._more.set()
         finally:
             self._bus.unsubscribe(self._sub)
 
     def take(self) -> list[float]:
         taken, self.latencies = self.latencies, []
         return taken
+
+    async def wait_placed(self, jobs: int, timeout: float) -> bool:
+        """Wait until ``jobs`` jobs have been seen placed (False after ``timeout`` seconds).
+        The store holding no queued job is not enough: its last events may not have reached
+        this probe yet."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.placed < jobs:
+                    self._more.clear()
+                    await self._more.wait()
+        except TimeoutError:
+            return False
+        return True
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,21 @@ async def test_placement_probe_times_submit_to_first_placement() -> None:
     assert bus.subscribers == 0
 
 
+async def test_waiting_for_placements_ends_when_the_probe_has_seen_them() -> None:
+    bus = EventBus()
+    async with probing(bus) as probes:
+        probe = probes.placements
+        assert not await probe.wait_placed(1, 0.01)  # nothing placed: it gives up
+        bus.publish("job", "t", job_event("a", "Queued", 1.0))
+        bus.publish("job", "t", job_event("b", "Queued", 1.0))
+        waiting = asyncio.create_task(probe.wait_placed(2, 60))
+        bus.publish("job", "t", job_event("a", "Placed", 2.0, attempts=1))
+        bus.publish("job", "t", job_event("a", "Placed", 3.0, attempts=2))  # again: once
+        bus.publish("job", "t", job_event("b", "Placed", 2.0, attempts=1))
+        assert await waiting
+        assert probe.placed == 2 and sorted(probe.take()) == [1.0, 1.0]
+
+
 async def test_a_failed_probe_stops_the_rows() -> None:
     bus = EventBus()
     async with probing(bus) as probes:
