@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -19,6 +20,14 @@ T = TypeVar("T")
 # (its middle generation walked up to 120,000 objects), 2-9 ms at 700, the broker's CPU
 # per job the same within noise, and loop lag p99 9-15 ms -> 1-7 ms.
 GC_YOUNG_THRESHOLD = 700
+
+# How long a thread waiting for the GIL lets the running one keep it (CPython's default is
+# 5 ms). The SQLite writer's thread hands the GIL back at every statement and row, and takes
+# it again after: with the event loop busy, each retake waited up to the whole interval. A
+# profile of the soak at 300 jobs/s (py-spy, 60 s, 2026-12-03 evening) found that thread
+# waiting for the GIL 38 % of the time, more than in SQLite and fsync together, while
+# holding the store's one write transaction, which every submission waits behind.
+SWITCH_INTERVAL_S = 0.001
 
 
 def settle_heap() -> None:
@@ -73,9 +82,15 @@ def release_heap() -> None:
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """Run the service's top coroutine on uvloop where it is installed (Linux, macOS):
-    the same asyncio, with about 1.5x the HTTP throughput in ``bench --e2e``."""
+    the same asyncio, with about 1.5x the HTTP throughput in ``bench --e2e``. The GIL's
+    switch interval is SWITCH_INTERVAL_S while it runs."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(main)
+        return uvloop.run(main)
+    finally:
+        sys.setswitchinterval(previous)

@@ -36,6 +36,7 @@ from broker.bench.restart import bench_store
 from broker.bench.serving import bench_config, open_loop, percentile, serving
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
+from broker.store.sqlite import SqliteStore
 
 BUSY = 0.8  # the share of the federation's GPUs the offered work keeps busy, on average
 GANG_SHARE = 0.25
@@ -245,7 +246,17 @@ async def _broker_row(service: Service, probes: Probes, url: str) -> dict[str, A
         "gc_frozen": gc.get_freeze_count(),
         "rss_mib": round(rss_mib(), 1),
         "store_mib": round(await store_bytes(url) / (1024 * 1024), 1),
+        "store_write_max_ms": _slowest_write_ms(service),
     }
+
+
+def _slowest_write_ms(service: Service) -> float | None:
+    """SQLite: the slowest group of writes in the window (BEGIN to COMMIT, its fsync
+    included), which every write behind it waited for. None on PostgreSQL."""
+    store = getattr(service.store, "inner", service.store)
+    if not isinstance(store, SqliteStore):
+        return None
+    return round(1000 * store.take_slowest_write(), 1)
 
 
 async def _next_message(messages: Any, generator: Any) -> dict[str, Any] | None:
@@ -274,7 +285,8 @@ COLUMNS = [  # (heading, key, width)
     ("GC-P99", "gc_pause_p99_ms", 7), ("GC-N", "gc_collections", 6),
     ("FULL-N", "gc_full_passes", 6), ("FULL-MAX", "gc_full_max_ms", 8),
     ("FROZEN", "gc_frozen", 8),
-    ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9), ("FAILED", "failed", 6),
+    ("RSS-MIB", "rss_mib", 8), ("STORE-MIB", "store_mib", 9),
+    ("WRITE-MAX", "store_write_max_ms", 9), ("FAILED", "failed", 6),
 ]  # fmt: skip
 
 

@@ -43,6 +43,7 @@ from broker.store.batch import (
     by_job,
     coalescers,
     insert_new_jobs,
+    inserted,
     move_jobs,
     moved_records,
     place_jobs,
@@ -142,6 +143,10 @@ class SqliteStore:
         if executor is not None:
             executor.shutdown(wait=False)
 
+    def take_slowest_write(self) -> float:
+        """Seconds of the slowest group of writes since the last call (``bench --soak``)."""
+        return self._writer.take_slowest() if self._writer is not None else 0.0
+
     async def ping(self) -> bool:
         try:
             await self._fetchall(sql.Statement("sqlite", "SELECT 1"))
@@ -220,7 +225,7 @@ class SqliteStore:
         # The common case (a new name) shares a statement with the submissions arriving
         # meanwhile; no row back (the name exists, or the batch failed for another's sake):
         # the write below finds out which and does the rest.
-        new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now)
+        new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now, manifest)
         if (stored := await coalesced(self._inserts, new)) is not None:
             return stored, True
         insert = sql.insert_job("sqlite", tenant, name, queue, priority, manifest, now)
@@ -313,7 +318,7 @@ class SqliteStore:
 
     async def _insert_batch(self, rows: Sequence[NewJob]) -> list[JobRecord | None]:
         found = await self._write("create_job", _rows_of(insert_new_jobs("sqlite", rows)))
-        return by_job(rows, map(_job, found))
+        return inserted(rows, found)
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:
         found = await self._write("transition", _rows_of(move_jobs("sqlite", moves)))

@@ -3,9 +3,9 @@ it in one hop.
 
 Writes are functions of the connection (``Work``), run on that thread. The writes that
 are waiting when the thread frees up form a group: ``BEGIN IMMEDIATE``, each write inside
-a savepoint of its own (a failing one undoes only itself and fails only its caller), one
-``COMMIT`` (one fsync) for all. A caller gets its outcome only after that COMMIT, so
-"acknowledged" still means "on disk".
+a savepoint of its own (a failing one undoes only itself and fails only its caller; a write
+alone in its group needs none), one ``COMMIT`` (one fsync) for all. A caller gets its
+outcome only after that COMMIT, so "acknowledged" still means "on disk".
 
 Why one hop per group: with a statement per hop (aiosqlite's ``execute`` for BEGIN, each
 statement and COMMIT) every statement waited for a turn of the busy event loop while
@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
@@ -55,6 +56,10 @@ class GroupWriter:
         self._waiting: list[tuple[Work[Any], asyncio.Future[Any]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self.groups = 0  # groups committed or failed so far: for tests and benchmarks
+        # The longest hop of a group (BEGIN to COMMIT, its fsync included) since the last
+        # take_slowest(): ``bench --soak`` shows it per window, where a disk's stall is the
+        # wait of every write behind it.
+        self._slowest = 0.0
 
     async def write(self, work: Work[T]) -> T:
         """``work(conn)`` inside the next group; its result once the group has committed.
@@ -70,6 +75,11 @@ class GroupWriter:
         """``work(conn)`` on the writer thread, outside any group (opening, migrations)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, work, self._conn)
 
+    def take_slowest(self) -> float:
+        """Seconds of the longest group since the last call (0.0: none ran)."""
+        slowest, self._slowest = self._slowest, 0.0
+        return slowest
+
     async def drain(self) -> None:
         """Wait until every write handed in so far has settled (for close)."""
         while self._drainer is not None and not self._drainer.done():
@@ -81,6 +91,7 @@ class GroupWriter:
             group = self._waiting[:GROUP_MOST]
             del self._waiting[:GROUP_MOST]
             works = [work for work, _ in group]
+            began = time.perf_counter()
             try:
                 outcomes = await loop.run_in_executor(self._executor, run_group, self._conn, works)
             except Exception as exc:  # the hop itself failed (the executor is shut down)
@@ -93,6 +104,7 @@ class GroupWriter:
                 self._waiting.clear()
                 raise
             self.groups += 1
+            self._slowest = max(self._slowest, time.perf_counter() - began)
             for (_, done), outcome in zip(group, outcomes, strict=True):
                 if done.done():
                     continue
@@ -109,16 +121,24 @@ def run_group(conn: sqlite3.Connection, works: list[Work[Any]]) -> list[Outcome[
         conn.execute("BEGIN IMMEDIATE")
     except sqlite3.Error as exc:
         return [Outcome(error=exc)] * len(works)
+    # Alone, a write's transaction is its savepoint: two statements fewer (and two fewer
+    # retakes of the GIL, which the thread waits for while the loop is busy).
+    several = len(works) > 1
     try:
         outcomes: list[Outcome[Any]] = []
         for work in works:
-            conn.execute("SAVEPOINT write")
+            if several:
+                conn.execute("SAVEPOINT write")
             try:
                 outcomes.append(Outcome(work(conn)))
             except Exception as exc:
+                if not several:
+                    rollback(conn)
+                    return [Outcome(error=exc)]
                 conn.execute("ROLLBACK TO write")
                 outcomes.append(Outcome(error=exc))
-            conn.execute("RELEASE write")
+            if several:
+                conn.execute("RELEASE write")
         conn.execute("COMMIT")
     except BaseException as exc:
         rollback(conn)

@@ -39,7 +39,7 @@ ROW_KEYS = {
     "live_jobs", "queued_jobs", "queued_gangs", "gpu_busy_pct", "placed",
     "submit_to_placed_p99_ms", "cpu_ms_per_job", "loop_lag_p99_ms", "loop_lag_max_ms",
     "gc_pause_p99_ms", "gc_pause_max_ms", "gc_collections", "gc_full_passes", "gc_full_max_ms",
-    "gc_frozen", "rss_mib", "store_mib",
+    "gc_frozen", "rss_mib", "store_mib", "store_write_max_ms",
 }  # fmt: skip
 
 
@@ -81,6 +81,8 @@ def test_json_rows_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 3
     check_rows(rows, 200, 3)
+    # SQLite: every window's slowest group of writes (each window had writes)
+    assert all(row["store_write_max_ms"] > 0 for row in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -110,6 +112,7 @@ async def test_postgres_store_size_is_measured() -> None:
         rows = soak.result()
     assert seen == rows
     check_rows(rows, 100, 3)
+    assert {row["store_write_max_ms"] for row in rows} == {None}  # SQLite's writer only
     sizes = [row["store_mib"] for row in rows]
     assert sizes == sorted(sizes)  # nothing is purged this early: the tables only grow
 

@@ -1,18 +1,26 @@
-"""``broker.process``: the heap a long-running broker keeps out of the collector's full
-passes. After start-up its state is frozen; after every later full pass what survived it is
-frozen too, so the next full pass walks only what came since (not every live job again),
-while a frozen object is still freed by reference counting; a service run inside a longer
-process undoes all of it (``release_heap``)."""
+"""``broker.process``: the GIL's switch interval while the loop runs, and the heap a
+long-running broker keeps out of the collector's full passes. After start-up its state is
+frozen; after every later full pass what survived it is frozen too, so the next full pass
+walks only what came since (not every live job again), while a frozen object is still
+freed by reference counting; a service run inside a longer process undoes all of it
+(``release_heap``)."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from broker.process import _freeze_survivors, release_heap, settle_heap
+from broker.process import (
+    SWITCH_INTERVAL_S,
+    _freeze_survivors,
+    release_heap,
+    run_loop,
+    settle_heap,
+)
 
 
 class Record:
@@ -59,3 +67,21 @@ def test_a_service_in_a_longer_process_leaves_nothing_frozen() -> None:
     gc.collect(2)
     assert gc.get_freeze_count() == 0  # no longer frozen after full passes
     assert len(kept) == 100
+
+
+def test_the_loop_runs_with_the_short_switch_interval_and_restores_it() -> None:
+    before = sys.getswitchinterval()
+    assert before != SWITCH_INTERVAL_S
+
+    async def interval() -> float:
+        return sys.getswitchinterval()
+
+    assert run_loop(interval()) == SWITCH_INTERVAL_S
+    assert sys.getswitchinterval() == before
+
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_loop(fails())
+    assert sys.getswitchinterval() == before

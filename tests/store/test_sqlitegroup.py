@@ -1,6 +1,7 @@
 """SQLite's group writer: the writes waiting when its thread frees up go in one transaction,
-each in a savepoint of its own, each caller with its own outcome, and a caller that has its
-answer knows its write is committed (or not written at all)."""
+each in a savepoint of its own (a write alone in its group: the transaction itself), each
+caller with its own outcome, and a caller that has its answer knows its write is committed
+(or not written at all)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,6 +100,18 @@ async def test_a_failing_write_undoes_only_itself(writer: GroupWriter, tmp_path:
     assert writer.groups == 1  # in one group with the others
 
 
+async def test_a_failing_write_alone_in_its_group_is_undone_whole(
+    writer: GroupWriter, tmp_path: Path
+) -> None:
+    # A group of one runs without a savepoint: the transaction is undone instead.
+    with pytest.raises(Refused):
+        await writer.write(insert("alone", fail=True))
+    assert writer.groups == 1
+    assert stored(tmp_path / "db") == set()  # both of its statements undone
+    assert await writer.write(insert("next")) == "next"  # no transaction left open
+    assert stored(tmp_path / "db") == {"next"}
+
+
 async def test_a_failing_commit_fails_the_whole_group(writer: GroupWriter, tmp_path: Path) -> None:
     def orphan(conn: sqlite3.Connection) -> str:
         # A deferred foreign key: the statement passes, COMMIT fails.
@@ -179,3 +193,20 @@ async def _each_write_has_its_own_outcome(path: Path, fails: list[bool], waves: 
             assert isinstance(outcome, Refused) if fail else outcome == key
         assert stored(path) == {k for k, f in zip(keys, fails, strict=True) if not f}
         assert writer.groups <= len(keys)
+
+
+async def test_the_slowest_group_is_taken_once(writer: GroupWriter) -> None:
+    assert writer.take_slowest() == 0.0  # nothing ran yet
+    spent: list[float] = []
+
+    def timed(conn: sqlite3.Connection) -> str:
+        began = time.perf_counter()
+        result = insert("timed")(conn)
+        spent.append(time.perf_counter() - began)
+        return result
+
+    await writer.write(timed)
+    await writer.write(insert("quick"))
+    slowest = writer.take_slowest()
+    assert slowest >= spent[0] > 0  # a group's hop holds its writes' own time
+    assert writer.take_slowest() == 0.0  # taken: the next window starts afresh
