@@ -47,6 +47,7 @@ from broker.store.batch import (
     by_job,
     coalescers,
     insert_new_jobs,
+    inserted,
     move_jobs,
     moved_records,
     place_jobs,
@@ -205,7 +206,7 @@ class PostgresStore:
         # COMMIT were four round trips, each a turn of a busy event loop, in the path of
         # every 201. No row back (the name exists, or the lease is not held): the
         # transaction below finds out which and does the rest.
-        new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now)
+        new = NewJob(tenant, name, queue, priority, sql.encode_json(manifest), now, manifest)
         if (stored := await coalesced(self._inserts, new)) is not None:
             return stored, True
         insert = sql.insert_job("postgres", tenant, name, queue, priority, manifest, now)
@@ -309,7 +310,7 @@ class PostgresStore:
         statement = insert_new_jobs("postgres", rows, self._fence)
         with self._errors("create_job"):
             found = await self._require().fetch(statement.sql, *statement.args)
-        return by_job(rows, map(_job, found))
+        return inserted(rows, map(tuple, found))
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:
         statement = move_jobs("postgres", moves, self._fence)

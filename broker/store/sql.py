@@ -285,8 +285,9 @@ def transition_from_row(row: Sequence[Any]) -> Transition:
     return Transition(at=float(row[0]), state=row[1], reason=row[2], cluster=row[3])
 
 
-def job_from_row(row: Sequence[Any]) -> JobRecord:
-    """A JobRecord from a row in JOB_COLUMNS order.
+def job_from_row(row: Sequence[Any], manifest: Mapping[str, Any] | None = None) -> JobRecord:
+    """A JobRecord from a row in JOB_COLUMNS order; with ``manifest`` (the document just
+    stored, as its caller handed it in) instead of decoding the row's copy.
 
     Both drivers hand JSON columns back as text (asyncpg without a custom codec passes
     JSONB as text both ways), so one decoder serves both. Numbers are coerced because
@@ -299,7 +300,7 @@ def job_from_row(row: Sequence[Any]) -> JobRecord:
         name=row[1],
         queue=row[2],
         priority=int(row[3]),
-        manifest=json.loads(row[4]),
+        manifest=json.loads(row[4]) if manifest is None else dict(manifest),
         state=row[5],
         cluster=row[6],
         placement=None if placement is None else json.loads(placement),

@@ -60,6 +60,22 @@ async def test_concurrent_writes_share_statements(backend: tuple[str, Coalescing
     assert await query(url, history) == [("Failed", 200), ("Queued", 200)]
 
 
+async def test_a_coalesced_submission_returns_the_record_as_stored(
+    backend: tuple[str, Coalescing],
+) -> None:
+    # Each record carries its caller's manifest (not decoded again from the row): the same
+    # as a read of the row, but its own top-level mapping.
+    _, store = backend
+    manifests = {f"job-{i}": {"spec": {"n": i, "nested": [i, {"x": 1.5}]}} for i in range(50)}
+    created = await asyncio.gather(
+        *(store.create_job("t", n, "q", 0, m, 1.0) for n, m in manifests.items())
+    )
+    assert store._inserts.batches < 50  # some shared a statement
+    for (record, new), (name, manifest) in zip(created, manifests.items(), strict=True):
+        assert new and record.manifest == manifest and record.manifest is not manifest
+        assert await store.get_job("t", name) == record
+
+
 async def test_a_name_submitted_twice_at_once_is_created_once(
     backend: tuple[str, Coalescing],
 ) -> None:
