@@ -15,6 +15,7 @@ schema once in ``broker.store.migrations``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol, get_args
@@ -33,13 +34,47 @@ SUBMITTED_REASON: Final = "Submitted"
 PLACE_BATCH: Final = 1000
 
 
-@dataclass(frozen=True, slots=True)
+_RECORD_FIELDS: Final = (
+    "tenant", "name", "queue", "priority", "manifest", "state", "cluster", "placement",
+    "attempts", "not_before", "reason", "created_at", "updated_at", "seq", "generation",
+)  # fmt: skip
+
+
 class JobRecord:
+    """One stored job, immutable, with the fields below (in this order when positional).
+
+    ``manifest`` (the FederatedJob as submitted, JSON-able) is decoded from the row's JSON
+    text the first time it is read, once: most records a write hands back (a transition's,
+    a placement's, a page of a restart's read) are never asked for it, and decoding it is
+    most of what turning a row into a record costs. ``manifest_text`` builds one that way.
+    Written by hand because a dataclass field cannot be decoded lazily.
+    """
+
+    __slots__ = (
+        "_manifest",
+        "_text",
+        "attempts",
+        "cluster",
+        "created_at",
+        "generation",
+        "name",
+        "not_before",
+        "placement",
+        "priority",
+        "queue",
+        "reason",
+        "seq",
+        "state",
+        "tenant",
+        "updated_at",
+    )
+
     tenant: str
     name: str
     queue: str
     priority: int
-    manifest: dict[str, Any]  # the FederatedJob as submitted (JSON-able)
+    _manifest: dict[str, Any] | None  # decoded, or None until first read
+    _text: str | None  # the row's JSON until decoded
     state: JobState
     cluster: str | None
     placement: dict[str, Any] | None  # JSON-able placement once placed
@@ -49,7 +84,87 @@ class JobRecord:
     created_at: float
     updated_at: float
     seq: int  # increasing submission order (FIFO); gaps are possible
-    generation: int = 1  # 1, then +1 each time the name is submitted again after it finished
+    generation: int  # 1, then +1 each time the name is submitted again after it finished
+
+    def __init__(
+        self,
+        tenant: str,
+        name: str,
+        queue: str,
+        priority: int,
+        manifest: dict[str, Any] | None,
+        state: JobState,
+        cluster: str | None,
+        placement: dict[str, Any] | None,
+        attempts: int,
+        not_before: float | None,
+        reason: str,
+        created_at: float,
+        updated_at: float,
+        seq: int,
+        generation: int = 1,
+        *,
+        manifest_text: str | None = None,
+    ) -> None:
+        if (manifest is None) == (manifest_text is None):
+            raise TypeError("JobRecord takes exactly one of manifest and manifest_text")
+        init = object.__setattr__
+        init(self, "tenant", tenant)
+        init(self, "name", name)
+        init(self, "queue", queue)
+        init(self, "priority", priority)
+        init(self, "_manifest", manifest)
+        init(self, "_text", manifest_text)
+        init(self, "state", state)
+        init(self, "cluster", cluster)
+        init(self, "placement", placement)
+        init(self, "attempts", attempts)
+        init(self, "not_before", not_before)
+        init(self, "reason", reason)
+        init(self, "created_at", created_at)
+        init(self, "updated_at", updated_at)
+        init(self, "seq", seq)
+        init(self, "generation", generation)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        manifest: dict[str, Any] | None = self._manifest
+        if manifest is not None:
+            return manifest
+        text = self._text
+        if text is None:  # another thread decoded it meanwhile: it sets the manifest first
+            decoded = self._manifest
+            assert decoded is not None
+            return decoded
+        manifest = json.loads(text)
+        object.__setattr__(self, "_manifest", manifest)
+        object.__setattr__(self, "_text", None)  # the text is not kept beside the document
+        return manifest
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"JobRecord is immutable: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"JobRecord is immutable: cannot delete {name}")
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, field) for field in _RECORD_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, JobRecord):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and the manifest is a dict
+
+    def __reduce__(self) -> tuple[type[JobRecord], tuple[Any, ...]]:
+        # copy and pickle rebuild through __init__ (the default would set the slots, which
+        # __setattr__ refuses).
+        return JobRecord, self._fields()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f}={getattr(self, f)!r}" for f in _RECORD_FIELDS)
+        return f"JobRecord({shown})"
 
 
 @dataclass(frozen=True, slots=True)

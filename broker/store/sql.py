@@ -287,7 +287,8 @@ def transition_from_row(row: Sequence[Any]) -> Transition:
 
 def job_from_row(row: Sequence[Any], manifest: Mapping[str, Any] | None = None) -> JobRecord:
     """A JobRecord from a row in JOB_COLUMNS order; with ``manifest`` (the document just
-    stored, as its caller handed it in) instead of decoding the row's copy.
+    stored, as its caller handed it in) instead of the row's copy, which the record
+    decodes only if it is read.
 
     Both drivers hand JSON columns back as text (asyncpg without a custom codec passes
     JSONB as text both ways), so one decoder serves both. Numbers are coerced because
@@ -300,7 +301,8 @@ def job_from_row(row: Sequence[Any], manifest: Mapping[str, Any] | None = None) 
         name=row[1],
         queue=row[2],
         priority=int(row[3]),
-        manifest=json.loads(row[4]) if manifest is None else dict(manifest),
+        manifest=None if manifest is None else dict(manifest),
+        manifest_text=row[4] if manifest is None else None,
         state=row[5],
         cluster=row[6],
         placement=None if placement is None else json.loads(placement),

@@ -1,0 +1,80 @@
+"""JobRecord: immutable, equal by value, its manifest decoded from the row's text once."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from typing import Any
+
+import pytest
+
+from broker.store import JobRecord
+from broker.store.sql import job_from_row
+
+DOCUMENT: dict[str, Any] = {"kind": "FederatedJob", "spec": {"podSets": [{"count": 2}]}}
+ROW = ("t", "a", "q", 3, json.dumps(DOCUMENT), "Queued", None, None, 0, None, "r", 1.0, 2.0, 7, 1)
+
+
+def eager(**changes: Any) -> JobRecord:
+    fields: dict[str, Any] = {
+        "tenant": "t", "name": "a", "queue": "q", "priority": 3, "manifest": DOCUMENT,
+        "state": "Queued", "cluster": None, "placement": None, "attempts": 0,
+        "not_before": None, "reason": "r", "created_at": 1.0, "updated_at": 2.0, "seq": 7,
+        "generation": 1,
+    }  # fmt: skip
+    return JobRecord(**{**fields, **changes})
+
+
+def test_a_record_from_a_row_reads_as_the_document_it_was_stored_from() -> None:
+    record = job_from_row(ROW)
+    assert record.manifest == DOCUMENT
+    assert record.manifest is record.manifest  # decoded once, then the same object
+    assert record == eager()
+
+
+def test_a_record_given_its_callers_document_does_not_share_it() -> None:
+    handed = {"kind": "FederatedJob"}
+    record = job_from_row(ROW, handed)
+    assert record.manifest == handed and record.manifest is not handed
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tenant", "u"), ("state", "Running"), ("manifest", {"kind": "Other"}), ("seq", 8),
+     ("generation", 2), ("placement", {"nodes": []}), ("not_before", 5.0)],
+)  # fmt: skip
+def test_records_differing_in_one_field_are_not_equal(field: str, value: Any) -> None:
+    assert job_from_row(ROW) != eager(**{field: value})
+    assert eager(**{field: value}) == eager(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["state", "manifest", "_text", "seq"])
+def test_a_record_cannot_be_changed(field: str) -> None:
+    record = job_from_row(ROW)
+    with pytest.raises(AttributeError, match=field):
+        setattr(record, field, None)
+    with pytest.raises(AttributeError, match=field):
+        delattr(record, field)
+    assert record == eager()
+
+
+def test_a_record_takes_exactly_one_form_of_its_manifest() -> None:
+    with pytest.raises(TypeError, match="exactly one"):
+        eager(manifest=None)
+    with pytest.raises(TypeError, match="exactly one"):
+        eager(manifest_text="{}")
+
+
+def test_a_record_is_not_hashable_and_shows_its_fields() -> None:
+    record = job_from_row(ROW)
+    with pytest.raises(TypeError):
+        hash(record)
+    assert repr(record).startswith("JobRecord(tenant='t', name='a', queue='q', priority=3, ")
+    assert "'podSets'" in repr(record)
+
+
+def test_a_record_copies_and_pickles_as_itself() -> None:
+    record = job_from_row(ROW)
+    assert copy.copy(record) == copy.deepcopy(record) == pickle.loads(pickle.dumps(record))
+    assert copy.deepcopy(record).manifest is not record.manifest
