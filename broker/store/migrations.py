@@ -221,6 +221,25 @@ MIGRATIONS: tuple[Migration, ...] = (
             ("postgres", "CREATE UNIQUE INDEX leases_name_holder ON leases (name, holder)"),
         ),
     ),
+    Migration(
+        7,
+        "fewer index entries per transition",
+        (
+            # Every transition changes state and updated_at, so (state, updated_at) and
+            # (tenant, state) each lost and gained an entry on every one (on PostgreSQL,
+            # where no transition is a HOT update, every index gains one). Retention reads
+            # only finished jobs and count_active only active ones: partial indexes hold
+            # just those, so a job enters the first once (its final transition) and the
+            # second once (its submission), and leaves it once. The states are literals,
+            # as migration 5's (sql.FINAL_LITERALS, sql.ACTIVE_LITERALS).
+            "DROP INDEX jobs_state_updated",
+            "CREATE INDEX jobs_finished_updated ON jobs (updated_at) "
+            "WHERE state IN ('Succeeded', 'Failed', 'Cancelled')",
+            "DROP INDEX jobs_tenant_state",
+            "CREATE INDEX jobs_tenant_active ON jobs (tenant) "
+            "WHERE state IN ('Queued', 'Placed', 'Running')",
+        ),
+    ),
 )
 
 

@@ -187,6 +187,8 @@ def list_jobs(
 # The active states spelled as literals, not parameters: only then do both planners see that
 # a statement's condition implies the partial index jobs_active_seq's (migration 5).
 ACTIVE_LITERALS: Final = f"state IN ({', '.join(repr(s) for s in ACTIVE_STATES)})"
+# The final states the same way, for the partial index jobs_finished_updated (migration 7).
+FINAL_LITERALS: Final = f"state IN ({', '.join(repr(s) for s in JOB_STATES if s in FINAL_STATES)})"
 
 
 def active_jobs(
@@ -205,8 +207,7 @@ def active_jobs(
 
 def count_active(dialect: Dialect, tenant: str) -> Statement:
     st = Statement(dialect)
-    where = f"tenant = {st(tenant)} AND {st.any_of('state', ACTIVE_STATES)}"
-    return st.done(f"SELECT count(*) FROM jobs WHERE {where}")
+    return st.done(f"SELECT count(*) FROM jobs WHERE tenant = {st(tenant)} AND {ACTIVE_LITERALS}")
 
 
 def history(dialect: Dialect, tenant: str, name: str) -> Statement:
@@ -255,9 +256,10 @@ def delete_finished_job(dialect: Dialect, tenant: str, name: str) -> Statement:
 def purge_finished_jobs(dialect: Dialect, before: float, limit: int) -> Statement:
     """At most ``limit`` finished jobs last changed before ``before``, oldest first."""
     st = Statement(dialect)
-    states = st.any_of("state", sorted(FINAL_STATES))
+    # SQLite without statistics would rather read (state, seq) and sort: name the index.
+    jobs = "jobs INDEXED BY jobs_finished_updated" if dialect == "sqlite" else "jobs"
     return st.done(
-        f"DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE {states} "
+        f"DELETE FROM jobs WHERE seq IN (SELECT seq FROM {jobs} WHERE {FINAL_LITERALS} "
         f"AND updated_at < {st(before)} ORDER BY updated_at LIMIT {st(limit)})"
     )
 

@@ -58,6 +58,15 @@ async def fill(store: Store) -> None:
             await store.create_job(tenant, name, "q0", 0, {"i": i}, i + 9.0, reuse_finished=True)
 
 
+async def filled(url: str) -> None:
+    store = open_store(url)
+    await store.open()
+    try:
+        await fill(store)
+    finally:
+        await store.close()
+
+
 def sqlite_full_scans(path: str, statement: sql.Statement) -> list[str]:
     with sqlite3.connect(path) as conn:
         steps = [str(row[3]) for row in conn.execute(f"EXPLAIN QUERY PLAN {statement.sql}",
@@ -89,12 +98,7 @@ async def postgres_full_scans(url: str, statement: sql.Statement) -> list[str]:
 
 
 async def test_hot_statements_use_indexes(url: str) -> None:
-    store = open_store(url)
-    await store.open()
-    try:
-        await fill(store)
-    finally:
-        await store.close()
+    await filled(url)
     dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
     scans: dict[str, list[str]] = {}
     for name, statement in hot.hot_statements(dialect).items():
@@ -161,3 +165,32 @@ async def test_the_postgres_check_sees_a_full_scan() -> None:
             await conn.close()
         unindexed = sql.Statement("postgres", "SELECT seq FROM jobs WHERE reason = $1", ["x"])
         assert await postgres_full_scans(url, unindexed) == ["Seq Scan on jobs"]
+
+
+async def indexes_used(url: str, statement: sql.Statement) -> set[str]:
+    """The indexes a statement's plan reads: SQLite's ``USING ... INDEX name``,
+    PostgreSQL's index nodes (with sequential scans off, as above)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(sqlite_path(url)) as conn:
+            steps = [str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {statement.sql}",
+                                                     statement.args)]  # fmt: skip
+        return {s.split("INDEX ")[1].split()[0] for s in steps if "INDEX " in s}
+    conn_pg = await asyncpg.connect(url)
+    try:
+        await conn_pg.execute("SET enable_seqscan = off")
+        text = await conn_pg.fetchval(f"EXPLAIN (FORMAT JSON) {statement.sql}", *statement.args)
+    finally:
+        await conn_pg.close()
+    return {n["Index Name"] for n in nodes(json.loads(text)[0]["Plan"]) if "Index Name" in n}
+
+
+@pytest.mark.parametrize(
+    ("name", "index"),
+    [("purge finished", "jobs_finished_updated"), ("count active", "jobs_tenant_active")],
+)
+async def test_retention_and_the_cap_read_partial_indexes(url: str, name: str, index: str) -> None:
+    """Retention reads an index of the finished jobs alone, the cap one of the active jobs
+    alone (migration 7): neither index changes on the transitions in between."""
+    await filled(url)
+    dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
+    assert index in await indexes_used(url, hot.hot_statements(dialect)[name])
