@@ -71,13 +71,20 @@ class Retention:
         return total
 
     async def run(self) -> None:
-        """Purge every ``purgeEverySeconds`` (a long-lived loop under the supervisor)."""
+        """Purge every ``purgeEverySeconds`` from one purge's start to the next's (a
+        long-lived loop under the supervisor). Timed from each purge's end, the period was
+        the setting plus the purge: about 96 s instead of 60 in the soak (36 s to purge
+        18,000 jobs at 500 a second), and finished jobs stayed that much past retention."""
+        every = self.s.config.retention.purge_every_seconds
+        took = 0.0
         while True:
-            await self._sleep(self.s.config.retention.purge_every_seconds)
+            await self._sleep(max(0.0, every - took))
+            started = self._monotonic()
             try:
                 await self.purge_once()
             except StoreError as exc:  # the store is down or the lease lost: next time
                 log.warning("retention: purge failed: %s", exc)
+            took = self._monotonic() - started
 
 
 __all__ = ["BATCH", "BATCH_PAUSE_SECONDS", "MIN_PAUSE_SECONDS", "Retention"]

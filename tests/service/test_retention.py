@@ -114,7 +114,10 @@ async def test_the_supervised_loop_purges_every_period(tmp_path: Path) -> None:
         await wake.wait()
         wake.clear()
 
-    retention = Retention(service.shared, sleep)
+    # The loop's reading before the purge, the purge's own (one statement), the loop's
+    # after it: the purge took 2.5 s, so the next starts 300 s after this one started.
+    readings = iter([10.0, 10.0, 12.5])
+    retention = Retention(service.shared, sleep, monotonic=lambda: next(readings))
     loop = asyncio.create_task(retention.run(), name="retention under test")
     try:
         await asyncio.wait_for(asleep.wait(), 10)
@@ -122,9 +125,9 @@ async def test_the_supervised_loop_purges_every_period(tmp_path: Path) -> None:
         await service.cancel("team-a", "done")
         clock.now += 8 * DAY
         asleep.clear()
-        wake.set()  # one period passes: the loop purges, then sleeps again
+        wake.set()  # one period passes: the loop purges, then sleeps the rest of the next
         await asyncio.wait_for(asleep.wait(), 10)
-        assert slept == [300.0, 300.0]
+        assert slept == [300.0, 297.5]
         assert await service.store.get_job("team-a", "done") is None
     finally:
         loop.cancel()
