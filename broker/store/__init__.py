@@ -141,6 +141,14 @@ class JobRecord:
         object.__setattr__(self, "_text", None)  # the text is not kept beside the document
         return manifest
 
+    def replace(self, **changes: Any) -> JobRecord:
+        """A copy with ``changes`` (field names as above), as ``dataclasses.replace`` gives
+        a dataclass; an unknown field is a TypeError. O(fields)."""
+        unknown = changes.keys() - set(_RECORD_FIELDS)
+        if unknown:
+            raise TypeError(f"JobRecord has no field {', '.join(sorted(unknown))}")
+        return JobRecord(**{**dict(zip(_RECORD_FIELDS, self._fields(), strict=True)), **changes})
+
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"JobRecord is immutable: cannot set {name}")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +126,7 @@ async def _apply(store: PublishingStore, write: tuple[Any, ...], now: float) -> 
         _, _, name, was = write
         read = await store.get_job(tenant, name)
         if read is not None:  # as read earlier, in state ``was`` (stale unless it still is)
-            stale = dataclasses.replace(read, state=was)
+            stale = read.replace(state=was)
             await store.transition_many([stale], "Queued", "restart", now)
     else:
         await store.count_active(tenant)  # seeds the count mid-sequence

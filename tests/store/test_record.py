@@ -78,3 +78,13 @@ def test_a_record_copies_and_pickles_as_itself() -> None:
     record = job_from_row(ROW)
     assert copy.copy(record) == copy.deepcopy(record) == pickle.loads(pickle.dumps(record))
     assert copy.deepcopy(record).manifest is not record.manifest
+
+
+def test_a_replaced_record_changes_only_the_fields_named() -> None:
+    record = job_from_row(ROW)
+    moved = record.replace(state="Running", cluster="c1")
+    assert moved == eager(state="Running", cluster="c1")
+    assert record == eager()  # the original is untouched
+    assert record.replace() == record
+    with pytest.raises(TypeError, match="colour"):
+        record.replace(colour="red")

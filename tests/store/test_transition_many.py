@@ -7,7 +7,6 @@ nothing.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -70,9 +69,7 @@ async def test_each_job_moves_as_transition_would(store: Store) -> None:
         )
         mine = await store.get_job(tenant, name)
         assert mine is not None and mine in moved  # what came back is what is stored
-        assert dataclasses.replace(mine, name=twin, seq=single.seq, manifest=single.manifest) == (
-            single
-        )
+        assert mine.replace(name=twin, seq=single.seq, manifest=single.manifest) == (single)
         assert mine.cluster is None and mine.placement is None and mine.attempts == 1
         assert await store.history(tenant, name) == await store.history(tenant, twin)
     # To Placed: attempts grows by one, as transition's field rules say.
@@ -87,7 +84,7 @@ async def test_changed_and_missing_jobs_are_skipped(store: Store) -> None:
     moves = await placed(store, "t", "moves")
     read = await placed(store, "t", "changed")  # the caller read it as Placed...
     before = await store.transition("t", "changed", "Running", "running", 3.0)  # ...then this
-    gone = dataclasses.replace(moves, name="gone", seq=moves.seq + 1000)
+    gone = moves.replace(name="gone", seq=moves.seq + 1000)
     moved = await store.transition_many([moves, read, gone], "Queued", "requeued", 9.0)
     assert [job.name for job in moved] == ["moves"]
     assert await store.get_job("t", "changed") == before
@@ -150,7 +147,7 @@ async def test_placements_move_as_transition_would(store: Store) -> None:
         )  # fmt: skip
         mine = await store.get_job(job.tenant, job.name)
         assert mine is not None and mine in moved  # what came back is what is stored
-        assert dataclasses.replace(mine, name=twin, seq=single.seq) == single
+        assert mine.replace(name=twin, seq=single.seq) == single
         assert (mine.state, mine.cluster, mine.placement) == (
             "Placed",
             move.cluster,
@@ -162,7 +159,7 @@ async def test_placements_move_as_transition_would(store: Store) -> None:
 async def test_placements_of_jobs_no_longer_queued_are_skipped(store: Store) -> None:
     jobs = [(await store.create_job("t", name, "q", 1, {}, 1.0))[0] for name in "abc"]
     cancelled = await store.transition("t", "b", "Cancelled", "by the user", 2.0)
-    gone = dataclasses.replace(jobs[2], seq=jobs[2].seq + 1000)
+    gone = jobs[2].replace(seq=jobs[2].seq + 1000)
     moved = await store.place_many([placing(jobs[0], "c1"), placing(jobs[1], "c1"),
                                     placing(gone, "c1")], 3.0)  # fmt: skip
     assert [job.name for job in moved] == ["a"]
