@@ -83,14 +83,21 @@ def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from nodes(child)
 
 
-async def postgres_full_scans(url: str, statement: sql.Statement) -> list[str]:
+async def postgres_plan(url: str, statement: sql.Statement) -> dict[str, Any]:
+    """PostgreSQL's plan of a statement, with sequential scans off (so a scan left in it
+    is one no index could replace)."""
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("SET enable_seqscan = off")
         text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {statement.sql}", *statement.args)
     finally:
         await conn.close()
-    plan = json.loads(text)[0]["Plan"]
+    plan: dict[str, Any] = json.loads(text)[0]["Plan"]
+    return plan
+
+
+async def postgres_full_scans(url: str, statement: sql.Statement) -> list[str]:
+    plan = await postgres_plan(url, statement)
     return [
         f"Seq Scan on {node['Relation Name']}" for node in nodes(plan)
         if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in OUR_TABLES
@@ -175,13 +182,8 @@ async def indexes_used(url: str, statement: sql.Statement) -> set[str]:
             steps = [str(r[3]) for r in conn.execute(f"EXPLAIN QUERY PLAN {statement.sql}",
                                                      statement.args)]  # fmt: skip
         return {s.split("INDEX ")[1].split()[0] for s in steps if "INDEX " in s}
-    conn_pg = await asyncpg.connect(url)
-    try:
-        await conn_pg.execute("SET enable_seqscan = off")
-        text = await conn_pg.fetchval(f"EXPLAIN (FORMAT JSON) {statement.sql}", *statement.args)
-    finally:
-        await conn_pg.close()
-    return {n["Index Name"] for n in nodes(json.loads(text)[0]["Plan"]) if "Index Name" in n}
+    plan = await postgres_plan(url, statement)
+    return {n["Index Name"] for n in nodes(plan) if "Index Name" in n}
 
 
 @pytest.mark.parametrize(
