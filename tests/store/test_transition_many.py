@@ -69,7 +69,7 @@ async def test_each_job_moves_as_transition_would(store: Store) -> None:
         )
         mine = await store.get_job(tenant, name)
         assert mine is not None and mine in moved  # what came back is what is stored
-        assert mine.replace(name=twin, seq=single.seq, manifest=single.manifest) == (single)
+        assert mine.replace(name=twin, seq=single.seq, manifest=single.manifest) == single
         assert mine.cluster is None and mine.placement is None and mine.attempts == 1
         assert await store.history(tenant, name) == await store.history(tenant, twin)
     # To Placed: attempts grows by one, as transition's field rules say.
