@@ -48,6 +48,12 @@ class JobRecord:
     a placement's, a page of a restart's read) are never asked for it, and decoding it is
     most of what turning a row into a record costs. ``manifest_text`` builds one that way.
     Written by hand because a dataclass field cannot be decoded lazily.
+
+    ``spec_text`` is the manifest's ``spec`` as JSON text, when the query that read the row
+    selected it (``Store.active_jobs``: a restart's pages). It is a hint, not a field: it is
+    derived from the manifest, so equality, ``replace``, copies and pickles leave it out.
+    Equal specs read by one backend have equal texts, so a restart keys what it builds
+    from a spec by the text without decoding the manifest.
     """
 
     __slots__ = (
@@ -64,6 +70,7 @@ class JobRecord:
         "queue",
         "reason",
         "seq",
+        "spec_text",
         "state",
         "tenant",
         "updated_at",
@@ -85,6 +92,7 @@ class JobRecord:
     updated_at: float
     seq: int  # increasing submission order (FIFO); gaps are possible
     generation: int  # 1, then +1 each time the name is submitted again after it finished
+    spec_text: str | None  # the manifest's spec as JSON text, when the query selected it
 
     def __init__(
         self,
@@ -105,6 +113,7 @@ class JobRecord:
         generation: int = 1,
         *,
         manifest_text: str | None = None,
+        spec_text: str | None = None,
     ) -> None:
         if (manifest is None) == (manifest_text is None):
             raise TypeError("JobRecord takes exactly one of manifest and manifest_text")
@@ -125,6 +134,7 @@ class JobRecord:
         init(self, "updated_at", updated_at)
         init(self, "seq", seq)
         init(self, "generation", generation)
+        init(self, "spec_text", spec_text)
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -143,11 +153,27 @@ class JobRecord:
 
     def replace(self, **changes: Any) -> JobRecord:
         """A copy with ``changes`` (field names as above), as ``dataclasses.replace`` gives
-        a dataclass; an unknown field is a TypeError. O(fields)."""
+        a dataclass; an unknown field is a TypeError. O(fields). A manifest not yet decoded
+        is copied as its text, still not decoded (and the spec's text with it), unless
+        ``manifest`` is among the changes."""
         unknown = changes.keys() - set(_RECORD_FIELDS)
         if unknown:
             raise TypeError(f"JobRecord has no field {', '.join(sorted(unknown))}")
-        return JobRecord(**{**dict(zip(_RECORD_FIELDS, self._fields(), strict=True)), **changes})
+        fields = {f: getattr(self, f) for f in _RECORD_FIELDS if f != "manifest"}
+        if "manifest" in changes:
+            return JobRecord(**{**fields, **changes})
+        manifest, text = self.manifest_as_read()
+        return JobRecord(
+            **{**fields, **changes}, manifest=manifest, manifest_text=text,
+            spec_text=self.spec_text,
+        )  # fmt: skip
+
+    def manifest_as_read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(manifest, None) once decoded, else (None, its JSON text): what a copy of this
+        record passes on without decoding it (``JobRecord(..., manifest, ...,
+        manifest_text=text)``)."""
+        text = self._text  # read first: the decoding thread sets the manifest, then clears it
+        return (None, text) if text is not None else (self._manifest, None)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"JobRecord is immutable: cannot set {name}")

@@ -38,29 +38,75 @@ COALESCED_MOST: Final = 500
 
 
 def update_jobs(
-    dialect: Dialect, jobs: Sequence[JobRecord], state: JobState, reason: str, now: float
+    dialect: Dialect,
+    jobs: Sequence[JobRecord],
+    state: JobState,
+    reason: str,
+    now: float,
+    *,
+    returning: bool = True,
 ) -> Statement:
     """Many transitions' compare-and-set as one statement: each job still as the caller read
     it (its row by seq, which is never reused, still in the record's state) moves to
     ``state`` with transition's field rules (as a transition given no cluster, placement,
     attempts or not_before); the others are left as they are, and only the moved come back
     (MOVED_COLUMNS). One statement is atomic on both backends, and the history trigger
-    writes a row per moved job, as for one transition."""
+    writes a row per moved job, as for one transition. Without ``returning``, nothing
+    comes back (SQLite: see ``moving_jobs``)."""
     st = Statement(dialect)
     sets = transition_sets(
         state, reason, now, st, cluster=None, placement=None, attempts=None, not_before=None
     )
-    if dialect == "sqlite":  # a row of placeholders per job, their arguments after the SETs'
-        st.args.extend(a for job in jobs for a in (job.seq, check_state(job.state)))
-        moves = f"(VALUES {', '.join(['(?, ?)'] * len(jobs))}) AS moves"
-    else:  # two arrays, whatever the batch's size
-        seqs, states = st([job.seq for job in jobs]), st([check_state(j.state) for j in jobs])
-        moves = f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
+    returned = f" RETURNING {', '.join(f'jobs.{c}' for c in MOVED_COLUMNS.split(', '))}"
     return st.done(
-        f"UPDATE jobs SET {', '.join(sets)} FROM {moves} "
-        f"WHERE jobs.seq = moves.column1 AND jobs.state = moves.column2 "
-        f"RETURNING {', '.join(f'jobs.{c}' for c in MOVED_COLUMNS.split(', '))}"
+        f"UPDATE jobs SET {', '.join(sets)} FROM {_moves(st, jobs)} "
+        f"WHERE jobs.seq = moves.column1 AND jobs.state = moves.column2"
+        f"{returned if returning else ''}"
     )
+
+
+def _moves(st: Statement, jobs: Sequence[JobRecord]) -> str:
+    """update_jobs' rows to move, (column1, column2) = (seq, state as read), as a table."""
+    if st.dialect == "sqlite":  # a row of placeholders per job
+        st.args.extend(a for job in jobs for a in (job.seq, check_state(job.state)))
+        return f"(VALUES {', '.join(['(?, ?)'] * len(jobs))}) AS moves"
+    seqs, states = st([job.seq for job in jobs]), st([check_state(j.state) for j in jobs])
+    return f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
+
+
+# SQLite hands a statement's rows back one sqlite3_step each, and Python's sqlite3 lets go of
+# the GIL around every step: on the store's thread each row then waits for the event loop to
+# hand the GIL back (up to its switch interval, 1 ms) whenever the loop is busy, so the
+# thousands of rows a restart requeues in one RETURNING took longer to cross than to write.
+# ``moving_jobs`` and ``moved_rows`` carry a batch's rows across in one row each instead.
+
+
+def moving_jobs(jobs: Sequence[JobRecord]) -> Statement:
+    """SQLite: the seqs of the jobs ``update_jobs`` would move now, as one JSON array (one
+    row). Read in the update's transaction, under SQLite's one writer lock, it is exactly
+    the set the update then moves."""
+    st = Statement("sqlite")
+    return st.done(
+        f"SELECT json_group_array(jobs.seq) FROM {_moves(st, jobs)} "
+        "JOIN jobs ON jobs.seq = moves.column1 AND jobs.state = moves.column2"
+    )
+
+
+def moved_rows(seqs: str) -> Statement:
+    """SQLite: the MOVED_COLUMNS of the jobs of ``seqs`` (a JSON array) as one JSON array of
+    rows (one row). A REAL goes as its ``quote`` (exact; JSON's text keeps 15 digits) and
+    comes back through ``sqlite_real``."""
+    st = Statement("sqlite")
+    return st.done(
+        "SELECT json_group_array(json_array(seq, state, cluster, placement, attempts, "
+        "quote(not_before), reason, quote(updated_at))) FROM jobs "
+        f"WHERE seq IN (SELECT value FROM json_each({st(seqs)}))"
+    )
+
+
+def sqlite_real(quoted: str) -> float | None:
+    """A REAL as SQLite's ``quote`` gave it (``NULL`` for none)."""
+    return None if quoted == "NULL" else float(quoted)
 
 
 def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
@@ -72,10 +118,11 @@ def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> l
         job = by_seq[int(seq)]
         placed = None if placement is None else json.loads(placement)
         until = None if not_before is None else float(not_before)
+        manifest, text = job.manifest_as_read()  # not decoded for the copy
         moved.append(JobRecord(
-            job.tenant, job.name, job.queue, job.priority, job.manifest, state, cluster, placed,
+            job.tenant, job.name, job.queue, job.priority, manifest, state, cluster, placed,
             int(attempts), until, reason, job.created_at, float(updated_at), job.seq,
-            job.generation,
+            job.generation, manifest_text=text, spec_text=job.spec_text,
         ))  # fmt: skip
     return moved
 
@@ -313,6 +360,9 @@ __all__ = [
     "job_key",
     "move_jobs",
     "moved_records",
+    "moved_rows",
+    "moving_jobs",
     "place_jobs",
+    "sqlite_real",
     "update_jobs",
 ]

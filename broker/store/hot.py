@@ -6,7 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from broker.store import JobRecord, Placing
-from broker.store.batch import Move, NewJob, insert_new_jobs, move_jobs, place_jobs, update_jobs
+from broker.store.batch import (
+    Move,
+    NewJob,
+    insert_new_jobs,
+    move_jobs,
+    moved_rows,
+    moving_jobs,
+    place_jobs,
+    update_jobs,
+)
 from broker.store.migrations import Dialect
 from broker.store.sql import (
     Statement,
@@ -47,8 +56,12 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         Placing(9, "d", {"cluster": "d", "nodes": {"n2": 1}}, 1, "placed on d"),
     ]
     fenced = {} if dialect == "sqlite" else _fenced(dialect, placings)
+    one_row = {} if dialect == "postgres" else {  # SQLite's transition_many
+        "moving": moving_jobs(moves), "moved rows": moved_rows("[7, 9]"),
+    }  # fmt: skip
     return {
         **fenced,
+        **one_row,
         "insert": insert_job(dialect, "team-a", "job-new", "q", 1, {"spec": {}}, 50.0),
         "get": select_job(dialect, "team-a", "job-1"),
         "state of": state_of(dialect, "team-a", "job-1"),

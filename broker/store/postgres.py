@@ -390,7 +390,8 @@ class PostgresStore:
         self, *, after_seq: int | None = None, limit: int | None = None
     ) -> list[JobRecord]:
         query = sql.active_jobs("postgres", after_seq, limit)
-        return [_job(row) for row in await self._fetch("active_jobs", query)]
+        rows = await self._fetch("active_jobs", query)
+        return [sql.active_job_from_row(tuple(row)) for row in rows]
 
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetch("count_active", sql.count_active("postgres", tenant))

@@ -191,18 +191,30 @@ ACTIVE_LITERALS: Final = f"state IN ({', '.join(repr(s) for s in ACTIVE_STATES)}
 FINAL_LITERALS: Final = f"state IN ({', '.join(repr(s) for s in JOB_STATES if s in FINAL_STATES)})"
 
 
+# The manifest's spec as JSON text, read by the database (JobRecord.spec_text): SQLite's
+# json_extract gives an object back minified, PostgreSQL's -> gives JSONB's canonical text;
+# on either, equal specs give equal texts.
+SPEC_TEXT: Final[dict[Dialect, str]] = {
+    "sqlite": "json_extract(manifest, '$.spec')",
+    "postgres": "(manifest -> 'spec')::text",
+}
+
+
 def active_jobs(
     dialect: Dialect, after_seq: int | None = None, limit: int | None = None
 ) -> Statement:
     """Active jobs by seq, a page after the cursor ``after_seq`` when given: the partial
-    index on the active jobs' seq walks just them, in order, from the cursor on."""
+    index on the active jobs' seq walks just them, in order, from the cursor on. Rows are
+    JOB_COLUMNS and the spec's text (``active_job_from_row``)."""
     st = Statement(dialect)
     where = ACTIVE_LITERALS if after_seq is None else f"{ACTIVE_LITERALS} AND seq > {st(after_seq)}"
     page = "" if limit is None else f" LIMIT {st(limit)}"
     # SQLite without statistics (the store never runs ANALYZE) would rather read the
     # (state, seq) index and sort every active job for each page; name the index.
     jobs = "jobs INDEXED BY jobs_active_seq" if dialect == "sqlite" else "jobs"
-    return st.done(f"SELECT {JOB_COLUMNS} FROM {jobs} WHERE {where} ORDER BY seq{page}")
+    return st.done(
+        f"SELECT {JOB_COLUMNS}, {SPEC_TEXT[dialect]} FROM {jobs} WHERE {where} ORDER BY seq{page}"
+    )
 
 
 def count_active(dialect: Dialect, tenant: str) -> Statement:
@@ -287,7 +299,14 @@ def transition_from_row(row: Sequence[Any]) -> Transition:
     return Transition(at=float(row[0]), state=row[1], reason=row[2], cluster=row[3])
 
 
-def job_from_row(row: Sequence[Any], manifest: Mapping[str, Any] | None = None) -> JobRecord:
+def active_job_from_row(row: Sequence[Any]) -> JobRecord:
+    """A JobRecord from a row of ``active_jobs``: JOB_COLUMNS, then the spec's text."""
+    return job_from_row(row, spec_text=row[15])
+
+
+def job_from_row(
+    row: Sequence[Any], manifest: Mapping[str, Any] | None = None, spec_text: str | None = None
+) -> JobRecord:
     """A JobRecord from a row in JOB_COLUMNS order; with ``manifest`` (the document just
     stored, as its caller handed it in) instead of the row's copy, which the record
     decodes only if it is read.
@@ -315,6 +334,7 @@ def job_from_row(row: Sequence[Any], manifest: Mapping[str, Any] | None = None) 
         updated_at=float(row[12]),
         seq=int(row[13]),
         generation=int(row[14]),
+        spec_text=spec_text,
     )
 
 

@@ -15,6 +15,7 @@ IMMEDIATE`` so the write lock is taken up front and a second process (a second b
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,10 @@ from broker.store.batch import (
     inserted,
     move_jobs,
     moved_records,
+    moved_rows,
+    moving_jobs,
     place_jobs,
+    sqlite_real,
     update_jobs,
 )
 from broker.store.coalesce import coalesced
@@ -306,8 +310,8 @@ class SqliteStore:
     ) -> list[JobRecord]:
         if not jobs:
             return []
-        update = update_jobs("sqlite", jobs, state, reason, now)
-        rows = await self._write("transition_many", _rows_of(update))
+        update = update_jobs("sqlite", jobs, state, reason, now, returning=False)
+        rows = await self._write("transition_many", _moved_at_once(moving_jobs(jobs), update))
         return moved_records(jobs, rows)
 
     async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
@@ -362,7 +366,7 @@ class SqliteStore:
         self, *, after_seq: int | None = None, limit: int | None = None
     ) -> list[JobRecord]:
         query = sql.active_jobs("sqlite", after_seq, limit)
-        return [_job(row) for row in await self._fetchall(query)]
+        return [sql.active_job_from_row(tuple(row)) for row in await self._fetchall(query)]
 
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetchall(sql.count_active("sqlite", tenant))
@@ -401,6 +405,30 @@ def _rows_of(statement: sql.Statement) -> Work[list[Any]]:
 
     def work(conn: sqlite3.Connection) -> list[Any]:
         return conn.execute(statement.sql, statement.args).fetchall()
+
+    return work
+
+
+def _moved_at_once(moving: sql.Statement, update: sql.Statement) -> Work[list[Any]]:
+    """A write that moves ``update``'s jobs (update_jobs without RETURNING) and returns their
+    MOVED_COLUMNS rows, read across in one row each way (batch.moving_jobs): which will
+    move, the update, what they are now. Exact: the writer lock is held throughout."""
+
+    def work(conn: sqlite3.Connection) -> list[Any]:
+        (seqs,) = conn.execute(moving.sql, moving.args).fetchone()
+        if seqs == "[]":
+            return []
+        moved = conn.execute(update.sql, update.args).rowcount
+        if moved != len(json.loads(seqs)):  # nothing else writes meanwhile: never
+            raise sqlite3.DatabaseError(f"moved {moved} jobs, expected {seqs}")
+        check = moved_rows(seqs)
+        (rows,) = conn.execute(check.sql, check.args).fetchone()
+        return [
+            (seq, state, cluster, placement, attempts, sqlite_real(not_before), reason,
+             sqlite_real(updated_at))
+            for seq, state, cluster, placement, attempts, not_before, reason, updated_at
+            in json.loads(rows)
+        ]  # fmt: skip
 
     return work
 

@@ -88,3 +88,23 @@ def test_a_replaced_record_changes_only_the_fields_named() -> None:
     assert record.replace() == record
     with pytest.raises(TypeError, match="colour"):
         record.replace(colour="red")
+
+
+def test_a_copy_passes_an_undecoded_manifest_on_undecoded() -> None:
+    record = job_from_row(ROW, spec_text='{"podSets":[{"count":2}]}')
+    moved = record.replace(state="Running")
+    assert moved.manifest_as_read() == (None, json.dumps(DOCUMENT))  # not decoded to copy
+    assert moved.spec_text == record.spec_text  # the spec went with it
+    assert moved == eager(state="Running")
+    record.manifest  # noqa: B018  # decoded now: a copy takes the document
+    assert record.replace(reason="x").manifest_as_read() == (DOCUMENT, None)
+    other = {"kind": "Other"}
+    changed = record.replace(manifest=other)
+    assert changed.manifest == other and changed.spec_text is None  # its spec is unknown
+
+
+def test_the_spec_text_is_a_hint_outside_equality_and_copies() -> None:
+    record = job_from_row(ROW, spec_text='{"podSets":[{"count":2}]}')
+    assert record == job_from_row(ROW)
+    assert pickle.loads(pickle.dumps(record)).spec_text is None
+    assert "spec_text" not in repr(record)

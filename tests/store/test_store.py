@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import sqlite3
 import sys
 import traceback
@@ -416,6 +417,23 @@ async def test_active_jobs_excludes_final_states(store: Store) -> None:
         ("j1", "Placed"),
         ("j2", "Running"),
     ]
+
+
+async def test_active_jobs_carry_their_specs_text(store: Store) -> None:
+    # What a restart keys the jobs it rebuilds by: the spec as the database reads it,
+    # equal for equal specs whatever the rest of the manifest, None where not selected.
+    spec = {"podSets": [{"name": "main", "count": 2, "ratio": 0.5}], "queue": "q", "x": None}
+    for name, other in (("a", spec), ("b", {**spec}), ("c", {**spec, "queue": "r"})):
+        await store.create_job("t", name, "q", 0, {"metadata": {"name": name}, "spec": other}, 1.0)
+    await store.create_job("t", "d", "q", 0, {"metadata": {"name": "d"}}, 1.0)
+    a, b, c, d = await store.active_jobs()
+    assert a.spec_text is not None and json.loads(a.spec_text) == spec
+    assert a.spec_text == b.spec_text != c.spec_text
+    assert c.spec_text is not None and json.loads(c.spec_text)["queue"] == "r"
+    assert d.spec_text is None  # no spec at all
+    assert a.manifest_as_read()[0] is None  # the manifest itself is still not decoded
+    got = await store.get_job("t", "a")
+    assert got is not None and got.spec_text is None and got == a
 
 
 async def test_ping_and_closed_store(url: str) -> None:

@@ -119,6 +119,25 @@ async def test_a_batch_is_all_or_nothing(url: str, store: Store) -> None:
     assert len(moved) == len(names) - 1
 
 
+async def test_moved_jobs_come_back_exact_and_undecoded(store: Store) -> None:
+    # Times with all of a double's digits, and a backoff kept through the move: SQLite's
+    # rows cross as one JSON text, whose numbers would keep 15 digits.
+    now, until = 1764912345.1234567, 1764912999.9876543
+    await store.create_job("t", "exact", "q", 1, {"n": "exact"}, 1.0)
+    await store.transition("t", "exact", "Queued", "backoff", 1.5, expect=QUEUED,
+                           not_before=until)  # fmt: skip
+    read = await store.transition("t", "exact", "Placed", "placed", 2.0, cluster="c1",
+                                  placement={"pods": [{"pod": "p", "node": "n"}]})  # fmt: skip
+    (moved,) = await store.transition_many([read], "Running", "running", now)
+    assert (moved.updated_at, moved.not_before, moved.placement) == (now, until, read.placement)
+    assert moved.manifest_as_read() == read.manifest_as_read()  # passed on as it was read
+    assert moved == await store.get_job("t", "exact")
+    (page,) = await store.active_jobs()
+    (again,) = await store.transition_many([page], "Queued", "requeued", now + 1)
+    assert again.manifest_as_read()[0] is None  # a restart's page is never decoded
+    assert again.spec_text == page.spec_text
+
+
 # -- place_many ----------------------------------------------------------------------------------
 
 
