@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Literal, NewType, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, NewType, Protocol
 
 MILLI_PER_GPU = 1000
 
@@ -247,6 +247,26 @@ class Job:
     def pods(self) -> list[tuple[str, PodSet]]:
         """Deterministic pod names ``<job>-<podset>-<index>`` with their pod set."""
         return [(f"{self.name}-{ps.name}-{i}", ps) for ps in self.pod_sets for i in range(ps.count)]
+
+    def renamed(self, name: str) -> Job:
+        """This job under ``name``, every other field as it is: O(fields), without
+        ``__init__`` (its checks held when this job was made, and a frozen dataclass's
+        ``__init__`` sets each field through ``object.__setattr__``: a restart renames
+        every live job, and that was most of a queue entry's cost)."""
+        job: Job = object.__new__(Job)
+        for get, set_ in _JOB_SLOTS:
+            set_(job, get(self))
+        _JOB_NAME.__set__(job, name)
+        return job
+
+
+# The slots of Job besides its name, as (get, set) pairs: Job.renamed copies them all.
+_JOB_SLOTS: tuple[tuple[Any, Any], ...] = tuple(
+    (Job.__dict__[f.name].__get__, Job.__dict__[f.name].__set__)
+    for f in fields(Job)
+    if f.name != "name"
+)
+_JOB_NAME: Any = Job.__dict__["name"]
 
 
 @dataclass(frozen=True, slots=True)

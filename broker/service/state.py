@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,58 +87,70 @@ class Shared:
 
 
 def pending_of(record: JobRecord, job: Job | None = None) -> Pending:
-    """The queue entry of a stored job; its Job is rebuilt from the stored manifest unless
-    the caller (a fresh submission) already has it."""
-    if job is None:
-        job = _named(
-            _job_of_spec(record.manifest.get("spec"), record.tenant, record.queue), record.name
-        )
+    """The queue entry of a stored job; its Job is rebuilt from the stored spec unless the
+    caller (a fresh submission) already has it."""
+    if job is not None:
+        manifest = record.manifest
+        return Pending(
+            job, record.seq, record.created_at, record.attempts, record.not_before or 0.0,
+            pod_templates(manifest), master_port(manifest), workload_object(manifest),
+        )  # fmt: skip
+    of_spec = _of_spec(record)
     return Pending(
-        job,
-        record.seq,
-        record.created_at,
-        record.attempts,
-        record.not_before or 0.0,
-        pod_templates(record.manifest),
-        master_port(record.manifest),
-        workload_object(record.manifest),
-    )
-
-
-_SPEC_JOBS: dict[tuple[str, str, str], Job] = {}  # (repr of a spec, tenant, queue) -> Job
-_SPEC_JOBS_MAX = 1024
-
-
-def _job_of_spec(spec: Any, tenant: str, queue: str) -> Job:
-    """The Job of a stored spec, validated again (the rules may have changed since it was
-    admitted), under a stand-in name the caller replaces. Cached: jobs sent from one
-    template (sweeps, arrays, retries) share a spec, and a restart rebuilds every live job
-    through here, so each distinct spec is validated once, not once per job. Keyed by the
-    spec's repr (equal reprs of JSON values are equal values; cheaper than JSON text); the
-    oldest entry goes when full; a refused spec is never kept. The metadata (name,
-    namespace) was checked at admission and is not part of the Job."""
-    key = (repr(spec), tenant, queue)
-    job = _SPEC_JOBS.get(key)
-    if job is None:
-        wire = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "stored"},
-                "spec": spec}  # fmt: skip
-        job = to_job(stored_manifest(wire), tenant, queue)
-        if len(_SPEC_JOBS) >= _SPEC_JOBS_MAX:
-            del _SPEC_JOBS[next(iter(_SPEC_JOBS))]
-        _SPEC_JOBS[key] = job
-    return job
-
-
-def _named(job: Job, name: str) -> Job:
-    """``job`` under ``name``: its fields as they are (validated when it was made), without
-    ``dataclasses.replace``'s look-up of the fields on every call (a restart renames every
-    live job: half the cost of its queue entry)."""
-    return Job(
-        name=name, pod_sets=job.pod_sets, tenant=job.tenant, queue=job.queue,
-        priority=job.priority, gpu_types=job.gpu_types, cluster_selector=job.cluster_selector,
-        min_member=job.min_member, schedule_timeout_seconds=job.schedule_timeout_seconds,
-        policy=job.policy, allow_burst=job.allow_burst,
+        of_spec.job.renamed(record.name), record.seq, record.created_at, record.attempts,
+        record.not_before or 0.0, of_spec.pod_templates, of_spec.master_port, of_spec.workload,
     )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _OfSpec:
+    """What a queue entry takes from a stored spec alone (the Job under a stand-in name).
+    Shared by every job of that spec: the launchers copy templates and objects before
+    changing them (adapters/kube/objects.py, workloads.py)."""
+
+    job: Job
+    pod_templates: Mapping[str, Mapping[str, Any]]
+    master_port: int
+    workload: Mapping[str, Any] | None
+
+
+# (how the spec is keyed, the key, tenant, queue) -> what it gives; at most _OF_SPEC_MAX.
+_OF_SPEC: dict[tuple[str, str, str, str], _OfSpec] = {}
+_OF_SPEC_MAX = 1024
+
+
+def _of_spec(record: JobRecord) -> _OfSpec:
+    """The Job, pod templates, rendezvous port and workload object of a stored job's spec,
+    validated again (the rules may have changed since it was admitted). Cached: jobs sent
+    from one template (sweeps, arrays, retries) share a spec, and a restart rebuilds every
+    live job through here, so each distinct spec is validated once, not once per job.
+
+    Keyed by the spec's JSON text when the store read it (``JobRecord.spec_text``: a
+    restart's pages), so a hit decodes nothing; otherwise by the decoded spec's repr (equal
+    reprs of JSON values are equal values; cheaper than JSON text). The two kinds of key
+    are kept apart. The oldest entry goes when full; a refused spec is never kept. The
+    metadata (name, namespace) was checked at admission and is not part of the Job."""
+    text, spec = record.spec_text, None
+    if text is not None:
+        key = ("json", text, record.tenant, record.queue)
+    else:
+        spec = record.manifest.get("spec")
+        key = ("repr", repr(spec), record.tenant, record.queue)
+    found = _OF_SPEC.get(key)
+    if found is not None:
+        return found
+    if text is not None:
+        spec = json.loads(text)
+    wire = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "stored"},
+            "spec": spec}  # fmt: skip
+    found = _OfSpec(
+        to_job(stored_manifest(wire), record.tenant, record.queue),
+        pod_templates(wire), master_port(wire), workload_object(wire),
+    )  # fmt: skip
+    if len(_OF_SPEC) >= _OF_SPEC_MAX:
+        del _OF_SPEC[next(iter(_OF_SPEC))]
+    _OF_SPEC[key] = found
+    return found
 
 
 class _TenantPods:

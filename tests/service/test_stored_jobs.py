@@ -57,3 +57,37 @@ def test_quantities_refuse_what_is_not_one(value: object) -> None:
     for _ in range(2):
         with pytest.raises(QuantityError):
             parse_quantity(value)
+
+
+def test_an_entry_keyed_by_its_specs_text_is_the_one_decoded_from_the_manifest() -> None:
+    # A restart's page carries the spec's text: nothing is decoded on a hit, and what
+    # comes out is what decoding the manifest gives (templates, port, workload included).
+    doc = wire("a")
+    doc["spec"]["rendezvous"] = {"masterPort": 23456}
+    text = json.dumps(doc["spec"], separators=(",", ":"))
+    decoded = [pending_of(record(n, doc)) for n in ("a", "b")]
+    paged = [  # the manifest's text is not JSON: decoding it would fail
+        pending_of(JobRecord(**{**fields(record(n, doc)), "manifest": None},
+                             manifest_text="not read", spec_text=text))
+        for n in ("a", "b")
+    ]  # fmt: skip
+    for one, keyed in zip(decoded, paged, strict=True):
+        assert keyed == one
+    assert paged[0].job.name == "a" and paged[1].job.name == "b"
+    assert paged[0].master_port == 23456
+
+
+def test_a_refused_spec_by_its_text_is_refused_every_time() -> None:
+    broken = copy.deepcopy(wire("x"))
+    broken["spec"]["podSets"][0]["count"] = 0
+    text = json.dumps(broken["spec"])
+    for _ in range(2):  # never remembered as a Job
+        with pytest.raises(ManifestError, match="count"):
+            pending_of(JobRecord(**{**fields(record("x", broken)), "manifest": None},
+                                 manifest_text=json.dumps(broken), spec_text=text))  # fmt: skip
+
+
+def fields(job: JobRecord) -> dict[str, Any]:
+    return {f: getattr(job, f) for f in ("tenant", "name", "queue", "priority", "manifest",
+            "state", "cluster", "placement", "attempts", "not_before", "reason", "created_at",
+            "updated_at", "seq", "generation")}  # fmt: skip
