@@ -59,6 +59,25 @@ async def _entries(records: list[JobRecord]) -> list[Pending]:
     return entries
 
 
+@dataclasses.dataclass(slots=True)
+class _Requeue:
+    """A page of the rebuild: the jobs to queue, those of them to move to Queued first, and
+    that batch's write in flight."""
+
+    queued: list[JobRecord]
+    stale: list[JobRecord]
+    write: asyncio.Future[list[JobRecord]]
+
+
+async def _cancelled(requeues: list[_Requeue]) -> None:
+    """The batches still in flight cancelled, and settled (written or not) before the error
+    goes on: nothing of the rebuild is left running behind it."""
+    writes = [r.write for r in requeues]
+    for write in writes:
+        write.cancel()
+    await asyncio.gather(*writes, return_exceptions=True)
+
+
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """The cyclic collector off while a rebuild loads every live job (bounded work): its
@@ -135,11 +154,24 @@ class Recovery:
         now = s.clock()
         jobs = 0
         # Paged by seq, and each page's requeues written as one batch: time to ready grows
-        # per job by reading it, not by a commit of its own; memory by two pages at a time.
-        async with contextlib.aclosing(self._pages()) as pages:
-            async for page in pages:
-                jobs += len(page)
-                await self._rebuild_page(page, found, now)
+        # per job by reading it, not by a commit of its own; memory by three pages at a time.
+        # Two batches are in flight: the store writes the next page's while this one's
+        # entries are built and pushed, so its writer never waits for the loop.
+        in_flight: list[_Requeue] = []  # oldest first; each settled before it leaves
+        try:
+            async with contextlib.aclosing(self._pages()) as pages:
+                async for page in pages:
+                    jobs += len(page)
+                    in_flight.append(self._requeue(page, found, now))
+                    if len(in_flight) > 1:
+                        await self._settle(in_flight[0])
+                        del in_flight[0]
+            while in_flight:
+                await self._settle(in_flight[0])
+                del in_flight[0]
+        except BaseException:  # a stored spec the rules refuse now: the batches settled first
+            await _cancelled(in_flight)
+            raise
         if s.kube:
             await self._collect_garbage_locked()  # leftovers of jobs that were requeued
         return jobs
@@ -161,27 +193,28 @@ class Recovery:
                 raise
             page = await ahead
 
-    async def _rebuild_page(self, page: list[JobRecord], found: Found, now: float) -> None:
-        """One page of active jobs: restored from their pods, or requeued (one batch), then
-        pushed into the queue in the page's order. The batch is written (on the store's
-        thread or server) while the page's queue entries are built: a move to Queued changes
-        nothing they are built from, and nothing is pushed before the batch is stored."""
-        s = self.s
+    def _requeue(self, page: list[JobRecord], found: Found, now: float) -> _Requeue:
+        """One page of active jobs: restored from their pods, or to be requeued; the stale
+        ones' move to Queued starts (one batch, on the store's thread or server)."""
         queued = [r for r in page if not self._restored(r, found, now)]
         stale = [r for r in queued if r.state != "Queued"]
-        write = asyncio.ensure_future(s.store.transition_many(stale, "Queued", RESTART_REASON, now))
-        try:
-            entries = await _entries(queued)
-        except BaseException:  # a stored spec the rules refuse now: the batch settled first
-            write.cancel()
-            await asyncio.gather(write, return_exceptions=True)
-            raise
-        moved = {r.seq for r in await write}
+        write = asyncio.ensure_future(
+            self.s.store.transition_many(stale, "Queued", RESTART_REASON, now)
+        )
+        return _Requeue(queued, stale, write)
+
+    async def _settle(self, requeue: _Requeue) -> None:
+        """A page's queue entries, built while its batch is written (a move to Queued
+        changes nothing they are built from), pushed in the page's order once the batch
+        is stored."""
+        s = self.s
+        entries = await _entries(requeue.queued)
+        moved = {r.seq for r in await requeue.write}
         s.metrics.requeues.labels("restart").inc(len(moved))
-        for record, pending in zip(queued, entries, strict=True):
+        for record, pending in zip(requeue.queued, entries, strict=True):
             if record.state == "Queued" or record.seq in moved:
                 s.queue.push(pending)
-        for record in stale:  # not moved: changed since the page was read
+        for record in requeue.stale:  # not moved: changed since the page was read
             if record.seq not in moved:
                 await self._changed_meanwhile(record.tenant, record.name)
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 from broker.store import SUBMITTED_REASON, JobRecord, JobState, Placing
 from broker.store.coalesce import Coalescer
 from broker.store.migrations import Dialect
+from broker.store.onerow import in_one_row
 from broker.store.sql import (
     JOB_COLUMNS,
     Statement,
@@ -74,17 +75,10 @@ def _moves(st: Statement, jobs: Sequence[JobRecord]) -> str:
     return f"unnest({seqs}::bigint[], {states}::text[]) AS moves (column1, column2)"
 
 
-# SQLite hands a statement's rows back one sqlite3_step each, and Python's sqlite3 lets go of
-# the GIL around every step: on the store's thread each row then waits for the event loop to
-# hand the GIL back (up to its switch interval, 1 ms) whenever the loop is busy, so the
-# thousands of rows a restart requeues in one RETURNING took longer to cross than to write.
-# ``moving_jobs`` and ``moved_rows`` carry a batch's rows across in one row each instead.
-
-
 def moving_jobs(jobs: Sequence[JobRecord]) -> Statement:
-    """SQLite: the seqs of the jobs ``update_jobs`` would move now, as one JSON array (one
-    row). Read in the update's transaction, under SQLite's one writer lock, it is exactly
-    the set the update then moves."""
+    """SQLite: the seqs of the jobs ``update_jobs`` would move now, as one JSON array in one
+    row (see ``broker.store.onerow``). Read in the update's transaction, under SQLite's one
+    writer lock, it is exactly the set the update then moves."""
     st = Statement("sqlite")
     return st.done(
         f"SELECT json_group_array(jobs.seq) FROM {_moves(st, jobs)} "
@@ -93,20 +87,13 @@ def moving_jobs(jobs: Sequence[JobRecord]) -> Statement:
 
 
 def moved_rows(seqs: str) -> Statement:
-    """SQLite: the MOVED_COLUMNS of the jobs of ``seqs`` (a JSON array) as one JSON array of
-    rows (one row). A REAL goes as its ``quote`` (exact; JSON's text keeps 15 digits) and
-    comes back through ``sqlite_real``."""
+    """SQLite: the MOVED_COLUMNS of the jobs of ``seqs`` (a JSON array), in one row
+    (``onerow.rows_of`` reads them)."""
     st = Statement("sqlite")
-    return st.done(
-        "SELECT json_group_array(json_array(seq, state, cluster, placement, attempts, "
-        "quote(not_before), reason, quote(updated_at))) FROM jobs "
-        f"WHERE seq IN (SELECT value FROM json_each({st(seqs)}))"
+    select = st.done(
+        f"SELECT {MOVED_COLUMNS} FROM jobs WHERE seq IN (SELECT value FROM json_each({st(seqs)}))"
     )
-
-
-def sqlite_real(quoted: str) -> float | None:
-    """A REAL as SQLite's ``quote`` gave it (``NULL`` for none)."""
-    return None if quoted == "NULL" else float(quoted)
+    return in_one_row(select, MOVED_COLUMNS.split(", "))
 
 
 def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
@@ -363,6 +350,5 @@ __all__ = [
     "moved_rows",
     "moving_jobs",
     "place_jobs",
-    "sqlite_real",
     "update_jobs",
 ]

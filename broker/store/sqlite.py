@@ -34,10 +34,12 @@ from broker.store import (
     StoreError,
     StoreUnavailable,
     Transition,
+    onerow,
     sql,
     sqlite_url,
 )
 from broker.store.batch import (
+    MOVED_COLUMNS,
     Move,
     NewJob,
     as_move,
@@ -50,7 +52,6 @@ from broker.store.batch import (
     moved_rows,
     moving_jobs,
     place_jobs,
-    sqlite_real,
     update_jobs,
 )
 from broker.store.coalesce import coalesced
@@ -411,8 +412,8 @@ def _rows_of(statement: sql.Statement) -> Work[list[Any]]:
 
 def _moved_at_once(moving: sql.Statement, update: sql.Statement) -> Work[list[Any]]:
     """A write that moves ``update``'s jobs (update_jobs without RETURNING) and returns their
-    MOVED_COLUMNS rows, read across in one row each way (batch.moving_jobs): which will
-    move, the update, what they are now. Exact: the writer lock is held throughout."""
+    MOVED_COLUMNS rows, each way in one row (``broker.store.onerow``): which will move, the
+    update, what they are now. Exact: the writer lock is held throughout."""
 
     def work(conn: sqlite3.Connection) -> list[Any]:
         (seqs,) = conn.execute(moving.sql, moving.args).fetchone()
@@ -421,14 +422,9 @@ def _moved_at_once(moving: sql.Statement, update: sql.Statement) -> Work[list[An
         moved = conn.execute(update.sql, update.args).rowcount
         if moved != len(json.loads(seqs)):  # nothing else writes meanwhile: never
             raise sqlite3.DatabaseError(f"moved {moved} jobs, expected {seqs}")
-        check = moved_rows(seqs)
-        (rows,) = conn.execute(check.sql, check.args).fetchone()
-        return [
-            (seq, state, cluster, placement, attempts, sqlite_real(not_before), reason,
-             sqlite_real(updated_at))
-            for seq, state, cluster, placement, attempts, not_before, reason, updated_at
-            in json.loads(rows)
-        ]  # fmt: skip
+        now = moved_rows(seqs)
+        (rows,) = conn.execute(now.sql, now.args).fetchone()
+        return onerow.rows_of(rows, MOVED_COLUMNS.split(", "))
 
     return work
 
