@@ -4,15 +4,19 @@ read and its batch settled by what it is now (queued if Queued, left alone if fi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from broker.bench.restart import load_statements, write_all
+from broker.bench.restart import job_name, load_statements, write_all
 from broker.bench.serving import bench_document
 from broker.config import parse_config
+from broker.manifest import ManifestError
 from broker.service import recovery
 from broker.service.facade import Service
 from broker.store import JobRecord, open_store
@@ -55,5 +59,45 @@ async def test_every_job_back_over_pages_and_moved_ones_settled(
         queued = {p.job.name for p in service.shared.queue.pending()}
         assert queued == {r.name for r in active}
         assert [len(p) for p in pages] == [4, 4, 4, 4, 4, 4, 1, 0]
+    finally:
+        await service.close()
+
+
+async def test_a_refused_spec_stops_the_rebuild_with_no_batch_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two pages' batches are in flight while one page's entries are built: when a stored
+    # spec is refused now, both are settled before the error goes on, none left behind.
+    url = f"sqlite://{tmp_path / 'jobs.db'}"
+    store = open_store(url)
+    await store.open()
+    await store.close()
+    await write_all(url, load_statements("sqlite", JOBS, insert=True))
+    with sqlite3.connect(tmp_path / "jobs.db") as conn:  # job 9: the third page's second
+        conn.execute(
+            "UPDATE jobs SET manifest = json_set(manifest, '$.spec.podSets[0].count', 0) "
+            "WHERE name = ?",
+            (job_name(9),),
+        )
+    monkeypatch.setattr(recovery, "REBUILD_PAGE", 4)
+    config = parse_config(json.dumps(bench_document(url, "x" * 43, 1, 4)), "test", {})
+    service = Service(config)
+    await service.store.open()
+    inner = service.shared.store
+    writes: list[asyncio.Future[list[JobRecord]]] = []
+    batch = inner.transition_many
+
+    def counted(*args: Any) -> Awaitable[list[JobRecord]]:
+        write = asyncio.ensure_future(batch(*args))
+        writes.append(write)
+        return write
+
+    monkeypatch.setattr(inner, "transition_many", counted)
+    try:
+        with pytest.raises(ManifestError, match="count"):
+            await service.recovery.elected()
+        assert len(writes) == 4  # pages 1-4 started: the refused one and the next in flight
+        assert all(write.done() for write in writes)
+        assert not service.shared.rebuilt
     finally:
         await service.close()
