@@ -65,6 +65,7 @@ from broker.store.pgerrors import (
     translated,
 )
 from broker.store.pglease import ACQUIRE, RELEASE, RENEW
+from broker.store.pgstats import Statistics
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class PostgresStore:
         # Concurrent submissions and plain transitions leave as one statement each batch
         # (group commit, as SQLite's): at 300 jobs/s one statement per write, each with its
         # own round trip, commit and lease check, took PostgreSQL most of a core.
+        self.statistics = Statistics()  # ANALYZE while the tables are young (pgstats)
         self._inserts, self._moves = coalescers(
             self._insert_batch, self._move_batch, COALESCED_SLOTS
         )
@@ -142,10 +144,13 @@ class PostgresStore:
             pool.terminate()
             raise
         self._pool, self._lease_pool = pool, lease_pool
+        with self._errors("analyze"):
+            await self.statistics.open(pool)
 
     async def close(self) -> None:
         await self._inserts.drain()
         await self._moves.drain()
+        await self.statistics.close()
         pool, self._pool = self._pool, None
         lease_pool, self._lease_pool = self._lease_pool, None
         for each in (pool, lease_pool):
@@ -250,7 +255,7 @@ class PostgresStore:
         async with self._txn("purge_finished") as conn:
             status = await conn.execute(purge.sql, *purge.args)
             await conn.execute(old.sql, *old.args)
-        return int(status.split()[-1])  # "DELETE <n>"
+        return int(status.split()[-1])  # "SELECT <n>": a row per job deleted
 
     async def transition(
         self,
@@ -310,6 +315,7 @@ class PostgresStore:
         statement = insert_new_jobs("postgres", rows, self._fence)
         with self._errors("create_job"):
             found = await self._require().fetch(statement.sql, *statement.args)
+        self.statistics.grew(len(found))
         return inserted(rows, map(tuple, found))
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:

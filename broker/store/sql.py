@@ -259,20 +259,37 @@ def archive_generation(
 
 
 def delete_finished_job(dialect: Dialect, tenant: str, name: str) -> Statement:
-    """The job's row (its history goes with it, ON DELETE CASCADE) if it is finished."""
+    """The job's row and its history if it is finished."""
     st = Statement(dialect)
     where = f"{_one_job(st, tenant, name)} AND {st.any_of('state', sorted(FINAL_STATES))}"
-    return st.done(f"DELETE FROM jobs WHERE {where}")
+    return st.done(_with_history(dialect, f"DELETE FROM jobs WHERE {where}"))
 
 
 def purge_finished_jobs(dialect: Dialect, before: float, limit: int) -> Statement:
-    """At most ``limit`` finished jobs last changed before ``before``, oldest first."""
+    """At most ``limit`` finished jobs last changed before ``before``, oldest first, with
+    their history. Its count is the jobs deleted (PostgreSQL's status: ``SELECT n``)."""
     st = Statement(dialect)
     # SQLite without statistics would rather read (state, seq) and sort: name the index.
     jobs = "jobs INDEXED BY jobs_finished_updated" if dialect == "sqlite" else "jobs"
     return st.done(
-        f"DELETE FROM jobs WHERE seq IN (SELECT seq FROM {jobs} WHERE {FINAL_LITERALS} "
-        f"AND updated_at < {st(before)} ORDER BY updated_at LIMIT {st(limit)})"
+        _with_history(
+            dialect,
+            f"DELETE FROM jobs WHERE seq IN (SELECT seq FROM {jobs} WHERE {FINAL_LITERALS} "
+            f"AND updated_at < {st(before)} ORDER BY updated_at LIMIT {st(limit)})",
+        )
+    )
+
+
+def _with_history(dialect: Dialect, delete: str) -> str:
+    """``delete`` (of jobs rows) with their history: SQLite's foreign key cascades;
+    PostgreSQL's has none (migration 8), so a second DELETE in the same statement takes the
+    history of the jobs the first one deleted, and a row per job deleted comes back."""
+    if dialect == "sqlite":
+        return delete
+    return (
+        f"WITH gone AS ({delete} RETURNING tenant, name), history AS ("
+        "DELETE FROM job_history h USING gone WHERE h.tenant = gone.tenant "
+        "AND h.name = gone.name) SELECT 1 FROM gone"
     )
 
 

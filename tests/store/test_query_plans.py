@@ -196,3 +196,33 @@ async def test_retention_and_the_cap_read_partial_indexes(url: str, name: str, i
     await filled(url)
     dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
     assert index in await indexes_used(url, hot.hot_statements(dialect)[name])
+
+
+async def test_postgres_writes_read_jobs_linearly_from_a_fresh_database() -> None:
+    """Counted, not timed: a fresh database (no statistics: as before autovacuum's first
+    ANALYZE, or with it off) given JOBS jobs of one tenant, each submitted and moved twice.
+    Planned as if the table were empty, each write once read the whole table or all of the
+    tenant's jobs: 9 million rows in all here, about JOBS**2; the store's own
+    ANALYZEs while the table is young (pgstats) keep it near linear (about 165,000, nearly
+    all of them while the table was still small enough for a sequential scan to be the
+    cheapest plan)."""
+    jobs = 3000
+    async with postgres_database() as url:
+        store = open_store(url)
+        await store.open()
+        try:
+            for i in range(jobs):
+                await store.create_job("one", f"job-{i}", "q", 0, {"i": i}, float(i))
+                await store.transition("one", f"job-{i}", "Placed", "p", i + 0.5, cluster="c")
+                await store.transition("one", f"job-{i}", "Running", "r", i + 0.7)
+        finally:
+            await store.close()  # its connections end: their counts are reported
+        conn = await asyncpg.connect(url)
+        try:
+            read = await conn.fetchval(
+                "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+                "FROM pg_stat_user_tables WHERE relname = 'jobs'"
+            )
+        finally:
+            await conn.close()
+    assert read < jobs**2 / 10, f"{read} rows of jobs read for {jobs} jobs' writes"
