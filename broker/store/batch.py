@@ -86,14 +86,25 @@ def moving_jobs(jobs: Sequence[JobRecord]) -> Statement:
     )
 
 
-def moved_rows(seqs: str) -> Statement:
-    """SQLite: the MOVED_COLUMNS of the jobs of ``seqs`` (a JSON array), in one row
+def moved_rows(seqs: str, columns: str = MOVED_COLUMNS) -> Statement:
+    """SQLite: the ``columns`` of the jobs of ``seqs`` (a JSON array), in one row
     (``onerow.rows_of`` reads them)."""
     st = Statement("sqlite")
     select = st.done(
-        f"SELECT {MOVED_COLUMNS} FROM jobs WHERE seq IN (SELECT value FROM json_each({st(seqs)}))"
+        f"SELECT {columns} FROM jobs WHERE seq IN (SELECT value FROM json_each({st(seqs)}))"
     )
-    return in_one_row(select, MOVED_COLUMNS.split(", "))
+    return in_one_row(select, columns.split(", "))
+
+
+def queued_among(placings: Sequence[Placing]) -> Statement:
+    """SQLite: the seqs of ``placings`` still Queued (what ``place_jobs`` moves now), as one
+    JSON array in one row; read under the writer lock, as ``moving_jobs``."""
+    st = Statement("sqlite")
+    seqs = json.dumps([p.seq for p in placings])
+    return st.done(
+        "SELECT json_group_array(seq) FROM jobs "
+        f"WHERE seq IN (SELECT value FROM json_each({st(seqs)})) AND state = {st('Queued')}"
+    )
 
 
 def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> list[JobRecord]:
@@ -120,12 +131,14 @@ def place_jobs(
     now: float,
     *,
     fence: tuple[str, str] | None = None,
+    returning: bool = True,
 ) -> Statement:
     """A cycle's placements as one compare-and-set (Store.place_many): each job still Queued
     on the row of its seq moves to Placed with its own cluster, placement, attempts and
-    reason; the others are left as they are, and only the moved come back (JOB_COLUMNS).
-    ``fence`` (PostgreSQL: lease, holder) as in ``sql.update_job``: while not held, no row
-    moves and none comes back."""
+    reason; the others are left as they are, and only the moved come back (JOB_COLUMNS;
+    without ``returning``, none: SQLite, see ``queued_among``). ``fence`` (PostgreSQL:
+    lease, holder) as in ``sql.update_job``: while not held, no row moves and none comes
+    back."""
     st = Statement(dialect)  # placeholders in the text's order: SQLite's are positional
     prefix = "" if fence is None else fence_cte(st, fence)
     sets = f"state = {st('Placed')}, updated_at = {st(now)}"
@@ -154,9 +167,9 @@ def place_jobs(
     where = f"jobs.seq = moves.column1 AND jobs.state = {st('Queued')}"
     if fence is not None:
         where += " AND EXISTS (SELECT 1 FROM fence)"
-    returning = ", ".join(f"jobs.{c}" for c in JOB_COLUMNS.split(", "))
+    columns = ", ".join(f"jobs.{c}" for c in JOB_COLUMNS.split(", "))
     update = f"UPDATE jobs SET {sets} FROM {moves} WHERE {where}"
-    return st.done(f"{prefix}{update} RETURNING {returning}")
+    return st.done(f"{prefix}{update} RETURNING {columns}" if returning else f"{prefix}{update}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,5 +363,6 @@ __all__ = [
     "moved_rows",
     "moving_jobs",
     "place_jobs",
+    "queued_among",
     "update_jobs",
 ]

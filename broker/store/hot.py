@@ -14,6 +14,7 @@ from broker.store.batch import (
     moved_rows,
     moving_jobs,
     place_jobs,
+    queued_among,
     update_jobs,
 )
 from broker.store.migrations import Dialect
@@ -58,6 +59,7 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
     fenced = {} if dialect == "sqlite" else _fenced(dialect, placings)
     one_row = {} if dialect == "postgres" else {  # SQLite's transition_many
         "moving": moving_jobs(moves), "moved rows": moved_rows("[7, 9]"),
+        "queued among": queued_among(placings),
     }  # fmt: skip
     return {
         **fenced,

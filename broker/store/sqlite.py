@@ -52,6 +52,7 @@ from broker.store.batch import (
     moved_rows,
     moving_jobs,
     place_jobs,
+    queued_among,
     update_jobs,
 )
 from broker.store.coalesce import coalesced
@@ -318,8 +319,9 @@ class SqliteStore:
     async def place_many(self, placings: Sequence[Placing], now: float) -> list[JobRecord]:
         if not placings:
             return []
-        rows = await self._write("place_many", _rows_of(place_jobs("sqlite", placings, now)))
-        return [_job(row) for row in rows]
+        update = place_jobs("sqlite", placings, now, returning=False)
+        work = _moved_at_once(queued_among(placings), update, sql.JOB_COLUMNS)
+        return [_job(row) for row in await self._write("place_many", work)]
 
     async def _insert_batch(self, rows: Sequence[NewJob]) -> list[JobRecord | None]:
         found = await self._write("create_job", _rows_of(insert_new_jobs("sqlite", rows)))
@@ -410,10 +412,13 @@ def _rows_of(statement: sql.Statement) -> Work[list[Any]]:
     return work
 
 
-def _moved_at_once(moving: sql.Statement, update: sql.Statement) -> Work[list[Any]]:
-    """A write that moves ``update``'s jobs (update_jobs without RETURNING) and returns their
-    MOVED_COLUMNS rows, each way in one row (``broker.store.onerow``): which will move, the
-    update, what they are now. Exact: the writer lock is held throughout."""
+def _moved_at_once(
+    moving: sql.Statement, update: sql.Statement, columns: str = MOVED_COLUMNS
+) -> Work[list[Any]]:
+    """A write that moves the jobs ``moving`` names (their seqs) with ``update`` (without
+    RETURNING) and returns their ``columns`` rows, each way in one row
+    (``broker.store.onerow``): which will move, the update, what they are now. Exact: the
+    writer lock is held throughout."""
 
     def work(conn: sqlite3.Connection) -> list[Any]:
         (seqs,) = conn.execute(moving.sql, moving.args).fetchone()
@@ -422,9 +427,9 @@ def _moved_at_once(moving: sql.Statement, update: sql.Statement) -> Work[list[An
         moved = conn.execute(update.sql, update.args).rowcount
         if moved != len(json.loads(seqs)):  # nothing else writes meanwhile: never
             raise sqlite3.DatabaseError(f"moved {moved} jobs, expected {seqs}")
-        now = moved_rows(seqs)
+        now = moved_rows(seqs, columns)
         (rows,) = conn.execute(now.sql, now.args).fetchone()
-        return onerow.rows_of(rows, MOVED_COLUMNS.split(", "))
+        return onerow.rows_of(rows, columns.split(", "))
 
     return work
 
