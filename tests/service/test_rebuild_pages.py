@@ -24,18 +24,29 @@ from broker.store import JobRecord, open_store
 JOBS = 25
 
 
-async def test_every_job_back_over_pages_and_moved_ones_settled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def stored_jobs(tmp_path: Path) -> str:
+    """A SQLite store holding JOBS live jobs (Queued, Placed, Running in turn); its URL."""
     url = f"sqlite://{tmp_path / 'jobs.db'}"
     store = open_store(url)
     await store.open()
     await store.close()
-    await write_all(url, load_statements("sqlite", JOBS, insert=True))  # Queued/Placed/Running
+    await write_all(url, load_statements("sqlite", JOBS, insert=True))
+    return url
+
+
+async def paged_service(url: str, monkeypatch: pytest.MonkeyPatch) -> Service:
+    """A service on ``url`` whose rebuild reads pages of 4 jobs, its store open."""
     monkeypatch.setattr(recovery, "REBUILD_PAGE", 4)
     config = parse_config(json.dumps(bench_document(url, "x" * 43, 1, 4)), "test", {})
     service = Service(config)
     await service.store.open()
+    return service
+
+
+async def test_every_job_back_over_pages_and_moved_ones_settled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = await paged_service(await stored_jobs(tmp_path), monkeypatch)
     inner = service.shared.store
     read = inner.active_jobs
     pages: list[list[JobRecord]] = []
@@ -68,21 +79,14 @@ async def test_a_refused_spec_stops_the_rebuild_with_no_batch_left_running(
 ) -> None:
     # Two pages' batches are in flight while one page's entries are built: when a stored
     # spec is refused now, both are settled before the error goes on, none left behind.
-    url = f"sqlite://{tmp_path / 'jobs.db'}"
-    store = open_store(url)
-    await store.open()
-    await store.close()
-    await write_all(url, load_statements("sqlite", JOBS, insert=True))
+    url = await stored_jobs(tmp_path)
     with sqlite3.connect(tmp_path / "jobs.db") as conn:  # job 9: the third page's second
         conn.execute(
             "UPDATE jobs SET manifest = json_set(manifest, '$.spec.podSets[0].count', 0) "
             "WHERE name = ?",
             (job_name(9),),
         )
-    monkeypatch.setattr(recovery, "REBUILD_PAGE", 4)
-    config = parse_config(json.dumps(bench_document(url, "x" * 43, 1, 4)), "test", {})
-    service = Service(config)
-    await service.store.open()
+    service = await paged_service(url, monkeypatch)
     inner = service.shared.store
     writes: list[asyncio.Future[list[JobRecord]]] = []
     batch = inner.transition_many
