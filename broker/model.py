@@ -249,10 +249,8 @@ class Job:
         return [(f"{self.name}-{ps.name}-{i}", ps) for ps in self.pod_sets for i in range(ps.count)]
 
     def renamed(self, name: str) -> Job:
-        """This job under ``name``, every other field as it is: O(fields), without
-        ``__init__`` (its checks held when this job was made, and a frozen dataclass's
-        ``__init__`` sets each field through ``object.__setattr__``: a restart renames
-        every live job, and that was most of a queue entry's cost)."""
+        """This job under ``name``, the rest as it is: O(fields), without ``__init__`` (its
+        checks held when this job was made; a restart renames every live job)."""
         job: Job = object.__new__(Job)
         for get, set_ in _JOB_SLOTS:
             set_(job, get(self))

@@ -114,7 +114,7 @@ async def write_all(url: str, statements: Iterable[sql.Statement]) -> None:
                 if batch and st.sql != batch[0].sql:
                     await conn_pg.executemany(batch[0].sql, [b.args for b in batch])
                     # Planned without statistics, the next run's updates by name would each
-                    # read all of the tenant's jobs (the store ANALYZEs as it grows: pgstats).
+                    # read all of the tenant's jobs (the store ANALYZEs as it grows: pgschema).
                     await conn_pg.execute("ANALYZE jobs")
                     batch = []
                 batch.append(st)

@@ -57,7 +57,7 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         Placing(9, "d", {"cluster": "d", "nodes": {"n2": 1}}, 1, "placed on d"),
     ]
     fenced = {} if dialect == "sqlite" else _fenced(dialect, placings)
-    one_row = {} if dialect == "postgres" else {  # SQLite's transition_many
+    one_row = {} if dialect == "postgres" else {  # SQLite's transition_many, place_many
         "moving": moving_jobs(moves), "moved rows": moved_rows("[7, 9]"),
         "queued among": queued_among(placings),
     }  # fmt: skip

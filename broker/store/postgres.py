@@ -7,8 +7,8 @@ READ COMMITTED, which is enough because each one is a single-row compare-and-set
 ``INSERT .. ON CONFLICT DO NOTHING`` waits for a concurrent insert of the same (tenant,
 name) and then sees it, and ``UPDATE .. WHERE state = ANY(expect)`` re-checks the condition
 on the row version it finally locks. Migrations run under a transaction-scoped advisory
-lock so replicas starting together apply each version once. The URL (which may carry a
-password) is kept private; messages use ``url_for_logs``.
+lock so replicas starting together apply each version once (``pgschema``). The URL (which
+may carry a password) is kept private; messages use ``url_for_logs``.
 
 Note on ``seq``: it comes from an identity sequence, so it is unique and increasing in
 insertion order, but two concurrent transactions may commit out of seq order. FIFO
@@ -54,10 +54,9 @@ from broker.store.batch import (
     update_jobs,
 )
 from broker.store.coalesce import coalesced
-from broker.store.migrations import MIGRATIONS, Migration, check_order, migrate
+from broker.store.migrations import MIGRATIONS, Migration, check_order
 from broker.store.pgerrors import (
     POOL_LOG_FILTER,
-    UNAVAILABLE,
     autovacuum_warning,
     reset_connection,
     scrub,
@@ -65,12 +64,10 @@ from broker.store.pgerrors import (
     translated,
 )
 from broker.store.pglease import ACQUIRE, RELEASE, RENEW
-from broker.store.pgstats import Statistics
+from broker.store.pgschema import Statistics, migrate_schema
 
 log = logging.getLogger(__name__)
 
-# Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
-_MIGRATION_LOCK: Final = 0x6665646272_6F6B72
 PING_TIMEOUT_S: Final = 2.0
 # Coalesced statements of one kind in flight at once. Few make the batches under load large:
 # each is a commit (a WAL flush) and a lease row lock, which concurrent ones contend for.
@@ -111,7 +108,7 @@ class PostgresStore:
         # Concurrent submissions and plain transitions leave as one statement each batch
         # (group commit, as SQLite's): at 300 jobs/s one statement per write, each with its
         # own round trip, commit and lease check, took PostgreSQL most of a core.
-        self.statistics = Statistics()  # ANALYZE while the tables are young (pgstats)
+        self._statistics = Statistics()  # ANALYZE while the tables are young (pgschema)
         self._inserts, self._moves = coalescers(
             self._insert_batch, self._move_batch, COALESCED_SLOTS
         )
@@ -132,7 +129,9 @@ class PostgresStore:
                 ) from None
         try:
             with self._errors("migrate"):
-                await self._migrate(pool)
+                await migrate_schema(
+                    pool, self._migrations, f"postgres store {self.url_for_logs}", self._scrub
+                )
                 warning = autovacuum_warning(await pool.fetchval("SHOW autovacuum"))
             if warning is not None:
                 log.warning("postgres store %s: %s", self.url_for_logs, warning)
@@ -145,12 +144,12 @@ class PostgresStore:
             raise
         self._pool, self._lease_pool = pool, lease_pool
         with self._errors("analyze"):
-            await self.statistics.open(pool)
+            await self._statistics.open(pool)
 
     async def close(self) -> None:
         await self._inserts.drain()
         await self._moves.drain()
-        await self.statistics.close()
+        await self._statistics.close()
         pool, self._pool = self._pool, None
         lease_pool, self._lease_pool = self._lease_pool, None
         for each in (pool, lease_pool):
@@ -172,26 +171,6 @@ class PostgresStore:
         except Exception:
             return False
         return True
-
-    async def _migrate(self, pool: asyncpg.Pool) -> None:
-        async with pool.acquire() as conn, conn.transaction():
-            # Serialises brokers starting together; released at commit/rollback.
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-
-            async def execute(statement: str, args: Sequence[Any]) -> None:
-                await conn.execute(statement, *args)
-
-            async def versions(query: str) -> list[int]:
-                return [r[0] for r in await conn.fetch(query)]
-
-            def failed(migration: Migration, exc: Exception) -> None:
-                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, UNAVAILABLE):
-                    raise StoreError(
-                        f"postgres store {self.url_for_logs}: migration {migration.version} "
-                        f"({migration.name}) failed: {self._scrub(exc)}"
-                    ) from exc
-
-            await migrate("postgres", self._migrations, execute, versions, failed)
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -315,7 +294,7 @@ class PostgresStore:
         statement = insert_new_jobs("postgres", rows, self._fence)
         with self._errors("create_job"):
             found = await self._require().fetch(statement.sql, *statement.args)
-        self.statistics.grew(len(found))
+        self._statistics.grew(len(found))
         return inserted(rows, map(tuple, found))
 
     async def _move_batch(self, moves: Sequence[Move]) -> list[JobRecord | None]:

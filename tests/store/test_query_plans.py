@@ -203,7 +203,7 @@ async def test_postgres_writes_read_jobs_linearly_from_a_fresh_database() -> Non
     ANALYZE, or with it off) given JOBS jobs of one tenant, each submitted and moved twice.
     Planned as if the table were empty, each write once read the whole table or all of the
     tenant's jobs: 9 million rows in all here, about JOBS**2; the store's own
-    ANALYZEs while the table is young (pgstats) keep it near linear (about 165,000, nearly
+    ANALYZEs while the table is young (pgschema) keep it near linear (about 165,000, nearly
     all of them while the table was still small enough for a sequential scan to be the
     cheapest plan)."""
     jobs = 3000

@@ -1,15 +1,19 @@
-"""PostgreSQL: the planner's statistics kept up with a young, growing jobs table.
+"""PostgreSQL's schema: migrated under an advisory lock, its statistics kept up.
+
+``migrate_schema`` applies the migrations under a transaction-scoped advisory lock, so
+replicas starting together apply each version once.
 
 PostgreSQL plans from statistics that only ANALYZE writes. On a fresh database (and on any
 database while autovacuum is off, or before its first ANALYZE a minute in) the planner
 believes ``jobs`` is empty or tiny: it joined a batch of transitions to ``jobs`` by a
 sequential scan, and found a job by name through the (tenant, seq) index, reading every
-job of the tenant. Each write then cost as much as the table held: 400 jobs submitted and
-moved twice read 160,400 rows of ``jobs`` (the PostgreSQL soak's first minutes on a fresh
-database stalled on it). ``Statistics`` runs ANALYZE itself each time the rows inserted
-since the last one reach the table's size then (at least MIN_ROWS): O(log n) ANALYZEs over
-the table's growth, each a sample of at most 30,000 rows, in the background, one at a time.
-ANALYZE also makes every connection plan its statements again.
+job of the tenant. Each write then cost as much as the table held: 3,000 jobs submitted
+and moved twice read 9,003,000 rows of ``jobs``, 165,000 with these ANALYZEs (the
+PostgreSQL soak's first minutes on a fresh database stalled on it). ``Statistics`` runs
+ANALYZE itself each time the rows inserted since the last one reach the table's size then
+(at least MIN_ROWS): O(log n) ANALYZEs over the table's growth, each a sample of at most
+30,000 rows, in the background, one at a time. ANALYZE also makes every connection plan
+its statements again.
 """
 
 from __future__ import annotations
@@ -17,16 +21,53 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import asyncpg
 
+from broker.store import StoreError
+from broker.store.migrations import Migration, migrate
+from broker.store.pgerrors import UNAVAILABLE
+
 log = logging.getLogger(__name__)
+
+# Any constant works; it only has to be the same in every broker (ASCII "fedbrokr").
+_MIGRATION_LOCK: Final = 0x6665646272_6F6B72
 
 MIN_ROWS: Final = 200  # inserted rows that make a young table's statistics stale
 TABLES: Final = "jobs, job_history"
 # The jobs table's rows as the last ANALYZE (or VACUUM) counted them; -1 before any.
 _COUNTED: Final = "SELECT reltuples FROM pg_class WHERE oid = 'jobs'::regclass"
+
+
+async def migrate_schema(
+    pool: asyncpg.Pool,
+    migrations: Sequence[Migration],
+    named: str,
+    scrub: Callable[[BaseException], str],
+) -> None:
+    """``migrations`` applied on ``pool``'s database under the advisory lock; a migration
+    refused by the server is a StoreError naming ``named`` (the store, its URL redacted),
+    its message passed through ``scrub``."""
+    async with pool.acquire() as conn, conn.transaction():
+        # Serialises brokers starting together; released at commit/rollback.
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+
+        async def execute(statement: str, args: Sequence[Any]) -> None:
+            await conn.execute(statement, *args)
+
+        async def versions(query: str) -> list[int]:
+            return [r[0] for r in await conn.fetch(query)]
+
+        def failed(migration: Migration, exc: Exception) -> None:
+            if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, UNAVAILABLE):
+                raise StoreError(
+                    f"{named}: migration {migration.version} ({migration.name}) failed: "
+                    f"{scrub(exc)}"
+                ) from exc
+
+        await migrate("postgres", migrations, execute, versions, failed)
 
 
 class Statistics:
@@ -36,7 +77,6 @@ class Statistics:
     def __init__(self) -> None:
         self.rows = 0  # the jobs table's rows at the last ANALYZE (as PostgreSQL counted)
         self.inserted = 0  # rows inserted since
-        self.analyzes = 0  # ANALYZEs run (for tests)
         self._pool: asyncpg.Pool | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -71,7 +111,6 @@ class Statistics:
         except (asyncpg.PostgresError, OSError) as exc:  # the next insert tries again
             log.warning("ANALYZE of the store's tables failed: %s", type(exc).__name__)
             return
-        self.analyzes += 1
         self.rows = max(int(counted), self.rows + since)
         self.inserted -= since  # those inserted meanwhile count towards the next
 
@@ -83,4 +122,4 @@ class Statistics:
                 await task
 
 
-__all__ = ["MIN_ROWS", "Statistics"]
+__all__ = ["MIN_ROWS", "Statistics", "migrate_schema"]
