@@ -114,13 +114,13 @@ def moved_records(jobs: Sequence[JobRecord], rows: Iterable[Iterable[Any]]) -> l
     moved = []
     for seq, state, cluster, placement, attempts, not_before, reason, updated_at in rows:
         job = by_seq[int(seq)]
-        placed = None if placement is None else json.loads(placement)
         until = None if not_before is None else float(not_before)
         manifest, text = job.manifest_as_read()  # not decoded for the copy
         moved.append(JobRecord(
-            job.tenant, job.name, job.queue, job.priority, manifest, state, cluster, placed,
+            job.tenant, job.name, job.queue, job.priority, manifest, state, cluster, None,
             int(attempts), until, reason, job.created_at, float(updated_at), job.seq,
-            job.generation, manifest_text=text, spec_text=job.spec_text,
+            job.generation, manifest_text=text, placement_text=placement,
+            spec_text=job.spec_text,
         ))  # fmt: skip
     return moved
 

@@ -333,7 +333,7 @@ def job_from_row(
     SQLite's RETURNING hands back a REAL column holding 1.0 as the integer 1; callers
     should see the same types from every backend and every query.
     """
-    placement, not_before = row[7], row[9]
+    placement, not_before = row[7], row[9]  # the placement is decoded if it is read
     return JobRecord(
         tenant=row[0],
         name=row[1],
@@ -343,7 +343,8 @@ def job_from_row(
         manifest_text=row[4] if manifest is None else None,
         state=row[5],
         cluster=row[6],
-        placement=None if placement is None else json.loads(placement),
+        placement=None,
+        placement_text=placement,
         attempts=int(row[8]),
         not_before=None if not_before is None else float(not_before),
         reason=row[10],

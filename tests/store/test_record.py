@@ -49,7 +49,7 @@ def test_records_differing_in_one_field_are_not_equal(field: str, value: Any) ->
     assert eager(**{field: value}) == eager(**{field: value})
 
 
-@pytest.mark.parametrize("field", ["state", "manifest", "_text", "seq"])
+@pytest.mark.parametrize("field", ["state", "manifest", "_text", "seq", "placement", "_placement"])
 def test_a_record_cannot_be_changed(field: str) -> None:
     record = job_from_row(ROW)
     with pytest.raises(AttributeError, match=field):
@@ -108,3 +108,38 @@ def test_the_spec_text_is_a_hint_outside_equality_and_copies() -> None:
     assert record == job_from_row(ROW)
     assert pickle.loads(pickle.dumps(record)).spec_text is None
     assert "spec_text" not in repr(record)
+
+
+PLACED = {"cluster": "c1", "pods": [{"pod": "p-0", "node": "n1"}]}
+PLACED_ROW = (*ROW[:5], "Placed", "c1", json.dumps(PLACED), *ROW[8:])
+
+
+def test_a_placement_is_decoded_when_read_and_copied_undecoded() -> None:
+    record = job_from_row(PLACED_ROW)
+    assert record.placement_as_read() == (None, json.dumps(PLACED))  # not decoded to make it
+    moved = record.replace(state="Running")
+    assert moved.placement_as_read() == (None, json.dumps(PLACED))  # nor to copy it
+    assert record.placement == PLACED
+    assert record.placement is record.placement  # decoded once, then the same object
+    assert record.placement_as_read() == (PLACED, None)
+    assert moved == eager(state="Running", cluster="c1", placement=PLACED)
+    assert record.replace(placement=None).placement is None
+    assert job_from_row(ROW).placement is None and job_from_row(ROW).placement_as_read() == (
+        None, None,
+    )  # fmt: skip
+
+
+def test_a_record_takes_at_most_one_form_of_its_placement() -> None:
+    with pytest.raises(TypeError, match="at most one"):
+        eager(placement=PLACED, placement_text=json.dumps(PLACED))
+    assert eager(placement_text=json.dumps(PLACED)) == eager(placement=PLACED)
+
+
+def test_a_record_is_a_record_and_nothing_else() -> None:
+    """Made as its open slots, then frozen: what callers get is a JobRecord, and frozen."""
+    record = job_from_row(PLACED_ROW)
+    assert type(record) is JobRecord
+    with pytest.raises(AttributeError, match="placement"):
+        record.placement = None  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="_placement_text"):
+        object.__getattribute__(record, "__class__").__setattr__(record, "_placement_text", "")
