@@ -214,26 +214,18 @@ class ReadModel:
         ]  # fmt: skip
 
     def queues(self) -> list[QueueRow]:
+        """O(queues), whatever waits in them (the queue keeps the sums: JobQueue.waits)."""
         now = self._clock()
-        demand: dict[str, float] = {}
-        oldest: dict[str, float] = {}  # gangs only
-        longest: dict[str, float] = {}  # any job
-        for pending in self._queue.pending():
-            job = pending.job
-            demand[job.queue] = demand.get(job.queue, 0.0) + job.gpu_request_milli / 1000
-            waited = max(0.0, now - pending.enqueued_at)
-            longest[job.queue] = max(longest.get(job.queue, 0.0), waited)
-            if job.total_pods > 1:
-                oldest[job.queue] = max(oldest.get(job.queue, 0.0), waited)
-        return [
-            QueueRow(
+        rows = []
+        for q in self._queue.queues():
+            waits = self._queue.waits(q.name, now)
+            rows.append(QueueRow(
                 q.name, q.policy, q.priority, q.weight, dict(q.quota or {}), q.borrow,
-                q.reclaimable, len(self._queue.pending(q.name)),
+                q.reclaimable, waits.pending,
                 {t: m / 1000 for t, m in self._queue.usage(q.name).items()},
-                demand.get(q.name, 0.0), oldest.get(q.name, 0.0), longest.get(q.name, 0.0),
-            )
-            for q in self._queue.queues()
-        ]  # fmt: skip
+                waits.demand_gpus, waits.oldest_gang_wait, waits.longest_wait,
+            ))  # fmt: skip
+        return rows
 
     def nodes(self, tenant: str | None) -> list[NodeClusterRow]:
         """Per cluster (sorted) its nodes (sorted) with GPU occupancy; ``tenant``: whose

@@ -1,0 +1,78 @@
+"""The queue's per-queue sums (JobQueue.waits: what /metrics and the dashboard report)
+against the definition, a walk over every waiting job, whatever was pushed, pushed again
+or removed; and the heaps behind them kept within the jobs waiting."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from builders import gang, single
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.core.queue import JobQueue, Pending, QueueSpec, QueueWaits
+
+QUEUES = [QueueSpec("a"), QueueSpec("b")]
+
+
+def reference(queue: JobQueue, name: str, now: float) -> QueueWaits:
+    jobs = queue.pending(name)
+    waits = [max(0.0, now - p.enqueued_at) for p in jobs]
+    gangs = [max(0.0, now - p.enqueued_at) for p in jobs if p.job.total_pods > 1]
+    return QueueWaits(
+        len(jobs), sum(p.job.gpu_request_milli for p in jobs) / 1000,
+        max(waits, default=0.0), max(gangs, default=0.0),
+    )  # fmt: skip
+
+
+op = st.one_of(
+    st.tuples(
+        st.just("push"),
+        st.integers(0, 12),
+        st.sampled_from(["a", "b"]),
+        st.booleans(),
+        st.integers(1, 4),
+        st.floats(0.0, 100.0, allow_nan=False),
+    ),
+    st.tuples(st.just("remove"), st.integers(0, 12)),
+    st.tuples(st.just("report"), st.floats(0.0, 200.0, allow_nan=False)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(op, max_size=80))
+def test_the_sums_are_a_walk_over_the_waiting_jobs(ops: list[tuple[object, ...]]) -> None:
+    queue = JobQueue(QUEUES)
+    for seq, step in enumerate(ops):
+        if step[0] == "push":  # a name pushed again replaces its entry (another shape too)
+            _, n, name, is_gang, gpus, enqueued_at = step
+            shape = gang(f"j{n}", pods=3, gpus=int(gpus)) if is_gang else single(f"j{n}", int(gpus))  # type: ignore[call-overload]
+            job = dataclasses.replace(shape, queue=str(name))
+            queue.push(Pending(job, seq, float(enqueued_at)))  # type: ignore[arg-type]
+        elif step[0] == "remove":
+            queue.remove(single(f"j{step[1]}").key)
+        else:
+            now = float(step[1])  # type: ignore[arg-type]
+            for name in ("a", "b"):
+                assert queue.waits(name, now) == reference(queue, name, now)
+
+
+def test_stale_entries_are_dropped_once_and_the_heaps_stay_bounded() -> None:
+    """10,000 jobs pushed, all but 10 removed: a report drops the stale heads for good, and
+    pushes that follow rebuild a heap once it is mostly stale."""
+    queue = JobQueue([QueueSpec("default")])
+    shapes = [gang(f"g{i}") if i % 2 else single(f"s{i}") for i in range(10_000)]
+    for i, job in enumerate(shapes):
+        queue.push(Pending(job, i, float(i)))
+    for job in shapes[:-10]:
+        queue.remove(job.key)
+    assert queue.waits("default", 10_000.0) == QueueWaits(10, 25.0, 10.0, 9.0)
+    state = queue._waits["default"]
+    assert (len(state.since), len(state.gang_since)) == (10, 5)  # the stale heads dropped
+    for job in shapes[-10:]:  # the newest go, then others come: no report in between
+        queue.remove(job.key)
+    for i in range(200):
+        queue.push(Pending(single(f"n{i}"), 20_000 + i, 20_000.0 + i))
+    assert len(state.since) <= 2 * 200 and len(state.gang_since) == 5  # stale until read
+    assert queue.waits("default", 20_300.0) == reference(queue, "default", 20_300.0)
+    assert len(state.gang_since) == 0
