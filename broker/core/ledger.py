@@ -23,6 +23,7 @@ from broker.core.views import ClusterView, Snapshot
 from broker.model import (
     CapacityEvent,
     Cluster,
+    GpuType,
     Node,
     NodeDeleted,
     NodeState,
@@ -254,6 +255,19 @@ class Ledger:
 
     def reservations(self) -> Mapping[str, Placement]:
         return MappingProxyType(self._assumed)
+
+    def gpu_types(self, placement: Placement) -> dict[str, GpuType | None]:
+        """Each node of ``placement`` -> its GPU type (None: gone, or it has none), read from
+        the live views: no snapshot is taken for it, so no view is frozen and copied at its
+        next change (a restart restoring every running job from its pods took one per job,
+        a copy of the cluster's nodes each)."""
+        view = self._views.get(placement.cluster)
+        nodes = view.nodes if view is not None else {}
+        types: dict[str, GpuType | None] = {}
+        for pod in placement.pods:
+            state = nodes.get(pod.node)
+            types[pod.node] = state.node.gpu_type if state is not None else None
+        return types
 
     @property
     def growth(self) -> int:

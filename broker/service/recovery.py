@@ -293,8 +293,7 @@ class Recovery:
                 s.ledger.apply(pod)
             return False
         pending = pending_of(record)
-        nodes = s.ledger.snapshot().clusters[cluster].nodes
-        types = {p.node: nodes[p.node].node.gpu_type for p in placement.pods}
+        types = s.ledger.gpu_types(placement)  # no snapshot: see Ledger.gpu_types
         s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
         s.lifecycle.placed(pending, placement, now)
         if record.state == "Running":

@@ -754,3 +754,20 @@ def test_the_histogram_counts_whole_free_gpus_node_by_node() -> None:
     assert view.gpus_total(a100) == 20
     assert view.allocation() == pytest.approx(1 - (5_000 + 7_900 + 8_000) / 28_000)
     assert index_problems(ledger.snapshot()) == []
+
+
+def test_a_placements_gpu_types_are_read_without_freezing_a_view() -> None:
+    """A restart restores every running job and reads its nodes' GPU types: that reading
+    takes no snapshot, so the next reservation writes the view in place instead of copying
+    the cluster's nodes (a snapshot, the contrast, freezes it)."""
+    ledger = base()
+    first = make_placement("default/x", "a", pod("x-0", "a1", (0,)), pod("x-1", "a2", (0,)))
+    ledger.assume(first)
+    view = ledger._views["a"]
+    assert ledger.gpu_types(first) == {"a1": "A100", "a2": "A100"}
+    assert ledger.gpu_types(make_placement("default/y", "a", pod("y-0", "gone"))) == {"gone": None}
+    ledger.assume(make_placement("default/z", "a", pod("z-0", "a1", (1,))))
+    assert ledger._views["a"] is view  # written in place: nothing was frozen
+    ledger.snapshot()
+    ledger.assume(make_placement("default/w", "a", pod("w-0", "a1", (2,))))
+    assert ledger._views["a"] is not view  # frozen by the snapshot, so copied to write
