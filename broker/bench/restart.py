@@ -287,17 +287,29 @@ async def run_restart(jobs: int, clusters: int, nodes: int, store: str | None) -
 
 def main_restart(args: Any) -> int:
     """``fedbroker bench --restart``: one row per start of the broker."""
-    doc = run_loop(run_restart(args.jobs, args.clusters, args.nodes_per_cluster, args.store))
+    if getattr(args, "kube", False):
+        from broker.bench.restart_kube import run_restart_kube
+
+        doc = run_loop(run_restart_kube(args.jobs, args.clusters, args.store))
+        what, members = "Running", "Kubernetes (kmock)"
+    else:
+        doc = run_loop(run_restart(args.jobs, args.clusters, args.nodes_per_cluster, args.store))
+        what, members = ", ".join(LIVE), "simulated"
     if args.json:
         print(json.dumps(doc))
         return 0
     print(
-        f"restart: {doc['jobs']} live jobs ({', '.join(LIVE)}) on {doc['store']}, "
-        f"{doc['clusters']} simulated clusters x {doc['nodes_per_cluster']} nodes"
+        f"restart: {doc['jobs']} live jobs ({what}) on {doc['store']}, "
+        f"{doc['clusters']} {members} clusters x {doc['nodes_per_cluster']} nodes"
     )
     print(f"  {'start':<16}{'jobs':>10}{'requeued':>10}{'time to ready s':>17}{'rebuild s':>11}")
     for label, row in (("first", doc["first_start"]), ("after kill -9", doc["after_kill"])):
         print(f"  {label:<16}{doc['jobs']:>10}{row['requeued']:>10}{row['ready_s']:>17.3f}"
               f"{row['rebuild_s'] if row['rebuild_s'] is not None else '-':>11}")  # fmt: skip
     print(f"  jobs back {doc['jobs_back']} of {doc['jobs']}, inconsistent {doc['inconsistent']}")
+    for label, row in (("first", doc["first_start"]), ("after kill -9", doc["after_kill"])):
+        if "restored" in row:  # Kubernetes members: restored from their pods, not requeued
+            first = f": {row['first_problem']}" if row["problems"] else ""
+            print(f"  {label}: {row['restored']} restored from their pods, "
+                  f"{row['problems']} warnings or errors{first}")  # fmt: skip
     return 0

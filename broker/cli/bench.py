@@ -67,6 +67,11 @@ def add_bench_command(sub: Any) -> None:
         "--restart", action="store_true",
         help="time to ready of `serve` after kill -9 with --jobs live jobs in the store",
     )  # fmt: skip
+    cmd.add_argument(
+        "--kube", action="store_true",
+        help="restart: every job Running on Kubernetes members served by kmock (a test "
+        "dependency), restored from its pod instead of requeued",
+    )  # fmt: skip
 
 
 def run_bench_command(args: argparse.Namespace) -> int:

@@ -48,3 +48,21 @@ async def test_postgres_store_and_human_table(capsys: pytest.CaptureFixture[str]
     for line, label in zip(lines[2:4], ("first", "after kill -9"), strict=True):
         assert line.split()[: len(label.split()) + 2] == [*label.split(), str(JOBS), str(REQUEUED)]
     assert lines[4].split() == ["jobs", "back", str(JOBS), "of", f"{JOBS},", "inconsistent", "0"]
+
+
+def test_on_kubernetes_members_every_running_job_is_restored_from_its_pod(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--kube``: the members are kmock emulators over real HTTP holding each job's pod as
+    the launcher makes it; each start restores every job from its pod and requeues none,
+    without a warning (a requeue, a launch or a failed collection would show here)."""
+    assert main(["bench", "--restart", "--kube", "--jobs", "120", "--clusters", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["jobs"], doc["jobs_back"], doc["states"], doc["inconsistent"]) == (
+        120, 120, {"Running": 120}, 0,
+    )  # fmt: skip
+    assert doc["nodes_per_cluster"] == 5  # 40 one-GPU jobs a member, 8 GPUs a node
+    for start in ("first_start", "after_kill"):
+        row = doc[start]
+        assert (row["rebuilt_jobs"], row["requeued"], row["restored"]) == (120, 0, 120)
+        assert (row["problems"], row["first_problem"]) == (0, None)
