@@ -218,6 +218,7 @@ async def start_once(config: Path, port: int, token: str, log: Path) -> dict[str
         "ready_s": round(ready_s, 3),
         "rebuild_s": None if rebuilt is None else rebuilt[1],
         "rebuilt_jobs": None if rebuilt is None else rebuilt[0],
+        "restored": None if rebuilt is None else rebuilt[2],
         "requeued": int(float(found.group(1))) if found else 0,
     }
 
@@ -243,13 +244,14 @@ async def _get(session: aiohttp.ClientSession, url: str, token: str) -> str:
         return await resp.text()
 
 
-def _rebuilt(log: Path) -> tuple[int, float] | None:
-    """(jobs, seconds) from the rebuild's log line (JSON lines: the message is ``msg``)."""
+def _rebuilt(log: Path) -> tuple[int, float, int] | None:
+    """(jobs, seconds, restored from their pods) from the rebuild's log line (JSON lines:
+    the message is ``msg``)."""
     for line in log.read_text(errors="replace").splitlines():
         with contextlib.suppress(ValueError):
             found = _REBUILT.search(str(json.loads(line).get("msg", "")))
             if found:
-                return int(found.group(1)), float(found.group(2))
+                return int(found.group(1)), float(found.group(2)), int(found.group(3))
     return None
 
 
@@ -308,7 +310,7 @@ def main_restart(args: Any) -> int:
               f"{row['rebuild_s'] if row['rebuild_s'] is not None else '-':>11}")  # fmt: skip
     print(f"  jobs back {doc['jobs_back']} of {doc['jobs']}, inconsistent {doc['inconsistent']}")
     for label, row in (("first", doc["first_start"]), ("after kill -9", doc["after_kill"])):
-        if "restored" in row:  # Kubernetes members: restored from their pods, not requeued
+        if "problems" in row:  # Kubernetes members: restored from their pods, not requeued
             first = f": {row['first_problem']}" if row["problems"] else ""
             print(f"  {label}: {row['restored']} restored from their pods, "
                   f"{row['problems']} warnings or errors{first}")  # fmt: skip

@@ -103,21 +103,15 @@ def pod_object(objects: GangObjects, i: int, node: str, gpu: int) -> dict[str, A
 
 
 def log_counts(log: Path) -> dict[str, Any]:
-    """How many jobs a start restored from their pods (``Recovery._restore``'s log line), and
-    its warnings and errors, with the first of them (JSON lines: ``level``, ``msg``)."""
-    restored, problems = 0, []
+    """A start's warnings and errors, with the first of them (JSON lines: ``level``,
+    ``msg``)."""
+    problems = []
     for line in log.read_text(errors="replace").splitlines():
         with contextlib.suppress(ValueError):
             record = json.loads(line)
-            msg = str(record.get("msg", ""))
-            restored += msg.startswith("restored Running ")
             if record.get("level") in ("warning", "error", "critical"):
-                problems.append(msg)
-    return {
-        "restored": restored,
-        "problems": len(problems),
-        "first_problem": next(iter(problems), None),
-    }
+                problems.append(str(record.get("msg", "")))
+    return {"problems": len(problems), "first_problem": next(iter(problems), None)}
 
 
 def _kubeconfig(server: str) -> dict[str, Any]:

@@ -28,10 +28,10 @@ def test_every_job_is_back_after_kill(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(doc["states"]) <= set(LIVE) and sum(doc["states"].values()) == JOBS
     for start in ("first_start", "after_kill"):
         row = doc[start]
-        assert set(row) == {"ready_s", "rebuild_s", "rebuilt_jobs", "requeued"}
+        assert set(row) == {"ready_s", "rebuild_s", "rebuilt_jobs", "restored", "requeued"}
         # Every live job read back; every placed or running one requeued (simulated
         # members: their pods died with the broker), once, counted by the broker itself.
-        assert (row["rebuilt_jobs"], row["requeued"]) == (JOBS, REQUEUED)
+        assert (row["rebuilt_jobs"], row["requeued"], row["restored"]) == (JOBS, REQUEUED, 0)
         assert row["ready_s"] > 0 and row["rebuild_s"] >= 0
 
 
