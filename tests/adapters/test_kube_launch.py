@@ -392,3 +392,14 @@ async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
     await other.delete(theirs)
     assert (stored(k8s, PODS), stored(k8s, COSCHED)) == before
     assert sorted(before[0]) == ["train-worker-0", "train-worker-1"]
+
+
+async def test_a_pod_list_that_is_not_a_list_object_is_a_clear_error(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    """Our pods are read as the JSON the server sent (no client models): an answer that is
+    not a JSON object is the launcher's error naming the call, not a decoding traceback."""
+    k8s["list"][PODS] << 200 << b"[1, 2"
+    with pytest.raises(KubeLaunchError) as caught:
+        await launcher(api, k8s).read_back()
+    assert str(caught.value) == "list pods: HTTP 200 the pod list is not a JSON object"
