@@ -242,6 +242,7 @@ class Leadership:
             self.held = True
             self._deadline = started + self.timings.stop_after_seconds
             log.info("leader election: %s is the leader", self.identity)
+            renewing = asyncio.ensure_future(self._renew_while_taking_over())
             try:
                 await self._on_elected()
             except StoreUnavailable as exc:  # the database went away again: expected
@@ -250,6 +251,9 @@ class Leadership:
             except Exception:
                 log.exception("leader election: taking over failed; stepping down")
                 await self._step_down("taking over failed", release=True)
+            finally:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
             return
         budget = min(self.timings.renew_seconds, self._deadline - started)
         renewed: bool | None = None
@@ -265,6 +269,25 @@ class Leadership:
             await self._step_down(f"lease lost to {self.holder or 'nobody'}")
         elif self._clock() >= self._deadline:
             await self._step_down(f"lease not renewed within {self.timings.stop_after_seconds:g}s")
+
+    async def _renew_while_taking_over(self) -> None:
+        """Renewals every ``renew_seconds`` while ``on_elected`` rebuilds the state, which can
+        outlast ``stop_after_seconds`` (100,000 jobs restored from Kubernetes members: 40-50
+        s): without them the new leader stepped down as soon as it was ready, and took over
+        again, and never led. A renewal that finds the lease lost ends them; the next step
+        sees it and steps down."""
+        while True:
+            await self._sleep(self.timings.renew_seconds)
+            started = self._clock()
+            try:
+                async with asyncio.timeout(self.timings.renew_seconds):
+                    renewed = await self.elector.renew()
+            except Exception as exc:
+                log.warning("leader election: renewal while taking over failed: %s", _short(exc))
+                continue
+            if not renewed:
+                return
+            self._deadline = started + self.timings.stop_after_seconds
 
     def next_delay(self) -> float:
         if not self.held:

@@ -255,6 +255,44 @@ async def test_a_leader_that_renews_again_in_time_keeps_leading() -> None:
     assert not follower.held
 
 
+async def test_a_takeover_longer_than_stop_after_keeps_the_lease() -> None:
+    """A rebuild of 30 s (by the injected clock, in pages that hand the loop back, as the
+    service's does) against a stop-after of 10 s: the lease is renewed meanwhile, so the new
+    leader is still leading when it is ready, and the next step renews instead of stepping
+    down (which it did, and then took over again, for ever). A renewal that finds the lease
+    taken still ends the lead at the next step."""
+    clock, events, elector = Clock(100.0), Events(), FlakyElector()
+    renewals: list[float] = []
+
+    async def renew() -> bool:
+        renewals.append(clock.now)
+        return elector.holder == elector.identity
+
+    elector.renew = renew  # type: ignore[method-assign]
+
+    async def sleep(seconds: float) -> None:  # until the work has moved the clock so far
+        until = clock.now + seconds
+        while clock.now < until:
+            await asyncio.sleep(0)
+
+    async def rebuild() -> None:
+        for _ in range(15):  # 2 s of work a page
+            clock.now += 2
+            await asyncio.sleep(0)
+        events.log.append("elected")
+
+    lead = Leadership(
+        elector, Timings(15, 2, 10), rebuild, events.deposed, clock=clock, sleep=sleep
+    )
+    await lead.step()
+    assert lead.held and lead.valid() and len(renewals) >= 10
+    await lead.step()
+    assert lead.held and events.log == ["elected"]
+    elector.holder = "other:2"  # taken meanwhile: the next renewal says so
+    await lead.step()
+    assert not lead.held and events.log == ["elected", "deposed: lease lost to other:2"]
+
+
 async def test_sqlite_file_lock_lets_one_process_lead(tmp_path: Path) -> None:
     path = str(tmp_path / "jobs.db.leader")
     a, b = FileLock(path, "host-a:1"), FileLock(path, "host-b:2")
