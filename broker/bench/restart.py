@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -64,13 +64,27 @@ def state_of(i: int) -> JobState:
     return LIVE[i % len(LIVE)]
 
 
-def load_statements(dialect: Dialect, jobs: int, *, insert: bool) -> Iterator[sql.Statement]:
-    """Each job's insert (when ``insert``), then its moves to Placed and Running by its
-    place in LIVE: what the service writes for a job it placed and saw running. Without
-    ``insert``, every job is put back in its state of LIVE (whatever a broker did since).
-    Step by step over all jobs (every insert, then every move to Placed, ...): each job's
-    writes keep their order, and equal statements come together (``write_all`` sends a run
-    of them to PostgreSQL as one ``executemany``)."""
+def simulated_slot(i: int) -> tuple[str, str]:
+    """Job ``i``'s (cluster, node) on the simulated members (requeued at a restart, so
+    their capacity is never checked)."""
+    cluster = f"sim-{i % 20:03d}"
+    return cluster, f"{cluster}-n0"
+
+
+def load_statements(
+    dialect: Dialect,
+    jobs: int,
+    *,
+    insert: bool,
+    state: Callable[[int], JobState] = state_of,
+    slot: Callable[[int], tuple[str, str]] = simulated_slot,
+) -> Iterator[sql.Statement]:
+    """Each job's insert (when ``insert``), then its moves to Placed and Running up to its
+    ``state``, on its ``slot`` (cluster, node): what the service writes for a job it placed
+    and saw running. Without ``insert``, every job is put back in its state of LIVE
+    (whatever a broker did since). Step by step over all jobs (every insert, then every move
+    to Placed, ...): each job's writes keep their order, and equal statements come together
+    (``write_all`` sends a run of them to PostgreSQL as one ``executemany``)."""
     wire = parse_manifest(job_body("x"), "application/json").wire()
     if insert:
         for i in range(jobs):
@@ -83,18 +97,26 @@ def load_statements(dialect: Dialect, jobs: int, *, insert: bool) -> Iterator[sq
                 dialect, TENANT, job_name(i), "Queued", "queued", float(jobs + i), cluster=None,
                 placement=None, expected=None, attempts=None, not_before=None,
             )  # fmt: skip
-    for state in LIVE[1:]:
+    for step in LIVE[1:]:
         for i in range(jobs):
-            if LIVE.index(state) > LIVE.index(state_of(i)):
+            if LIVE.index(step) > LIVE.index(state(i)):
                 continue
-            name, cluster = job_name(i), f"sim-{i % 20:03d}"
-            pods = [{"pod": f"{TENANT}.{name}-main-0", "node": f"{cluster}-n0"}]
+            name, (cluster, node) = job_name(i), slot(i)
+            pods = [{"pod": f"{TENANT}.{name}-main-0", "node": node}]
             placement = {"job": f"{TENANT}/{name}", "cluster": cluster, "policy": "binpack",
                          "pods": pods}  # fmt: skip
             yield sql.update_job(
-                dialect, TENANT, name, state, state.lower(), float(jobs + i), cluster=cluster,
+                dialect, TENANT, name, step, step.lower(), float(jobs + i), cluster=cluster,
                 placement=placement, expected=None, attempts=None, not_before=None,
             )  # fmt: skip
+
+
+async def load_store(url: str, statements: Iterable[sql.Statement]) -> None:
+    """A fresh store's schema, as the broker migrates it, then ``statements`` written."""
+    opened = open_store(url)
+    await opened.open()
+    await opened.close()
+    await write_all(url, statements)
 
 
 async def write_all(url: str, statements: Iterable[sql.Statement]) -> None:
@@ -261,11 +283,8 @@ async def run_restart(jobs: int, clusters: int, nodes: int, store: str | None) -
         tmp = Path(tmp_dir)
         async with bench_store(store, tmp) as url:
             dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
-            opened = open_store(url)
-            await opened.open()  # the schema, as the broker migrates it
-            await opened.close()
             begin = time.perf_counter()
-            await write_all(url, load_statements(dialect, jobs, insert=True))
+            await load_store(url, load_statements(dialect, jobs, insert=True))
             load_s = time.perf_counter() - begin
             config = tmp / "config.json"
             doc = bench_document(url, token, clusters, nodes)

@@ -19,12 +19,10 @@ import math
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from adapters.kube.objects import GangObjects
-from broker.bench.e2e import job_body
 from broker.bench.restart import (
     TENANT,
     bench_store,
@@ -32,14 +30,13 @@ from broker.bench.restart import (
     compile_project,
     free_port,
     job_name,
+    load_statements,
+    load_store,
     start_once,
-    write_all,
 )
 from broker.bench.serving import bench_document
-from broker.manifest import parse_manifest
 from broker.model import PodPlacement, Resources
 from broker.ports import LaunchSpec
-from broker.store import open_store, sql
 from broker.store.migrations import Dialect
 
 GPUS_PER_NODE = 8
@@ -69,27 +66,6 @@ def node_object(name: str) -> dict[str, Any]:
             "conditions": [{"type": "Ready", "status": "True"}],
         },
     }  # fmt: skip
-
-
-def job_statements(dialect: Dialect, jobs: int, clusters: int) -> Iterator[sql.Statement]:
-    """Each job's insert, then its moves to Placed and Running on its slot (``slot_of``),
-    step by step as ``restart.load_statements`` writes them."""
-    wire = parse_manifest(job_body("x"), "application/json").wire()
-    for i in range(jobs):
-        name = job_name(i)
-        manifest = {**wire, "metadata": {**wire["metadata"], "name": name}}
-        yield sql.insert_job(dialect, TENANT, name, "bench", 0, manifest, float(i))
-    for state in ("Placed", "Running"):
-        for i in range(jobs):
-            cluster, node, _ = slot_of(i, clusters)
-            pods = [{"pod": f"{TENANT}.{job_name(i)}-main-0", "node": node}]
-            placement = {"job": f"{TENANT}/{job_name(i)}", "cluster": cluster,
-                         "policy": "binpack", "pods": pods}  # fmt: skip
-            yield sql.update_job(
-                dialect, TENANT, job_name(i), state, state.lower(), float(jobs + i),
-                cluster=cluster, placement=placement, expected=None, attempts=None,
-                not_before=None,
-            )  # fmt: skip
 
 
 def pod_object(objects: GangObjects, i: int, node: str, gpu: int) -> dict[str, Any]:
@@ -123,65 +99,80 @@ def _kubeconfig(server: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _members(
+    stack: contextlib.AsyncExitStack, jobs: int, clusters: int, nodes: int
+) -> list[str]:
+    """``clusters`` kmock emulators, served over HTTP until ``stack`` closes, each with its
+    ``nodes`` nodes and its share of the jobs' pods (``slot_of``); their URLs."""
+    import kmock  # a test dependency: checked by run_restart_kube
+
+    pods, node_kind = kmock.resource("", "v1", "pods"), kmock.resource("", "v1", "nodes")
+    members, urls = [], []
+    for c in range(clusters):
+        k8s = await stack.enter_async_context(kmock.KubernetesEmulator())
+        k8s.resources["v1/pods"] = kmock.ResourceInfo(namespaced=True)
+        k8s.resources["v1/nodes"] = kmock.ResourceInfo(namespaced=False)
+        # What the broker's garbage collection lists besides pods (none are made).
+        k8s.resources["v1/services"] = kmock.ResourceInfo(namespaced=True)
+        k8s.resources["scheduling.x-k8s.io/v1alpha1/podgroups"] = kmock.ResourceInfo(
+            namespaced=True
+        )
+        server = await stack.enter_async_context(kmock.Server(k8s))
+        for n in range(nodes):
+            name = f"{cluster_name(c)}-n{n:05d}"
+            k8s.objects[node_kind, None, name] = node_object(name)
+        objects = GangObjects(
+            NAMESPACE_PATTERN, "pin", "coscheduling", "fedbroker", cluster=cluster_name(c),
+            gpu_resource="nvidia.com/gpu", shared_gpu_resource=None, scheduler_name=None,
+            default_image="busybox:stable",
+        )  # fmt: skip
+        members.append((k8s, objects))
+        urls.append(str(server.url).rstrip("/"))
+    for i in range(jobs):
+        _, node, gpu = slot_of(i, clusters)
+        k8s, objects = members[i % clusters]
+        body = pod_object(objects, i, node, gpu)
+        meta = body["metadata"]
+        k8s.objects[pods, meta["namespace"], meta["name"]] = body
+    return urls
+
+
+def _config(url: str, token: str, members: list[str]) -> dict[str, Any]:
+    """The broker's config: the benchmarks' document with the kmock members, pin mode."""
+    doc = bench_document(url, token, 0, 0)
+    doc["clusters"] = [
+        {"name": cluster_name(c), "source": {"kube": {
+            "kubeconfigInline": _kubeconfig(server), "context": "bench", "launchMode": "pin",
+            "namespacePattern": NAMESPACE_PATTERN,
+        }}}
+        for c, server in enumerate(members)
+    ]  # fmt: skip
+    doc["leaderElection"] = {"identity": "restart-bench"}
+    return doc
+
+
 async def run_restart_kube(jobs: int, clusters: int, store: str | None) -> dict[str, Any]:
     try:
-        import kmock
+        import kmock  # noqa: F401  # only whether it is there
     except ImportError:
         raise SystemExit("bench --restart --kube needs kmock: pip install .[test]") from None
     token = secrets.token_urlsafe(32)
     nodes = math.ceil(jobs / clusters / GPUS_PER_NODE)
-    pods_resource, nodes_resource = (
-        kmock.resource("", "v1", "pods"),
-        kmock.resource("", "v1", "nodes"),
-    )
     with tempfile.TemporaryDirectory(prefix="fedbroker-restart-kube-") as tmp_dir:
         tmp = Path(tmp_dir)
         async with contextlib.AsyncExitStack() as stack:
             begin = time.perf_counter()
-            members = []
-            for c in range(clusters):
-                k8s = await stack.enter_async_context(kmock.KubernetesEmulator())
-                k8s.resources["v1/pods"] = kmock.ResourceInfo(namespaced=True)
-                k8s.resources["v1/nodes"] = kmock.ResourceInfo(namespaced=False)
-                # What the broker's garbage collection lists besides pods (none are made).
-                k8s.resources["v1/services"] = kmock.ResourceInfo(namespaced=True)
-                k8s.resources["scheduling.x-k8s.io/v1alpha1/podgroups"] = kmock.ResourceInfo(
-                    namespaced=True
-                )
-                server = await stack.enter_async_context(kmock.Server(k8s))
-                for n in range(nodes):
-                    name = f"{cluster_name(c)}-n{n:05d}"
-                    k8s.objects[nodes_resource, None, name] = node_object(name)
-                members.append((k8s, str(server.url).rstrip("/")))
-            for i in range(jobs):
-                cluster, node, gpu = slot_of(i, clusters)
-                k8s = members[i % clusters][0]
-                objects = GangObjects(
-                    NAMESPACE_PATTERN, "pin", "coscheduling", "fedbroker", cluster=cluster,
-                    gpu_resource="nvidia.com/gpu", shared_gpu_resource=None,
-                    scheduler_name=None, default_image="busybox:stable",
-                )  # fmt: skip
-                body = pod_object(objects, i, node, gpu)
-                meta = body["metadata"]
-                k8s.objects[pods_resource, meta["namespace"], meta["name"]] = body
+            members = await _members(stack, jobs, clusters, nodes)
             async with bench_store(store, tmp) as url:
                 dialect: Dialect = "sqlite" if url.startswith("sqlite") else "postgres"
-                opened = open_store(url)
-                await opened.open()
-                await opened.close()
-                await write_all(url, job_statements(dialect, jobs, clusters))
+                statements = load_statements(
+                    dialect, jobs, insert=True, state=lambda _: "Running",
+                    slot=lambda i: slot_of(i, clusters)[:2],
+                )  # fmt: skip
+                await load_store(url, statements)
                 load_s = time.perf_counter() - begin
-                doc = bench_document(url, token, 0, 0)
-                doc["clusters"] = [
-                    {"name": cluster_name(c), "source": {"kube": {
-                        "kubeconfigInline": _kubeconfig(server_url), "context": "bench",
-                        "launchMode": "pin", "namespacePattern": NAMESPACE_PATTERN,
-                    }}}
-                    for c, (_, server_url) in enumerate(members)
-                ]  # fmt: skip
-                doc["leaderElection"] = {"identity": "restart-bench"}
                 config = tmp / "config.json"
-                config.write_text(json.dumps(doc))
+                config.write_text(json.dumps(_config(url, token, members)))
                 compile_project()
                 first = await start_once(config, free_port(), token, tmp / "first.log")
                 first.update(log_counts(tmp / "first.log"))

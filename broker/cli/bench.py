@@ -56,6 +56,11 @@ def add_bench_command(sub: Any) -> None:
         help="soak/restart: a postgresql:// server, on which a fresh database is created and "
         "dropped afterwards (default: SQLite in a temp dir)",
     )  # fmt: skip
+    _add_cycle_and_restart(cmd)
+
+
+def _add_cycle_and_restart(cmd: Any) -> None:
+    """The flags of the cycle and restart benchmarks (``--cycle``, ``--restart``)."""
     cmd.add_argument(
         "--cycle", action="store_true",
         help="scheduling cycle time and memory with a backlog of --queued jobs",
