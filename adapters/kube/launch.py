@@ -3,7 +3,8 @@
 ``KubeLauncher`` implements the live ports ``broker.ports.Launcher`` (``launch(placement)``
 returns once every pod of the gang runs and raises ``KubeLaunchError``, a ``LaunchError``,
 on failure; ``delete(placement)`` removes every object of the gang), ``RunWatcher``
-(``finished``), ``RunNotifier`` (``watch``: one poll per cluster, ``adapters.kube.run_watch``)
+(``finished``), ``RunNotifier`` (``watch``: from one list+watch of our pods per cluster,
+``adapters.kube.our_pods`` and ``adapters.kube.run_watch``)
 and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
 namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
 
@@ -63,8 +64,9 @@ from adapters.kube.objects import (
     pod_group_name,
     pod_name,
 )
+from adapters.kube.our_pods import OurPods
 from adapters.kube.rendezvous import Rendezvous, service_name
-from adapters.kube.run_watch import RunPoller, run_end
+from adapters.kube.run_watch import RunEnds
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
@@ -103,6 +105,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         retry_wait: wait_base | None = None,
         poll_seconds: float = 1.0,
         run_poll_seconds: float = 5.0,
+        resync_seconds: float = 300.0,
+        watch_inactivity_seconds: float = 90.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.objects = GangObjects(
@@ -123,7 +127,11 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self.run_poll_seconds = run_poll_seconds
         self.pause = sleep
         self.workloads = WorkloadRuns(self)
-        self.runs = RunPoller(self)
+        self.our_pods = OurPods(
+            cluster, self.api, resync_seconds=resync_seconds,
+            inactivity_timeout=watch_inactivity_seconds,
+        )  # fmt: skip
+        self.runs = RunEnds(self.our_pods, self.objects)
 
     def spec(self, placement: Placement, spec: LaunchSpec | None = None) -> LaunchSpec:
         if spec is not None:
@@ -159,8 +167,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         if spec.workload is not None:
             await self.workloads.delete(spec)
         names = {pod_name(p, spec) for p in placement.pods}
+        # The job's own pods by its labels (O(its pods), not a listing of all of ours).
         names.update(
-            p["metadata"]["name"] for p in await self.api.our_pods() if job_key(p) == spec.key
+            p["metadata"]["name"] for p in await self.api.job_pods(namespace, spec.tenant, spec.job)
         )
         for name in sorted(names):
             await self._delete_pod(namespace, name, owner=spec)
@@ -312,29 +321,28 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
         """Wait for a running gang to end (``run_watch.run_end``: succeeded once every pod
-        Succeeded, failed as soon as one Failed or vanished). Polls every
-        ``run_poll_seconds`` on a listing shared by every gang waiting in this cluster; an
-        API error is logged and polled again (an unreachable cluster does not end a job)."""
+        Succeeded, failed as soon as one Failed or vanished), as ``watch`` sees it; an
+        unreachable cluster does not end a job."""
         spec = self.spec(placement, spec)
         if spec.workload is not None:
             return await self.workloads.finished(placement, spec)
-        expected = frozenset(pod_name(p, spec) for p in placement.pods)
-        while True:
-            try:
-                phases = self.objects.phases(await self.api.shared_listing(), expected, spec)
-            except KubeLaunchError as exc:
-                log.warning("gang %s: cannot read its pods (%s); polling again", spec.key, exc)
-            else:
-                end = run_end(phases, expected)
-                if end is not None:
-                    return end
-            await self.pause(self.run_poll_seconds)
+        ended: asyncio.Future[RunEnd] = asyncio.get_running_loop().create_future()
+
+        def on_end(end: RunEnd) -> None:
+            if not ended.done():
+                ended.set_result(end)
+
+        handle = self.runs.watch(placement, spec, on_end)
+        try:
+            return await ended
+        finally:
+            handle.cancel()
 
     # -- the RunNotifier port ----------------------------------------------------------------
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
-        """Call ``on_end`` when the running gang ends: one poll for every gang of this
-        cluster (``run_watch.RunPoller``), no task per job; a ``spec.workload`` job is
+        """Call ``on_end`` when the running gang ends: one list+watch of our pods for every
+        gang of this cluster (``run_watch.RunEnds``), no task per job; a ``spec.workload`` job is
         followed by its workload's own status, a task each (``WorkloadRuns.finished``)."""
         spec = self.spec(placement)
         if spec.workload is None:
@@ -347,10 +355,6 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
         task.add_done_callback(done)
         return task
-
-    async def listing(self) -> list[dict[str, Any]]:
-        """Our pods in this cluster (the listing shared by every reader polling now)."""
-        return await self.api.shared_listing()
 
     # -- the GangRecovery port ---------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
+import aiohttp
 from kubernetes.aio.client import (
     ApiClient,
     CoreV1Api,
@@ -84,9 +85,33 @@ class NamespaceApi:
         decoded from the JSON as sent, as the watcher reads its lists: the client's typed
         models cost 0.4 ms a pod to build and turn back into a dict, and every run poll and
         restart lists all of a member's pods of ours (5,000 on a member: 2 s a listing)."""
+        pods, _ = await self.our_pod_list()
+        return pods
+
+    async def our_pod_list(self) -> tuple[list[dict[str, Any]], str]:
+        """``our_pods`` and the list's resourceVersion (where a watch of them starts)."""
         doc = await self.calls.checked("list pods", self._pod_list)
         items = doc.get("items") or []
-        return [p for p in items if isinstance(p, dict) and self.objects.in_its_namespace(p)]
+        pods = [p for p in items if isinstance(p, dict) and self.objects.in_its_namespace(p)]
+        meta = doc.get("metadata")
+        return pods, str((meta.get("resourceVersion") if isinstance(meta, dict) else "") or "")
+
+    async def watch_our_pods(
+        self, resource_version: str, server_timeout: int, request_timeout: float
+    ) -> aiohttp.ClientResponse:
+        """A watch of our pods in every namespace from ``resource_version``, with bookmarks,
+        the response unread (``adapters.kube.watch.watch_events`` reads it)."""
+        resp: aiohttp.ClientResponse = (
+            await self.core.list_pod_for_all_namespaces_without_preload_content(
+                label_selector=self.objects.selector,
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version or None,
+                timeout_seconds=server_timeout,
+                _request_timeout=request_timeout,
+            )
+        )
+        return resp
 
     async def _pod_list(self) -> dict[str, Any]:
         """One LIST of our pods, JSON decoded; an error status raised as the typed call

@@ -5,7 +5,8 @@ emits the translated events (with deletions for objects that vanished since the 
 then watches both from the lists' resourceVersions with bookmarks. A 410 Gone (HTTP status
 or an ERROR event) relists at once; any other failure reports the cluster disconnected and
 reconnects (relisting) after an exponential, jittered backoff. The owner marks a cluster
-stale with ``StaleTracker``.
+stale with ``StaleTracker``. ``watch_events`` (one watch request's decoded events, errors
+raised) is shared with the launcher's watch of our pods (``adapters.kube.our_pods``).
 
 Secrets: log lines and errors name the cluster, the HTTP status or the exception type only;
 never a request, a header or the client's configuration.
@@ -18,7 +19,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -160,8 +162,8 @@ class ClusterWatcher(CapacitySource):
         events.extend(pods.values())
         events.extend(NodeDeleted(self.cluster, name) for name in self._nodes if name not in nodes)
         self._nodes, self._pods = nodes, pods
-        self._rv["nodes"] = _resource_version(nodes_doc)
-        self._rv["pods"] = _resource_version(pods_doc)
+        self._rv["nodes"] = resource_version(nodes_doc)
+        self._rv["pods"] = resource_version(pods_doc)
         return events
 
     # -- the long run ---------------------------------------------------------------------
@@ -206,32 +208,20 @@ class ClusterWatcher(CapacitySource):
     async def _watch(self, kind: Kind) -> None:
         """Watch ``kind`` from the last resourceVersion; re-watch when the server ends the
         stream or it goes quiet for the inactivity timeout; raise on failure."""
+        what = f"cluster {self.cluster}: {kind} watch"
         while True:
-            # A server that accepts but never answers (a black hole) fails the watch after
-            # the inactivity timeout: a healthy one sends the headers at once.
-            async with asyncio.timeout(self._inactivity):
-                resp = await self._call(kind, watch=True)
+            events = watch_events(lambda: self._call(kind, watch=True), what, self._inactivity)
             try:
-                if resp.status == HTTP_GONE:
-                    raise Gone(f"cluster {self.cluster}: {kind} watch: 410 Gone")
-                if resp.status >= 300:
-                    raise WatchError(f"cluster {self.cluster}: {kind} watch: HTTP {resp.status}")
-                async for line in _lines(resp, self._inactivity):
-                    self._on_watch_event(kind, json.loads(line))
+                async with aclosing(events):  # closed (the response released) on any exit
+                    async for event in events:
+                        self._on_watch_event(kind, event)
             except TimeoutError:
                 log.debug("cluster %s: %s watch inactive, re-watching", self.cluster, kind)
-            finally:
-                resp.release()
 
     def _on_watch_event(self, kind: Kind, event: Mapping[str, Any]) -> None:
         etype = event.get("type")
         obj: Mapping[str, Any] = event.get("object") or {}
-        if etype == "ERROR":
-            code = obj.get("code")
-            if code == HTTP_GONE:
-                raise Gone(f"cluster {self.cluster}: {kind} watch: 410 Gone")
-            raise WatchError(f"cluster {self.cluster}: {kind} watch: error event {code}")
-        rv = _resource_version(obj)
+        rv = resource_version(obj)
         if rv:
             self._rv[kind] = rv
         if etype == "BOOKMARK":
@@ -292,9 +282,38 @@ class ClusterWatcher(CapacitySource):
         return doc
 
 
-def _resource_version(obj: Mapping[str, Any]) -> str:
+def resource_version(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return str(meta.get("resourceVersion") or "")
+
+
+async def watch_events(
+    open_watch: Callable[[], Awaitable[aiohttp.ClientResponse]], what: str, inactivity: float
+) -> AsyncGenerator[Mapping[str, Any], None]:
+    """The decoded events of one watch request (``open_watch``), until the server ends the
+    stream. ``Gone`` on a 410 (the status, or an ERROR event), ``WatchError`` on another
+    error status or ERROR event or an event that is not an object, ``TimeoutError`` when
+    the server sends nothing (not even headers or a bookmark) for ``inactivity`` seconds: a
+    server that accepts and never answers (a black hole) fails the watch after it."""
+    async with asyncio.timeout(inactivity):
+        resp = await open_watch()
+    try:
+        if resp.status == HTTP_GONE:
+            raise Gone(f"{what}: 410 Gone")
+        if resp.status >= 300:
+            raise WatchError(f"{what}: HTTP {resp.status}")
+        async for line in _lines(resp, inactivity):
+            event = json.loads(line)
+            if not isinstance(event, dict):
+                raise WatchError(f"{what}: an event that is not an object")
+            if event.get("type") == "ERROR":
+                code = (event.get("object") or {}).get("code")
+                if code == HTTP_GONE:
+                    raise Gone(f"{what}: 410 Gone")
+                raise WatchError(f"{what}: error event {code}")
+            yield event
+    finally:
+        resp.release()
 
 
 async def _lines(resp: aiohttp.ClientResponse, inactivity: float) -> AsyncIterator[bytes]:

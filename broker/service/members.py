@@ -171,6 +171,8 @@ class KubeMembers:
                 poll_seconds=source.pod_poll_seconds,
                 request_timeout=source.request_timeout_seconds,
                 run_poll_seconds=source.pod_poll_seconds,
+                resync_seconds=source.pod_resync_seconds,
+                watch_inactivity_seconds=source.watch_inactivity_seconds,
             )
             pods = KubePods(
                 client, launcher.objects, request_timeout=source.request_timeout_seconds

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import kmock
 import kmock as kmocklib
@@ -22,7 +22,7 @@ from adapters.kube.translate import (
     translate_node,
     translate_pod,
 )
-from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, is_stale
+from adapters.kube.watch import Backoff, ClusterWatcher, Gone, StaleTracker, is_stale, watch_events
 from adapters.kubeapi.kubeconfig import load_clients
 from adapters.kubeapi.quantity import parse_quantity
 from broker.bench.watch import bench_ledger_updates
@@ -189,18 +189,65 @@ async def test_relist_after_410_misses_no_change(
         await clients["a"].close()  # type: ignore[no-untyped-call]
 
 
+class _Content:
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def readany(self) -> bytes:
+        return self._chunks.pop(0) if self._chunks else b""
+
+
+class _Response:
+    """What ``watch_events`` reads of a watch response: a status and a stream of lines."""
+
+    def __init__(self, status: int, events: list[Any]) -> None:
+        self.status = status
+        self.content = _Content([json.dumps(e).encode() + b"\n" for e in events])
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+ADDED = {"type": "ADDED", "object": {"metadata": {"name": "p1", "resourceVersion": "7"}}}
+
+
 @pytest.mark.parametrize(
-    ("event", "error"),
+    ("status", "event", "error", "message"),
     [
-        ({"type": "ERROR", "object": {"kind": "Status", "code": 410}}, Gone),
-        ({"type": "ERROR", "object": {"kind": "Status", "code": 500}}, WatchError),
+        (200, {"type": "ERROR", "object": {"kind": "Status", "code": 410}}, Gone, "410 Gone"),
+        (200, {"type": "ERROR", "object": {"kind": "Status", "code": 500}}, WatchError,
+         "error event 500"),
+        (200, ["not", "an", "object"], WatchError, "an event that is not an object"),
+        (410, None, Gone, "410 Gone"),
+        (500, None, WatchError, "HTTP 500"),
     ],
-)
-def test_a_410_error_event_means_relist(event: dict[str, Any], error: type[Exception]) -> None:
+)  # fmt: skip
+async def test_a_410_means_relist_and_other_errors_reconnect(
+    status: int, event: Any, error: type[Exception], message: str
+) -> None:
     # run() relists on Gone and reconnects with backoff on other WatchErrors.
-    watcher = ClusterWatcher("a", cast(Any, None), lambda _: None)
-    with pytest.raises(error):
-        watcher._on_watch_event("pods", event)
+    resp = _Response(status, [ADDED] if event is None else [ADDED, event])
+
+    async def open_watch() -> Any:
+        return resp
+
+    seen: list[Any] = []
+    with pytest.raises(error, match=f"^cluster a: pods watch: {message}$"):
+        async for one in watch_events(open_watch, "cluster a: pods watch", 5.0):
+            seen.append(one)
+    assert seen == ([] if event is None else [ADDED])
+    assert resp.released
+
+
+async def test_a_stream_the_server_ends_ends_the_events() -> None:
+    resp = _Response(200, [ADDED, {"type": "BOOKMARK", "object": {"metadata": {}}}])
+
+    async def open_watch() -> Any:
+        return resp
+
+    seen = [one["type"] async for one in watch_events(open_watch, "cluster a: pods watch", 5.0)]
+    assert seen == ["ADDED", "BOOKMARK"] and resp.released
 
 
 async def test_dropped_connection_reconnects_with_backoff(

@@ -114,6 +114,11 @@ def manifest(
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
 
+async def end_pod(k8s: kmock.KubernetesEmulator, name: str, phase: str) -> None:
+    """The kubelet ends one of our pods, through the API (a watch hears it)."""
+    await k8s.patch(f"/api/v1/namespaces/{NS}/pods/{name}", json={"status": {"phase": phase}})
+
+
 def used_gpus(service: Service, cluster: str = "east") -> float:
     view = service.ledger.snapshot().clusters[cluster]
     return view.gpus_total() - view.free_milli() / 1000
@@ -213,7 +218,7 @@ async def test_kube_member_listed_placed_and_restored(
         assert restarted.queue.get("team-a/train") is None
         assert restarted.queue.get("team-a/gang") is None
         # The restored Running job is watched: its pod ending ends it and frees its GPU.
-        our_pod(k8s, "train-worker-0").patch({"status": {"phase": "Succeeded"}})
+        await end_pod(k8s, "train-worker-0", "Succeeded")
         await restarted.runs_done(timeout=10)
         assert (await restarted.get("team-a", "train")).state == "Succeeded"
         await until(lambda: used_gpus(restarted) == 4)
@@ -246,8 +251,8 @@ async def test_pods_ending_end_the_job_and_free_the_gpus(
         assert (await service.get("team-a", "job")).state == "Running"
         assert used_gpus(service) == 4
         # One pod ends first: the job runs on until the other does (or one fails).
-        our_pod(k8s, "job-worker-0").patch({"status": {"phase": "Succeeded"}})
-        our_pod(k8s, "job-worker-1").patch({"status": {"phase": phase}})
+        await end_pod(k8s, "job-worker-0", "Succeeded")
+        await end_pod(k8s, "job-worker-1", phase)
         await service.runs_done(timeout=10)
         record = await service.get("team-a", "job")
         assert record.state == state
