@@ -23,6 +23,7 @@ import aiohttp.web
 import kmock as kmocklib
 
 NAMESPACES = kmocklib.resource("", "v1", "namespaces")
+PODS = kmocklib.resource("", "v1", "pods")
 _PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 _NAMESPACED_COLLECTION = re.compile(r"/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/[^/]+/?")
 
@@ -48,6 +49,20 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
             if res == NAMESPACES and obj_name == name and not obj.deleted:
                 return dict(obj.raw)
         return None
+
+    async def run_pods(self, node: str, phase: str = "Running", only: str | None = None) -> None:
+        """The kubelet: every stored pod (or the one named ``only``) bound to ``node`` in
+        ``phase``, through the API as a kubelet's status update goes, so that watches hear
+        it (a change made to ``objects`` directly is seen by lists only)."""
+        for (res, namespace, name), obj in list(self.objects.items()):
+            if res == PODS and not obj.deleted and (only is None or name == only):
+                await self.patch_pod(str(namespace), name, {"spec": {"nodeName": node},
+                                                      "status": {"phase": phase}})  # fmt: skip
+
+    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of one pod through the API (a watch hears it)."""
+        async with self.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", json=patch) as r:
+            assert r.status < 300, f"PATCH pod {namespace}/{name}: {r.status}"
 
     def calls(self, method: str) -> list[str]:
         """The namespaces named by each request of ``method`` so far, in order."""

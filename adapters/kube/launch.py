@@ -66,7 +66,7 @@ from adapters.kube.objects import (
 )
 from adapters.kube.our_pods import OurPods
 from adapters.kube.rendezvous import Rendezvous, service_name
-from adapters.kube.run_watch import RunEnds
+from adapters.kube.run_watch import GangPods
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
@@ -131,7 +131,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             cluster, self.api, resync_seconds=resync_seconds,
             inactivity_timeout=watch_inactivity_seconds,
         )  # fmt: skip
-        self.runs = RunEnds(self.our_pods, self.objects)
+        self.runs = GangPods(self.our_pods, self.objects)
 
     def spec(self, placement: Placement, spec: LaunchSpec | None = None) -> LaunchSpec:
         if spec is not None:
@@ -296,28 +296,33 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def wait_running(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
         """Return when every pod of the gang is Running (or, in delegate mode, the PodGroup's
-        phase is Running); raise ``KubeLaunchError`` as soon as a pod failed or vanished.
-        Polls every ``poll_seconds``; the caller applies the gang timeout."""
+        phase is Running); raise ``KubeLaunchError`` as soon as a pod failed or vanished, or
+        our pods cannot be listed (the list's bounded retries spent) before they ever were.
+        The pods' phases come from the watch of our pods (``run_watch.GangPods.started``);
+        a delegate-mode PodGroup is read every ``poll_seconds``. The caller applies the gang
+        timeout."""
         spec = self.spec(placement, spec)
-        expected = {pod_name(p, spec) for p in placement.pods}
-        while True:
-            phases = self.objects.phases(await self.api.shared_listing(), expected, spec)
-            failed = sorted(n for n, phase in phases.items() if phase in ("Failed", "Succeeded"))
-            if failed:
-                raise KubeLaunchError(
-                    f"gang {spec.key}: pod {failed[0]} {phases[failed[0]]} before the gang ran"
-                )
-            missing = sorted(expected - phases.keys())
-            if missing:
-                raise KubeLaunchError(f"gang {spec.key}: pod {missing[0]} disappeared")
-            if all(phase == "Running" for phase in phases.values()):
-                return
-            if self.mode == "delegate":
-                namespace = self.objects.namespace(spec.tenant)
-                group = await self.api.read_pod_group(namespace, pod_group_name(spec))
-                if group is not None and (group.get("status") or {}).get("phase") == "Running":
+        running, handle = self.runs.started(placement, spec)
+        try:
+            while not running.done():
+                failure = self.our_pods.list_failure
+                if failure is not None and not self.our_pods.synced:
+                    raise KubeLaunchError(failure)
+                if self.mode == "delegate" and await self._pod_group_running(spec):
                     return
-            await self.pause(self.poll_seconds)
+                pause = asyncio.ensure_future(self.pause(self.poll_seconds))
+                try:
+                    await asyncio.wait({running, pause}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    pause.cancel()
+            running.result()
+        finally:
+            handle.cancel()
+
+    async def _pod_group_running(self, spec: LaunchSpec) -> bool:
+        namespace = self.objects.namespace(spec.tenant)
+        group = await self.api.read_pod_group(namespace, pod_group_name(spec))
+        return group is not None and (group.get("status") or {}).get("phase") == "Running"
 
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
         """Wait for a running gang to end (``run_watch.run_end``: succeeded once every pod
@@ -342,7 +347,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
         """Call ``on_end`` when the running gang ends: one list+watch of our pods for every
-        gang of this cluster (``run_watch.RunEnds``), no task per job; a ``spec.workload`` job is
+        gang of this cluster (``run_watch.GangPods``), no task per job; a ``spec.workload`` job is
         followed by its workload's own status, a task each (``WorkloadRuns.finished``)."""
         spec = self.spec(placement)
         if spec.workload is None:

@@ -13,8 +13,7 @@ broker picked, so a restarted broker reads its reservations back.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from collections.abc import Set as AbstractSet
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -201,17 +200,6 @@ class GangObjects:
 
     def labels(self, spec: LaunchSpec) -> dict[str, str]:
         return {LABEL_ORIGIN: self.origin, LABEL_TENANT: spec.tenant, LABEL_JOB: spec.job}
-
-    def phases(
-        self, pods: Iterable[Mapping[str, Any]], expected: AbstractSet[str], spec: LaunchSpec
-    ) -> dict[str, str]:
-        """Pod name -> phase of the gang's pods among ``pods``."""
-        phases: dict[str, str] = {}
-        for pod in pods:
-            name = pod["metadata"]["name"]
-            if name in expected and self.ours(pod, spec):
-                phases[name] = str((pod.get("status") or {}).get("phase") or "Pending")
-        return phases
 
     # -- bodies ------------------------------------------------------------------------------
 

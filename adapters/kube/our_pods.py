@@ -89,6 +89,8 @@ class OurPods:
         self.pods: dict[PodKey, PodPhase] = {}
         self.lists_begun = 0  # never reset: a list that began after N tells what N did not
         self.lists = 0  # completed since the last start; the record is complete once > 0
+        # Why the last list failed (the request's bounded retries spent), until one succeeds.
+        self.list_failure: str | None = None
         self._inactivity = inactivity_timeout
         self._server_timeout = server_timeout
         self._sleep = sleep
@@ -116,6 +118,7 @@ class OurPods:
             self._task = None
         self.pods = {}
         self.lists = 0
+        self.list_failure = None
 
     async def _run(self) -> None:
         attempt = 0
@@ -126,7 +129,10 @@ class OurPods:
                 await self._watch_until_resync()
             except Gone:
                 log.info("cluster %s: watch of our pods expired (410), relisting", self.cluster)
-            except (KubeLaunchError, WatchError) as exc:
+            except KubeLaunchError as exc:  # the list's own retries are spent
+                self.list_failure = str(exc)
+                attempt = await self._back_off(attempt, str(exc))
+            except WatchError as exc:
                 attempt = await self._back_off(attempt, str(exc))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 attempt = await self._back_off(attempt, type(exc).__name__)
@@ -141,6 +147,7 @@ class OurPods:
     async def _list(self) -> None:
         self.lists_begun += 1
         pods, self._rv = await self.api.our_pod_list()
+        self.list_failure = None
         self.pods = {pod_key(pod): pod_phase(pod) for pod in pods}
         self.lists += 1
         if self.listener is not None:

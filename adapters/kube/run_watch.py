@@ -1,26 +1,28 @@
-"""The ends of a member cluster's running gangs, from the watch of our pods there (the
-``broker.ports.RunNotifier`` port of ``KubeLauncher``).
+"""Our gangs' pods in a member cluster, followed through the watch of our pods there: a
+starting gang confirmed running (``KubeLauncher.wait_running``) and a running gang's end
+(the ``broker.ports.RunNotifier`` port of ``KubeLauncher``).
 
 A broker holding 100,000 live jobs must neither hold a task per running job nor list every
 pod of ours on a timer (a listing of 5,000 pods costs the loop about 0.1 s; polled every 2
-s on each of 20 members it was 30 % of the loop in a restart): each watch here is one small
-record in a dict and one entry per pod in an index, and the cluster's ``OurPods``
-(list+watch, started with the first watch, stopped with the last) says which pods changed.
-O(1) per watch and per cancel, O(the pod's gang) per pod event, O(watched gangs) per
-relist. A gang ends as ``run_end`` says.
+s on each of 20 members it was 30 % of the loop in a restart): each followed gang is one
+small record in a dict and one entry per pod in an index, and the cluster's ``OurPods``
+(list+watch, started with the first followed gang, stopped with the last) says which pods
+changed. O(1) per follow and per cancel, O(the pod's gang) per pod event, O(followed gangs)
+per relist. A gang ends as ``run_end`` says, and has started as ``run_start`` says.
 
-A pod missing from the record ends its gang (``PodDeleted``) only when the record says so
-with authority: a deletion event for it, or a list that began after the gang was watched;
-a pod the watch has not yet shown (created just before the watch began) is not "gone".
+A pod missing from the record counts as gone only when the record says so with authority:
+a deletion event for it, or a list that began after the gang was followed; a pod the watch
+has not shown yet (created just before) is not "gone".
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from adapters.kube.objects import GangObjects, pod_name
+from adapters.kube.objects import GangObjects, KubeLaunchError, pod_name
 from adapters.kube.our_pods import OurPods, PodKey, PodListener, PodPhase
 from broker.model import Placement
 from broker.ports import LaunchSpec, RunEnd
@@ -42,109 +44,163 @@ def run_end(phases: Mapping[str, str], expected: frozenset[str]) -> RunEnd | Non
     return None
 
 
+def run_start(
+    phases: Mapping[str, str], expected: frozenset[str], authoritative: bool, key: str
+) -> KubeLaunchError | bool:
+    """A starting gang's state from its pods' phases: True once every pod is Running, False
+    while it starts, the error that fails its launch once a pod ended (Failed or Succeeded)
+    before the gang ran or, by an ``authoritative`` record, vanished."""
+    ended = sorted(n for n, phase in phases.items() if phase in ("Failed", "Succeeded"))
+    if ended:
+        return KubeLaunchError(f"gang {key}: pod {ended[0]} {phases[ended[0]]} before the gang ran")
+    missing = sorted(expected - phases.keys())
+    if missing:
+        return (
+            KubeLaunchError(f"gang {key}: pod {missing[0]} disappeared") if authoritative else False
+        )
+    return all(phase == "Running" for phase in phases.values())
+
+
+# What a follower does with its gang's pods' phases (of the pods expected), told whether
+# the record is authoritative about missing pods; True when it is done following.
+Decide = Callable[[Mapping[str, str], frozenset[str], bool], bool]
+
+
 @dataclass(slots=True)
-class _Watched:
+class _Followed:
     namespace: str
     expected: frozenset[str]
     spec: LaunchSpec
-    on_end: Callable[[RunEnd], None]
-    since: int  # the record's lists begun when the watch began
+    decide: Decide
+    since: int  # the record's lists begun when following began
 
 
 class _Handle:
-    """A watch's handle (``broker.ports.RunHandle``): ``cancel`` forgets it."""
+    """A follow's handle (``broker.ports.RunHandle``): ``cancel`` forgets it."""
 
-    __slots__ = ("_ends", "_key")
+    __slots__ = ("_gangs", "_key")
 
-    def __init__(self, ends: RunEnds, key: int) -> None:
-        self._ends, self._key = ends, key
+    def __init__(self, gangs: GangPods, key: int) -> None:
+        self._gangs, self._key = gangs, key
 
     def cancel(self) -> None:
-        self._ends.forget(self._key)
+        self._gangs.forget(self._key)
 
 
-class RunEnds(PodListener):
-    """Every watched gang of one cluster, checked when one of its pods changes."""
+class GangPods(PodListener):
+    """Every followed gang of one cluster, decided again when one of its pods changes."""
 
     def __init__(self, pods: OurPods, objects: GangObjects) -> None:
         self._pods = pods
         self._objects = objects
         pods.listener = self
-        self._watched: dict[int, _Watched] = {}  # watch key -> gang
-        self._by_pod: dict[PodKey, int] = {}  # each watched pod -> its gang's watch key
+        self._followed: dict[int, _Followed] = {}  # follow key -> gang
+        self._by_pod: dict[PodKey, int] = {}  # each followed pod -> its gang's follow key
         self._next_key = 0
 
     def __len__(self) -> int:
-        return len(self._watched)
+        return len(self._followed)
 
     @property
     def following(self) -> bool:
-        """The pods' list+watch runs (it does while any gang is watched, else not)."""
+        """The pods' list+watch runs (it does while any gang is followed, else not)."""
         return self._pods.running
 
     def watch(
         self, placement: Placement, spec: LaunchSpec, on_end: Callable[[RunEnd], None]
     ) -> _Handle:
-        """Call ``on_end`` once, from the event loop, when the gang ends."""
+        """Call ``on_end`` once, from the event loop, when the running gang ends."""
+
+        def decide(
+            phases: Mapping[str, str], expected: frozenset[str], authoritative: bool
+        ) -> bool:
+            end = run_end(phases, expected)
+            if end is None or (end.reason == "PodDeleted" and not authoritative):
+                return False
+            on_end(end)
+            return True
+
+        return self.follow(placement, spec, decide)
+
+    def started(
+        self, placement: Placement, spec: LaunchSpec
+    ) -> tuple[asyncio.Future[None], _Handle]:
+        """A future done when the starting gang runs (every pod Running), failed with
+        ``KubeLaunchError`` as ``run_start`` says; cancel the handle when done with it."""
+        running: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def decide(
+            phases: Mapping[str, str], expected: frozenset[str], authoritative: bool
+        ) -> bool:
+            state = run_start(phases, expected, authoritative, spec.key)
+            if state is False or running.done():
+                return running.done()
+            if isinstance(state, KubeLaunchError):
+                running.set_exception(state)
+            else:
+                running.set_result(None)
+            return True
+
+        return running, self.follow(placement, spec, decide)
+
+    def follow(self, placement: Placement, spec: LaunchSpec, decide: Decide) -> _Handle:
+        """Call ``decide`` with the gang's pods' phases whenever one of them changes (and
+        after every list) until it returns True or the handle is cancelled."""
         key, self._next_key = self._next_key, self._next_key + 1
         namespace = self._objects.namespace(spec.tenant)
         expected = frozenset(pod_name(p, spec) for p in placement.pods)
-        self._watched[key] = _Watched(namespace, expected, spec, on_end, self._pods.lists_begun)
+        self._followed[key] = _Followed(namespace, expected, spec, decide, self._pods.lists_begun)
         for name in expected:
             self._by_pod[namespace, name] = key
         self._pods.start()
-        if self._pods.synced:  # a gang that ended already ends now
+        if self._pods.synced:  # a gang already where it is going is done now
             self._check(key, authoritative=False)
         return _Handle(self, key)
 
     def forget(self, key: int) -> None:
-        watched = self._watched.pop(key, None)
-        if watched is not None:
-            self._unindex(key, watched)
-        if not self._watched:
-            self._pods.stop()  # the last watch gone: nothing left to follow
+        followed = self._followed.pop(key, None)
+        if followed is not None:
+            self._unindex(key, followed)
+        if not self._followed:
+            self._pods.stop()  # the last follow gone: nothing left to follow
 
     # -- what the record says (PodListener) ------------------------------------------------
 
     def changed(self, key: PodKey, pod: PodPhase | None) -> None:
-        watch_key = self._by_pod.get(key)
-        if watch_key is not None:
-            self._check(watch_key, authoritative=pod is None)
+        follow_key = self._by_pod.get(key)
+        if follow_key is not None:
+            self._check(follow_key, authoritative=pod is None)
 
     def relisted(self) -> None:
         begun = self._pods.lists_begun
-        for key, watched in list(self._watched.items()):
-            self._check(key, authoritative=watched.since < begun)
+        for key, followed in list(self._followed.items()):
+            self._check(key, authoritative=followed.since < begun)
 
     def _check(self, key: int, *, authoritative: bool) -> None:
-        watched = self._watched.get(key)
-        if watched is None:
+        followed = self._followed.get(key)
+        if followed is None:
             return
-        end = run_end(self._phases(watched), watched.expected)
-        if end is None or (end.reason == "PodDeleted" and not authoritative):
-            return
-        del self._watched[key]
-        self._unindex(key, watched)
         try:
-            watched.on_end(end)
-        except Exception:  # one gang's callback must not stop the others' ends
-            log.exception("gang %s: its end could not be handled", watched.spec.key)
-        if not self._watched:
-            self._pods.stop()
+            done = followed.decide(self._phases(followed), followed.expected, authoritative)
+        except Exception:  # one gang's handler must not stop the others' being followed
+            log.exception("gang %s: what its pods did could not be handled", followed.spec.key)
+            done = True
+        if done:
+            self.forget(key)
 
-    def _phases(self, watched: _Watched) -> Mapping[str, str]:
+    def _phases(self, followed: _Followed) -> Mapping[str, str]:
         phases: dict[str, str] = {}
-        spec, pods = watched.spec, self._pods.pods
-        for name in watched.expected:
-            pod = pods.get((watched.namespace, name))
+        spec, pods = followed.spec, self._pods.pods
+        for name in followed.expected:
+            pod = pods.get((followed.namespace, name))
             if pod is not None and pod.tenant == spec.tenant and pod.job == spec.job:
                 phases[name] = pod.phase
         return phases
 
-    def _unindex(self, key: int, watched: _Watched) -> None:
-        for name in watched.expected:
-            if self._by_pod.get((watched.namespace, name)) == key:
-                del self._by_pod[watched.namespace, name]
+    def _unindex(self, key: int, followed: _Followed) -> None:
+        for name in followed.expected:
+            if self._by_pod.get((followed.namespace, name)) == key:
+                del self._by_pod[followed.namespace, name]
 
 
-__all__ = ["RunEnds", "run_end"]
+__all__ = ["GangPods", "run_end", "run_start"]

@@ -187,12 +187,12 @@ class KubeSource(KubeconfigRef):
     # Volcano PodGroups: fedbroker queue -> Volcano Queue (which must exist and be Open);
     # an unmapped queue -> "default", the Queue Volcano installs.
     volcano_queues: dict[DnsLabel, str] = Field(default_factory=dict, max_length=256)
-    # How often a starting gang's pods are read (one LIST for all gangs starting in the
-    # cluster): it is confirmed running within this. A running gang's end comes from the
-    # watch of our pods instead, at once.
+    # How often workload objects (and their pods) are read, one LIST per kind for all of
+    # them, and a starting delegate-mode gang's PodGroup. Our pods' phases (a gang started,
+    # a gang ended) come from one watch of our pods instead, as they change.
     pod_poll_seconds: float = Field(default=2.0, gt=0, le=300)
     # The watch of our pods is backed by a full relist this often (and after a failure): a
-    # lost event delays a gang's end by at most this much.
+    # lost event delays a gang's start or end by at most this much.
     pod_resync_seconds: float = Field(default=300.0, gt=0, le=86400)
     # A watch that hears nothing (not even a bookmark) this long is restarted; a server
     # that accepts but never answers counts as down after it. Lists time out after

@@ -78,12 +78,11 @@ def placement(job: str = "train", pods: int = 2) -> Placement:
 def kubelet(
     k8s: Emulator, phase: str = "Running", only: str | None = None
 ) -> Callable[[float], Awaitable[None]]:
-    """A poll pause that binds every stored pod of ours and sets its phase."""
+    """A poll pause that binds every stored pod of ours and sets its phase (through the
+    API: the launcher hears its pods by a watch)."""
 
     async def step(_: float) -> None:
-        for (res, _ns, name), obj in list(k8s.objects.items()):
-            if res == PODS and not obj.deleted and (only is None or name == only):
-                obj.patch({"spec": {"nodeName": "node-x"}, "status": {"phase": phase}})
+        await k8s.run_pods("node-x", phase, only)
 
     return step
 

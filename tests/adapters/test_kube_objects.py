@@ -151,9 +151,7 @@ async def test_a_pinned_launch_carries_the_users_and_the_brokers_constraints(
     client, k8s = api
 
     async def kubelet(_: float) -> None:
-        for (res, _ns, _name), obj in list(k8s.objects.items()):
-            if res == PODS and not obj.deleted:
-                obj.patch({"spec": {"nodeName": "node-7"}, "status": {"phase": "Running"}})
+        await cast(NamespacedEmulator, k8s).run_pods("node-7")
 
     launcher = KubeLauncher(client, NS, "pin", cluster="east", retry_wait=wait_none(),
                             sleep=kubelet)  # fmt: skip

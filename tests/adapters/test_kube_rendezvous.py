@@ -196,9 +196,7 @@ def two_sets(job: str = "train", workers: int = 3) -> Placement:
 
 def kubelet(k8s: NamespacedEmulator, phase: str = "Running") -> Callable[[float], Awaitable[None]]:
     async def step(_: float) -> None:
-        for (res, _ns, _name), obj in list(k8s.objects.items()):
-            if res == PODS and not obj.deleted:
-                obj.patch({"spec": {"nodeName": "n0"}, "status": {"phase": phase}})
+        await k8s.run_pods("n0", phase)
 
     return step
 

@@ -5,7 +5,8 @@ our back), a gang still running is left alone, a cancelled watch is never called
 many gangs are watched, one task follows them and our pods are listed once (a broker with
 100,000 live jobs holds no task per running job and lists nothing on a timer). A deletion
 the watch never showed is caught by the next resync's list; a pod the watch has not shown
-yet is not taken for gone."""
+yet is not taken for gone. Starting gangs are confirmed from the same record
+(``GangPods.started``), without a listing per poll."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from kubernetes.aio.client import ApiClient
 from test_kube_launch import NS, PODS, Emulator, api, k8s, launcher, placement
 
 from adapters.kube.launch import KubeLauncher
-from adapters.kube.run_watch import run_end
+from adapters.kube.objects import KubeLaunchError
+from adapters.kube.run_watch import run_end, run_start
 from broker.model import Placement
 from broker.ports import RunEnd
 
@@ -67,7 +69,7 @@ async def following(k8s: Emulator, kube: KubeLauncher) -> None:
 
 
 async def set_phase(k8s: Emulator, pod: str, phase: str) -> None:
-    await k8s.patch(f"/api/v1/namespaces/{NS}/pods/{pod}", json={"status": {"phase": phase}})
+    await k8s.patch_pod(NS, pod, {"status": {"phase": phase}})
 
 
 async def launched(kube: KubeLauncher, *names: str) -> dict[str, Placement]:
@@ -171,7 +173,7 @@ async def test_a_failing_callback_leaves_the_other_gangs_followed(
     await set_phase(k8s, "broken-worker-0", "Failed")
     await set_phase(k8s, "fine-worker-0", "Failed")
     await ends.until("fine")
-    assert "gang acme/broken: its end could not be handled" in caplog.text
+    assert "gang acme/broken: what its pods did could not be handled" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -186,3 +188,51 @@ async def test_a_failing_callback_leaves_the_other_gangs_followed(
 )
 def test_run_end(phases: dict[str, str], expected: RunEnd | None) -> None:
     assert run_end(phases, frozenset({"a", "b"})) == expected
+
+
+async def test_starting_gangs_are_confirmed_from_the_record_without_listing(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    kube = launcher(api, k8s)
+    gangs = await launched(kube, "first")
+    ends = Ends()
+    kube.watch(gangs["first"], ends.on_end("first"))  # keeps the record up, as in service
+    await following(k8s, kube)
+    lists = pod_lists(k8s)
+    await launched(kube, "second", "third")
+    assert pod_lists(k8s) == lists  # confirmed by watch events, not by listing every pod
+    # A pod that ends before its gang ran fails the launch, as the watch tells it.
+    with pytest.raises(KubeLaunchError, match="gang acme/fifth: pod fifth-worker-0 Failed"):
+        await launcher(api, k8s, sleep=kubelet_failing(k8s, "fifth-worker-0")).launch(
+            placement("fifth")
+        )
+
+
+def kubelet_failing(k8s: Emulator, pod: str) -> Callable[[float], object]:
+    async def step(_: float) -> None:
+        await k8s.run_pods("node-x", "Failed", only=pod)
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("phases", "authoritative", "expected"),
+    [
+        ({"a": "Running", "b": "Running"}, False, True),
+        ({"a": "Running", "b": "Pending"}, True, False),
+        ({"a": "Running"}, False, False),  # b not seen yet
+        ({"a": "Running"}, True, "gang t/j: pod b disappeared"),
+        (
+            {"a": "Succeeded", "b": "Running"},
+            False,
+            "gang t/j: pod a Succeeded before the gang ran",
+        ),
+        ({"a": "Running", "b": "Failed"}, False, "gang t/j: pod b Failed before the gang ran"),
+    ],
+)
+def test_run_start(phases: dict[str, str], authoritative: bool, expected: bool | str) -> None:
+    state = run_start(phases, frozenset({"a", "b"}), authoritative, "t/j")
+    if isinstance(expected, str):
+        assert isinstance(state, KubeLaunchError) and str(state) == expected
+    else:
+        assert state is expected

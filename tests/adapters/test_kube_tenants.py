@@ -62,9 +62,7 @@ def gang(tenant: str, job: str = "train", pods: int = 2) -> Placement:
 
 def kubelet(k8s: NamespacedEmulator) -> Callable[[float], Awaitable[None]]:
     async def step(_: float) -> None:
-        for (res, _ns, _name), obj in list(k8s.objects.items()):
-            if res == PODS and not obj.deleted:
-                obj.patch({"spec": {"nodeName": "n0"}, "status": {"phase": "Running"}})
+        await k8s.run_pods("n0")
 
     return step
 

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import kmock as kmocklib
@@ -114,9 +114,15 @@ def manifest(
     return parse_manifest(json.dumps(body).encode(), "application/json")
 
 
-async def end_pod(k8s: kmock.KubernetesEmulator, name: str, phase: str) -> None:
-    """The kubelet ends one of our pods, through the API (a watch hears it)."""
-    await k8s.patch(f"/api/v1/namespaces/{NS}/pods/{name}", json={"status": {"phase": phase}})
+async def kubelet(
+    k8s: kmock.KubernetesEmulator, name: str, phase: str, node: str | None = None
+) -> None:
+    """The kubelet moves one of our pods (bound to ``node``, in ``phase``), through the
+    API: the broker hears its pods by a watch."""
+    patch: dict[str, Any] = {"status": {"phase": phase}}
+    if node is not None:
+        patch["spec"] = {"nodeName": node}
+    await cast(NamespacedEmulator, k8s).patch_pod(NS, name, patch)
 
 
 def used_gpus(service: Service, cluster: str = "east") -> float:
@@ -187,9 +193,7 @@ async def test_kube_member_listed_placed_and_restored(
         assert terms[0]["matchFields"][0]["values"] == ["n1"]
         assert pod["metadata"]["labels"]["fedbroker.io/job"] == "train"
         # The kubelet: bound where the broker pinned it, and running.
-        our_pod(k8s, "train-worker-0").patch(
-            {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
-        )
+        await kubelet(k8s, "train-worker-0", "Running", node="n1")
         await service.launches_done(timeout=10)
         assert (await service.get("team-a", "train")).state == "Running"
         assert used_gpus(service) == 3  # the foreign pod's 2 and ours, not counted twice
@@ -218,7 +222,7 @@ async def test_kube_member_listed_placed_and_restored(
         assert restarted.queue.get("team-a/train") is None
         assert restarted.queue.get("team-a/gang") is None
         # The restored Running job is watched: its pod ending ends it and frees its GPU.
-        await end_pod(k8s, "train-worker-0", "Succeeded")
+        await kubelet(k8s, "train-worker-0", "Succeeded")
         await restarted.runs_done(timeout=10)
         assert (await restarted.get("team-a", "train")).state == "Succeeded"
         await until(lambda: used_gpus(restarted) == 4)
@@ -244,15 +248,13 @@ async def test_pods_ending_end_the_job_and_free_the_gpus(
         await service.schedule_once()
         await until(lambda: our_pod(k8s, "job-worker-1") is not None)
         for i in range(2):
-            our_pod(k8s, f"job-worker-{i}").patch(
-                {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
-            )
+            await kubelet(k8s, f"job-worker-{i}", "Running", node="n1")
         await service.launches_done(timeout=10)
         assert (await service.get("team-a", "job")).state == "Running"
         assert used_gpus(service) == 4
         # One pod ends first: the job runs on until the other does (or one fails).
-        await end_pod(k8s, "job-worker-0", "Succeeded")
-        await end_pod(k8s, "job-worker-1", phase)
+        await kubelet(k8s, "job-worker-0", "Succeeded")
+        await kubelet(k8s, "job-worker-1", phase)
         await service.runs_done(timeout=10)
         record = await service.get("team-a", "job")
         assert record.state == state

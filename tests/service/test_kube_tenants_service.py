@@ -101,9 +101,10 @@ async def test_each_tenant_launches_into_its_own_namespace_with_its_pod_security
                 return pod(k8s, ns, "train-worker-0") is not None
 
             await until(started)
-            pod(k8s, namespace, "train-worker-0").patch(
-                {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
-            )
+            await k8s.patch_pod(
+                namespace, "train-worker-0",
+                {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}},
+            )  # fmt: skip
         await service.launches_done(timeout=10)
         for tenant in ("team-a", "team-b"):
             assert (await service.get(tenant, "train")).state == "Running"

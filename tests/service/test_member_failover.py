@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock as kmocklib
 import pytest
@@ -73,7 +73,9 @@ def row(service: Service, name: str) -> dict[str, Any]:
 async def run_on(k8s: kmocklib.KubernetesEmulator, name: str, node: str) -> None:
     """The kubelet: the pod is bound where the broker pinned it, and runs."""
     await until(lambda: pod(k8s, name) is not None, timeout=20)
-    pod(k8s, name).patch({"spec": {"nodeName": node}, "status": {"phase": "Running"}})
+    await cast(NamespacedEmulator, k8s).patch_pod(
+        NS, name, {"spec": {"nodeName": node}, "status": {"phase": "Running"}}
+    )
 
 
 async def test_a_lost_members_job_runs_elsewhere_and_its_old_pods_go_first(
