@@ -134,8 +134,9 @@ class NamespaceApi:
         return doc
 
     async def shared_listing(self) -> Listing:
-        """Our pods, listed once for every caller waiting at the same time: a thousand gangs
-        polling their phases cost one LIST per poll, not a thousand. Always a fresh listing
+        """Our pods, listed once for every caller waiting at the same time: a thousand
+        workloads polling their pods cost one LIST per poll, not a thousand (gangs of pods
+        are followed by the watch of ``adapters.kube.our_pods`` instead). Always a fresh listing
         (one started after the call, or the one in flight), never a cached one."""
         return await self._shared("pods", self.our_pods)
 

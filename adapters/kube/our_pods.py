@@ -58,7 +58,8 @@ def pod_phase(pod: Mapping[str, Any]) -> PodPhase:
     )
 
 
-def pod_key(pod: Mapping[str, Any]) -> PodKey:
+def _pod_ref(pod: Mapping[str, Any]) -> PodKey:
+    """Where a pod is (not ``translate.pod_key``, the ledger's name for it)."""
     return namespace_of(pod), str((pod.get("metadata") or {}).get("name") or "")
 
 
@@ -148,7 +149,7 @@ class OurPods:
         self.lists_begun += 1
         pods, self._rv = await self.api.our_pod_list()
         self.list_failure = None
-        self.pods = {pod_key(pod): pod_phase(pod) for pod in pods}
+        self.pods = {_pod_ref(pod): pod_phase(pod) for pod in pods}
         self.lists += 1
         if self.listener is not None:
             self.listener.relisted()
@@ -183,7 +184,7 @@ class OurPods:
         etype = event.get("type")
         if etype == "BOOKMARK":
             return
-        key = pod_key(obj)
+        key = _pod_ref(obj)
         ours = etype != "DELETED" and self.api.objects.in_its_namespace(obj)
         pod = pod_phase(obj) if ours else None
         if pod is None:
@@ -197,4 +198,4 @@ class OurPods:
             self.listener.changed(key, pod)
 
 
-__all__ = ["OurPods", "PodKey", "PodListener", "PodPhase", "pod_key", "pod_phase"]
+__all__ = ["OurPods", "PodKey", "PodListener", "PodPhase", "pod_phase"]

@@ -132,9 +132,11 @@ class GangPods(PodListener):
         def decide(
             phases: Mapping[str, str], expected: frozenset[str], authoritative: bool
         ) -> bool:
+            if running.done():  # the waiter gave up (cancelled)
+                return True
             state = run_start(phases, expected, authoritative, spec.key)
-            if state is False or running.done():
-                return running.done()
+            if state is False:
+                return False
             if isinstance(state, KubeLaunchError):
                 running.set_exception(state)
             else:
