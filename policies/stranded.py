@@ -6,20 +6,23 @@ or the node lacks whole free GPUs, a GPU with enough free share, CPU or memory f
 This is fragmentation as operators feel it (capacity on paper, none for the queue). While
 nothing waits, nothing is stranded: idle is not stranded.
 
-Pure, like every policy: a function of a snapshot and the pending jobs.
+Pure, like every policy: a function of a snapshot and the fitting shapes of the pending jobs'
+pods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from broker.model import MILLI_PER_GPU, CapacitySnapshot, GpuType, Job, NodeState, Resources
 
 
 @dataclass(frozen=True, slots=True)
-class _Shape:
-    """One pod as far as fitting goes (pods alike in this are tried once)."""
+class FitShape:
+    """One pod as far as fitting goes: pods alike in this are tried once. The queue keeps
+    how many waiting jobs have each (``JobQueue.fit_shapes``), so a reading costs
+    O(nodes x distinct shapes), not a walk of every waiting job."""
 
     resources: Resources
     gpu_types: frozenset[GpuType]
@@ -27,17 +30,17 @@ class _Shape:
     selector: tuple[tuple[str, str], ...]
 
 
-def _shapes(jobs: Iterable[Job]) -> set[_Shape]:
-    shapes = set()
-    for job in jobs:
-        selector = tuple(sorted(job.cluster_selector.items()))
-        for ps in job.pod_sets:
-            if ps.resources.gpu_request_milli > 0:
-                shapes.add(_Shape(ps.resources, job.gpu_types, ps.tolerations, selector))
-    return shapes
+def fit_shapes(job: Job) -> frozenset[FitShape]:
+    """The fitting shapes of ``job``'s pods that ask for GPUs (CPU-only pods strand none)."""
+    selector = tuple(sorted(job.cluster_selector.items()))
+    return frozenset(
+        FitShape(ps.resources, job.gpu_types, ps.tolerations, selector)
+        for ps in job.pod_sets
+        if ps.resources.gpu_request_milli > 0
+    )
 
 
-def _fits(shape: _Shape, state: NodeState, labels: Mapping[str, str]) -> bool:
+def _fits(shape: FitShape, state: NodeState, labels: Mapping[str, str]) -> bool:
     node = state.node
     if shape.gpu_types and node.gpu_type not in shape.gpu_types:
         return False
@@ -54,12 +57,12 @@ def _fits(shape: _Shape, state: NodeState, labels: Mapping[str, str]) -> bool:
 
 
 def stranded_gpus(
-    snapshot: CapacitySnapshot, pending: Iterable[Job]
+    snapshot: CapacitySnapshot, shapes: Collection[FitShape]
 ) -> dict[tuple[str, str], float]:
     """(cluster, GPU type) -> stranded GPUs (fractions count: a GPU's free share is what is
     stranded of it). Stale clusters and unschedulable nodes are left out: they take no work
-    anyway, and other signals cover them."""
-    shapes = _shapes(pending)
+    anyway, and other signals cover them. ``shapes``: those of every pending job's pods
+    (``fit_shapes``); none, nothing is stranded."""
     out: dict[tuple[str, str], float] = {}
     if not shapes:
         return out

@@ -15,7 +15,9 @@ per ClusterQueue: each queue's eligible jobs sit in a heap by (-priority, seq), 
 backoff in one heap by ``not_before``; a cycle walks the queues' heads merged by the full
 order (``Ordering``), so taking the first k jobs costs O(q + k log n) for q queues and n
 jobs, whatever else waits. Removal is O(1) (an entry whose token is no longer its job's is
-dropped when it comes up); a heap is rebuilt once stale entries outnumber live ones.
+dropped when it comes up); a heap is rebuilt once stale entries outnumber live ones. What
+reports read (each queue's sums, the fitting shapes waiting) is kept the same way, by
+``broker.core.waits``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.core.waits import QueueWaits, WaitReports
 from broker.interned import shared
 from broker.model import MILLI_PER_GPU, GpuType, Job, Placement, Reason
+from policies.stranded import FitShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,33 +70,6 @@ class _QueueState:
     spec: QueueSpec
     # Admitted (placed or running) GPU milli per GPU type.
     usage: dict[str, int] = field(default_factory=dict)
-
-
-# A wait heap's entry: (enqueued_at, token, job key), live while its token is its job's.
-_Since = tuple[float, int, str]
-
-
-@dataclass(slots=True)
-class _Waits:
-    """A queue's report, kept as jobs come and go (a /metrics scrape with 100,000 queued
-    walked them all: 0.26 s of the loop): GPU milli asked, gangs, and heaps by enqueued time
-    of all jobs and of gangs (heads: the longest waits). Stale entries as the ready heaps'."""
-
-    demand_milli: int = 0
-    gangs: int = 0
-    since: list[_Since] = field(default_factory=list)
-    gang_since: list[_Since] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueWaits:
-    """A queue's waiting jobs in sum: how many, the GPUs they ask for, and the longest any
-    job and any gang has waited (seconds, 0 when none)."""
-
-    pending: int
-    demand_gpus: float
-    longest_wait: float
-    oldest_gang_wait: float
 
 
 def backoff_seconds(attempts: int, base: float = 60.0, cap: float = 3600.0) -> float:
@@ -168,7 +145,7 @@ class JobQueue:
         self._ready: dict[str, list[_Entry]] = {name: [] for name in self._queues}
         self._live: dict[str, int] = dict.fromkeys(self._queues, 0)  # pending per queue
         self._backoff: list[tuple[float, int, str]] = []  # (not_before, token, job key)
-        self._waits = {name: _Waits() for name in self._queues}
+        self._reports = WaitReports(self._queues, self._token)
         self._now = float("-inf")  # the latest ``now`` an ordering was asked for
 
     # -- what is waiting --------------------------------------------------------------------
@@ -191,12 +168,12 @@ class JobQueue:
         before = self._pending.pop(key, None)
         if before is not None:
             self._live[before.job.queue] -= 1
-            self._unwait(before)
+            self._reports.unwait(before.job)
         self._pending[key] = pending
         self._live[name] += 1
         self._pushes += 1
         token = self._token[key] = self._pushes
-        self._wait(name, pending, (pending.enqueued_at, token, key))
+        self._reports.wait(pending.job, (pending.enqueued_at, token, key), self._live[name])
         if pending.not_before <= self._now:
             self._heap_push(name, (-pending.job.priority, pending.seq, token, key))
         else:
@@ -215,43 +192,21 @@ class JobQueue:
         if pending is not None:
             del self._token[job]
             self._live[pending.job.queue] -= 1
-            self._unwait(pending)
+            self._reports.unwait(pending.job)
         return pending
 
-    def _wait(self, name: str, pending: Pending, entry: _Since) -> None:
-        waits, job = self._waits[name], pending.job
-        waits.demand_milli += job.gpu_request_milli
-        self._since_push(waits.since, entry, self._live[name])
-        if job.total_pods > 1:
-            waits.gangs += 1
-            self._since_push(waits.gang_since, entry, waits.gangs)
-
-    def _unwait(self, pending: Pending) -> None:
-        """``pending`` left its queue (its wait entries are stale from now: token gone)."""
-        waits, job = self._waits[pending.job.queue], pending.job
-        waits.demand_milli -= job.gpu_request_milli
-        waits.gangs -= job.total_pods > 1
-
-    def _since_push(self, heap: list[_Since], entry: _Since, live: int) -> None:
-        heapq.heappush(heap, entry)
-        if len(heap) > 64 and len(heap) > 2 * live:  # mostly stale: rebuilt, O(n) amortised
-            heap[:] = [e for e in heap if self._token.get(e[2]) == e[1]]
-            heapq.heapify(heap)
-
-    def _waited(self, heap: list[_Since], now: float) -> float:
-        """The longest wait of a wait heap's live entries: stale heads dropped first."""
-        tokens = self._token
-        while heap and tokens.get(heap[0][2]) != heap[0][1]:
-            heapq.heappop(heap)
-        return max(0.0, now - heap[0][0]) if heap else 0.0
-
     def waits(self, queue: str, now: float) -> QueueWaits:
-        """The queue's waiting jobs in sum (``QueueWaits``), O(1) amortised (see _Waits)."""
-        waits = self._waits[queue]
-        return QueueWaits(
-            self._live[queue], waits.demand_milli / MILLI_PER_GPU,
-            self._waited(waits.since, now), self._waited(waits.gang_since, now),
-        )  # fmt: skip
+        """The queue's waiting jobs in sum, O(1) amortised (``broker.core.waits``)."""
+        return self._reports.waits(queue, self._live[queue], now)
+
+    def fit_shapes(self) -> tuple[FitShape, ...]:
+        """The fitting shape of every GPU pod waiting (``policies.stranded``), each once:
+        O(distinct shapes), however many jobs wait."""
+        return self._reports.shapes()
+
+    def wait_heap_sizes(self, queue: str) -> tuple[int, int]:
+        """Entries in the queue's wait heaps, stale ones included (for tests)."""
+        return self._reports.heap_sizes(queue)
 
     def get(self, job: str) -> Pending | None:
         return self._pending.get(job)

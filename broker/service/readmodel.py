@@ -204,8 +204,7 @@ class ReadModel:
     def capacity(self, clusters: list[ClusterRow]) -> list[CapacityRow]:
         """Per cluster and GPU type of ``clusters``: totals, largest gang, stranded GPUs
         (none while nothing waits)."""
-        pending = [p.job for p in self._queue.pending()]
-        stranded = stranded_gpus(self._ledger.snapshot(), pending)
+        stranded = stranded_gpus(self._ledger.snapshot(), self._queue.fit_shapes())
         return [
             CapacityRow(c.cluster, t.gpu_type, t.total, t.largest_gang * GANG_GPUS,
                         stranded.get((c.cluster, t.gpu_type), 0.0))

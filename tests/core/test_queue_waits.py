@@ -1,16 +1,20 @@
-"""The queue's per-queue sums (JobQueue.waits: what /metrics and the dashboard report)
-against the definition, a walk over every waiting job, whatever was pushed, pushed again
-or removed; and the heaps behind them kept within the jobs waiting."""
+"""The queue's per-queue sums (JobQueue.waits: what /metrics and the dashboard report) and
+the fitting shapes waiting (JobQueue.fit_shapes: the stranded GPUs') against the
+definition, a walk over every waiting job, whatever was pushed, pushed again or removed;
+and the heaps behind them kept within the jobs waiting."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 from builders import gang, single
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.queue import JobQueue, Pending, QueueSpec, QueueWaits
+from broker.core.queue import JobQueue, Pending, QueueSpec
+from broker.core.waits import QueueWaits
+from policies.stranded import fit_shapes
 
 QUEUES = [QueueSpec("a"), QueueSpec("b")]
 
@@ -33,6 +37,7 @@ op = st.one_of(
         st.booleans(),
         st.integers(1, 4),
         st.floats(0.0, 100.0, allow_nan=False),
+        st.sampled_from([(), ("T4",), ("A100", "T4")]),
     ),
     st.tuples(st.just("remove"), st.integers(0, 12)),
     st.tuples(st.just("report"), st.floats(0.0, 200.0, allow_nan=False)),
@@ -45,8 +50,14 @@ def test_the_sums_are_a_walk_over_the_waiting_jobs(ops: list[tuple[object, ...]]
     queue = JobQueue(QUEUES)
     for seq, step in enumerate(ops):
         if step[0] == "push":  # a name pushed again replaces its entry (another shape too)
-            _, n, name, is_gang, gpus, enqueued_at = step
-            shape = gang(f"j{n}", pods=3, gpus=int(gpus)) if is_gang else single(f"j{n}", int(gpus))  # type: ignore[call-overload]
+            _, n, name, is_gang, gpus, enqueued_at, types = step
+            g = int(gpus)  # type: ignore[call-overload]
+            where = cast(tuple[str, ...], types)
+            shape = (
+                gang(f"j{n}", 3, g, gpu_types=where)
+                if is_gang
+                else single(f"j{n}", g, gpu_types=where)
+            )
             job = dataclasses.replace(shape, queue=str(name))
             queue.push(Pending(job, seq, float(enqueued_at)))  # type: ignore[arg-type]
         elif step[0] == "remove":
@@ -55,6 +66,8 @@ def test_the_sums_are_a_walk_over_the_waiting_jobs(ops: list[tuple[object, ...]]
             now = float(step[1])  # type: ignore[arg-type]
             for name in ("a", "b"):
                 assert queue.waits(name, now) == reference(queue, name, now)
+            shapes = frozenset().union(*(fit_shapes(p.job) for p in queue.pending()))
+            assert sorted(map(repr, queue.fit_shapes())) == sorted(map(repr, shapes))
 
 
 def test_stale_entries_are_dropped_once_and_the_heaps_stay_bounded() -> None:
@@ -67,12 +80,27 @@ def test_stale_entries_are_dropped_once_and_the_heaps_stay_bounded() -> None:
     for job in shapes[:-10]:
         queue.remove(job.key)
     assert queue.waits("default", 10_000.0) == QueueWaits(10, 25.0, 10.0, 9.0)
-    state = queue._waits["default"]
-    assert (len(state.since), len(state.gang_since)) == (10, 5)  # the stale heads dropped
+    assert queue.wait_heap_sizes("default") == (10, 5)  # the stale heads dropped
     for job in shapes[-10:]:  # the newest go, then others come: no report in between
         queue.remove(job.key)
     for i in range(200):
         queue.push(Pending(single(f"n{i}"), 20_000 + i, 20_000.0 + i))
-    assert len(state.since) <= 2 * 200 and len(state.gang_since) == 5  # stale until read
+    since, gang_since = queue.wait_heap_sizes("default")
+    assert since <= 2 * 200 and gang_since == 5  # stale until read
     assert queue.waits("default", 20_300.0) == reference(queue, "default", 20_300.0)
-    assert len(state.gang_since) == 0
+    assert queue.wait_heap_sizes("default")[1] == 0
+
+
+def test_jobs_alike_count_as_one_shape_however_many_wait() -> None:
+    """What a stranded-GPU reading walks does not grow with the jobs waiting."""
+    queue = JobQueue([QueueSpec("default")])
+    jobs = [single(f"s{i}", 2) for i in range(1_000)]
+    for i, job in enumerate(jobs):
+        queue.push(Pending(job, i, 0.0))
+    queue.push(Pending(gang("g", 2, 8), 1_000, 0.0))
+    assert len(queue.fit_shapes()) == 2
+    for job in jobs[:-1]:
+        queue.remove(job.key)
+    assert len(queue.fit_shapes()) == 2
+    queue.remove(jobs[-1].key)
+    assert queue.fit_shapes() == tuple(fit_shapes(gang("g", 2, 8)))
