@@ -70,7 +70,8 @@ def _add_cycle_and_restart(cmd: Any) -> None:
     )
     cmd.add_argument(
         "--restart", action="store_true",
-        help="time to ready of `serve` after kill -9 with --jobs live jobs in the store",
+        help="time to ready of `serve` after kill -9 with --jobs live jobs in the store, "
+        "and its first /metrics read (every requeued job still waiting)",
     )  # fmt: skip
     cmd.add_argument(
         "--kube", action="store_true",

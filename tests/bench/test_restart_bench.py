@@ -28,11 +28,13 @@ def test_every_job_is_back_after_kill(capsys: pytest.CaptureFixture[str]) -> Non
     assert set(doc["states"]) <= set(LIVE) and sum(doc["states"].values()) == JOBS
     for start in ("first_start", "after_kill"):
         row = doc[start]
-        assert set(row) == {"ready_s", "rebuild_s", "rebuilt_jobs", "restored", "requeued"}
+        assert set(row) == {
+            "ready_s", "rebuild_s", "metrics_s", "rebuilt_jobs", "restored", "requeued",
+        }  # fmt: skip
         # Every live job read back; every placed or running one requeued (simulated
         # members: their pods died with the broker), once, counted by the broker itself.
         assert (row["rebuilt_jobs"], row["requeued"], row["restored"]) == (JOBS, REQUEUED, 0)
-        assert row["ready_s"] > 0 and row["rebuild_s"] >= 0
+        assert row["ready_s"] > 0 and row["rebuild_s"] >= 0 and row["metrics_s"] > 0
 
 
 async def test_postgres_store_and_human_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,7 +46,7 @@ async def test_postgres_store_and_human_table(capsys: pytest.CaptureFixture[str]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"restart: {JOBS} live jobs") and "on postgres" in lines[0]
     assert lines[1].split() == ["start", "jobs", "requeued", "time", "to", "ready", "s",
-                                "rebuild", "s"]  # fmt: skip
+                                "rebuild", "s", "/metrics", "s"]  # fmt: skip
     for line, label in zip(lines[2:4], ("first", "after kill -9"), strict=True):
         assert line.split()[: len(label.split()) + 2] == [*label.split(), str(JOBS), str(REQUEUED)]
     assert lines[4].split() == ["jobs", "back", str(JOBS), "of", f"{JOBS},", "inconsistent", "0"]
