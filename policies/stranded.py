@@ -13,16 +13,17 @@ pods.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.model import MILLI_PER_GPU, CapacitySnapshot, GpuType, Job, NodeState, Resources
 
 
-@dataclass(frozen=True, slots=True)
-class FitShape:
+class FitShape(NamedTuple):
     """One pod as far as fitting goes: pods alike in this are tried once. The queue keeps
     how many waiting jobs have each (``JobQueue.fit_shapes``), so a reading costs
-    O(nodes x distinct shapes), not a walk of every waiting job."""
+    O(nodes x distinct shapes), not a walk of every waiting job. A tuple: the queue builds
+    and hashes one per GPU pod set of every job it takes in (a frozen dataclass made the
+    rebuild of 100,000 jobs 0.3 s slower; this, 0.1 s)."""
 
     resources: Resources
     gpu_types: frozenset[GpuType]
@@ -32,12 +33,12 @@ class FitShape:
 
 def fit_shapes(job: Job) -> frozenset[FitShape]:
     """The fitting shapes of ``job``'s pods that ask for GPUs (CPU-only pods strand none)."""
-    selector = tuple(sorted(job.cluster_selector.items()))
-    return frozenset(
+    selector = tuple(sorted(job.cluster_selector.items())) if job.cluster_selector else ()
+    return frozenset([
         FitShape(ps.resources, job.gpu_types, ps.tolerations, selector)
         for ps in job.pod_sets
         if ps.resources.gpu_request_milli > 0
-    )
+    ])  # fmt: skip
 
 
 def _fits(shape: FitShape, state: NodeState, labels: Mapping[str, str]) -> bool:
