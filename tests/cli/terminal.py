@@ -68,20 +68,25 @@ class Terminal:
     def text(self) -> str:
         return "\n".join(line.rstrip() for line in self.screen.display)
 
-    def _pump(self, timeout: float) -> bool:
-        """Feed what is there within ``timeout`` to the emulator; False at end of output."""
+    def _read(self, timeout: float) -> bytes | None:
+        """Feed what is there within ``timeout`` to the emulator and return it (b"": nothing
+        came); None at end of output."""
         ready, _, _ = select.select([self.master], [], [], max(0.0, timeout))
         if not ready:
-            return True
+            return b""
         try:
             data = os.read(self.master, 65536)
         except OSError:  # EIO: every writer closed the slave side
-            return False
+            return None
         if not data:
-            return False
+            return None
         self.raw += data
         self.stream.feed(data)
-        return True
+        return data
+
+    def _pump(self, timeout: float) -> bool:
+        """Feed what is there within ``timeout`` to the emulator; False at end of output."""
+        return self._read(timeout) is not None
 
     def read_until(self, done: Callable[[Terminal], bool], deadline: float) -> bool:
         """Read until ``done(self)`` holds (True) or the monotonic ``deadline`` passes, or
@@ -93,16 +98,22 @@ class Terminal:
         return True
 
     def stop(self, deadline: float, sig: int = signal.SIGINT) -> int | None:
-        """Send ``sig`` and read until the process exits or ``deadline``; its exit code."""
+        """Send ``sig`` and read until the process exits (and what it wrote last) or
+        ``deadline``; its exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         while self.proc.poll() is None and time.monotonic() < deadline:
             if not self._pump(min(0.2, max(0.0, deadline - time.monotonic()))):
                 break
         try:
-            return self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            code = self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             return None
+        # What it wrote last may still be in the pty when it has exited: read it too, until
+        # the output ends or goes quiet (a process it left behind may hold the pty open).
+        while time.monotonic() < deadline and self._read(0.2):
+            pass
+        return code
 
     def close(self) -> None:
         if self.proc.poll() is None:
