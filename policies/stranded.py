@@ -22,8 +22,8 @@ class FitShape(NamedTuple):
     """One pod as far as fitting goes: pods alike in this are tried once. The queue keeps
     how many waiting jobs have each (``JobQueue.fit_shapes``), so a reading costs
     O(nodes x distinct shapes), not a walk of every waiting job. A tuple: the queue builds
-    and hashes one per GPU pod set of every job it takes in (a frozen dataclass made the
-    rebuild of 100,000 jobs 0.3 s slower; this, 0.1 s)."""
+    and hashes one per GPU pod set of every job it takes in (100,000 pushes took 0.28 s
+    before shapes were counted, 0.59 s with a frozen dataclass, 0.47 s with this)."""
 
     resources: Resources
     gpu_types: frozenset[GpuType]
