@@ -87,7 +87,7 @@ class WaitReports:
         )  # fmt: skip
 
     def shapes(self) -> tuple[FitShape, ...]:
-        """The fitting shape of every pod of every waiting job, each once."""
+        """The fitting shape of every GPU pod of every waiting job, each once."""
         return tuple(self._shapes)
 
     def heap_sizes(self, queue: str) -> tuple[int, int]:

@@ -10,12 +10,11 @@ from broker.model import Job
 from policies.stranded import fit_shapes, stranded_gpus
 
 
-def _stranded(spec: ClusterSpec, waiting: list[Job], *, busy: int = 5) -> float:
-    """Stranded GPUs of cluster "c": one 8-GPU A100 node with ``busy`` GPUs taken by a
-    foreign pod, ``waiting`` the pending jobs."""
+def _stranded(spec: ClusterSpec, waiting: list[Job]) -> float:
+    """Stranded GPUs of cluster "c": one 8-GPU A100 node with 5 GPUs taken by a foreign
+    pod, ``waiting`` the pending jobs."""
     ledger = federation({"c": spec})
-    if busy:
-        occupy(ledger, "c", "n", list(range(busy)))
+    occupy(ledger, "c", "n", list(range(5)))
     shapes = frozenset().union(*(fit_shapes(j) for j in waiting))
     return stranded_gpus(ledger.snapshot(), shapes).get(("c", "A100"), 0.0)
 
