@@ -230,6 +230,8 @@ def workload_manifest(rng: random.Random, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
                                "spec": {"replicatedJobs": replicated}}  # fmt: skip
     else:
+        # The training operator wants its container named "pytorch".
+        pod = {"spec": {**pod["spec"], "containers": [{**container, "name": "pytorch"}]}}
         replicas = {"Master": {"replicas": 1, "template": pod},
                     "Worker": {"replicas": workers, "template": pod}}  # fmt: skip
         obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

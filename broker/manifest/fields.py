@@ -15,7 +15,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 from broker.manifest.errors import show
-from broker.quantity import PATTERN, parse_quantity
+from broker.quantity import PATTERN, canonical, parse_quantity
 
 # Bounds (invariant 7). Pod sets per job follow Kueue's limit of 8; the pod limits keep one
 # gang's placement search and its launch fan-out small enough for one scheduling cycle.
@@ -55,7 +55,7 @@ def _bounded_quantity(value: object, to_int: Callable[[object], int], limit: int
         raise ValueError("must be positive")
     if amount > limit:
         raise ValueError(f"must be at most {unit}")
-    return value if isinstance(value, str) else str(value)
+    return canonical(value)
 
 
 def _cpu(value: object) -> str:
@@ -74,7 +74,7 @@ _QUANTITY_SCHEMA = WithJsonSchema(
         ]
     }
 )
-# The user's text is kept (numbers become their decimal text) so the manifest round-trips.
+# Stored as Kubernetes writes them (``0.5`` -> ``"500m"``), so no number reaches a pod.
 CpuQuantity = Annotated[str, BeforeValidator(_cpu), _QUANTITY_SCHEMA]
 MemoryQuantity = Annotated[str, BeforeValidator(_memory), _QUANTITY_SCHEMA]
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker.manifest.conformance import conformed
 from broker.manifest.errors import ManifestError, field_path, first_error, show
 from broker.manifest.models import FederatedJob, PodSetSpec, ResourcesSpec
 from broker.manifest.podrequests import (
@@ -89,8 +90,11 @@ def template_violations(
 def admit_templates(
     manifest: FederatedJob, level: Level, service_accounts: Iterable[str]
 ) -> FederatedJob:
-    """The manifest with every pod set's resources checked against (or derived from) its
-    template; raises ``PolicyViolation`` or ``ManifestError`` naming the field."""
+    """The manifest as it is stored: every template and workload object as its member will
+    take it (``conformance``: schemas, the API server's rules, canonical quantities), then
+    every pod set's resources checked against (or derived from) its template; raises
+    ``ManifestError`` or ``PolicyViolation`` naming the field."""
+    manifest = conformed(manifest)
     accounts = frozenset(service_accounts)
     spec = manifest.spec
     if spec.workload is not None and spec.workload.metadata is not None:

@@ -189,8 +189,9 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
     ("hook to a host",
      edit((f"{C0}.lifecycle", {"preStop": {"tcpSocket": {"host": "node", "port": 22}}})),
      f"{C0}.lifecycle.preStop.tcpSocket.host", "name a host", BASELINE),
+    # A value of the wrong type: the pod's schema refuses it, whatever the level.
     ("privileged as text", edit((f"{SC0}.privileged", "true")), f"{SC0}.privileged",
-     "must be a boolean", BASELINE),
+     "must be a boolean", ALL),
     # --- what baseline allows and restricted refuses
     ("runAsNonRoot missing", edit((f"{PSC}.runAsNonRoot", DELETE)), f"{SC0}.runAsNonRoot",
      "must be true", RESTRICTED),
@@ -404,7 +405,17 @@ def test_resources_are_derived_from_the_template_when_the_pod_set_gives_none() -
     admitted = admit_templates(federated(template, resources=None), "baseline", ACCOUNTS)
     wire = admitted.wire()["spec"]["podSets"][0]
     assert wire["resources"] == {"nvidia.com/gpu": 2, "cpu": "2500m", "memory": "1536Mi"}
-    assert wire["template"] == template  # the template itself is stored as sent
+    # The template is stored as sent, its quantities written as Kubernetes writes them.
+    assert wire["template"] == edit(
+        *[
+            (path, value)
+            for path, value in [
+                (f"{C0}.resources", {"limits": {"nvidia.com/gpu": "2", "cpu": "1500m"}}),
+                ("spec.containers[1]", container("b", {"memory": "1Gi", "cpu": "1"})),
+                ("spec.containers[2]", container("c", {"memory": "512Mi"})),
+            ]
+        ]
+    )
     job = to_job(admitted, "team-a", "training")
     assert job.pod_sets[0].resources == Resources(gpus=2, cpu_milli=2500, memory_mib=1536)
     again = admit_templates(FederatedJob.model_validate(admitted.wire()), "baseline", ACCOUNTS)

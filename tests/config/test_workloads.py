@@ -56,8 +56,16 @@ INIT = pod(
 CPU = pod(container("head", requests={"cpu": "4", "memory": "16Gi"}))
 
 
+def restarting(template: Obj, policy: str = "Never") -> Obj:
+    """The template with a restartPolicy (the Job API refuses a Job's template without)."""
+    spec = template.get("spec") or {}
+    return template if "restartPolicy" in spec else {
+        **template, "spec": {**spec, "restartPolicy": policy}}  # fmt: skip
+
+
 def batch_job(template: Obj = GPU8, **job: Any) -> Obj:
-    return {"apiVersion": "batch/v1", "kind": "Job", "spec": {**job, "template": template}}
+    spec = {**job, "template": restarting(template)}
+    return {"apiVersion": "batch/v1", "kind": "Job", "spec": spec}
 
 
 def jobset(*replicated: Obj) -> Obj:
@@ -72,9 +80,33 @@ def rj(name: str, template: Obj = GPU8, replicas: int | None = None, **job: Any)
     return out
 
 
+def as_pytorch(replica: Obj) -> Obj:
+    """A replica spec as the training operator takes it: its first container named
+    ``pytorch`` (the operator's) unless one is."""
+    template: Obj = replica.get("template") or {}
+    spec: Obj = template.get("spec") or {}
+    containers = spec.get("containers")
+    if (
+        not isinstance(containers, list)
+        or not containers
+        or any(isinstance(c, dict) and c.get("name") == "pytorch" for c in containers)
+    ):
+        return replica
+    first = containers[0]
+    if isinstance(first, dict):
+        first = {**first, "name": "pytorch"}
+    spec = {**spec, "containers": [first, *containers[1:]]}
+    return {**replica, "template": {**template, "spec": spec}}
+
+
 def pytorch(**replicas: Obj) -> Obj:
+    """A PyTorchJob of these replica specs; a Master's ``replicas`` is written in as 1 (the
+    operator's webhook refuses a Master without it)."""
+    specs = {kind: as_pytorch(r) if isinstance(r, dict) else r for kind, r in replicas.items()}
+    if isinstance(specs.get("Master"), dict):
+        specs["Master"] = {"replicas": 1, **specs["Master"]}
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
+            "spec": {"pytorchReplicaSpecs": specs}}  # fmt: skip
 
 
 def ray_cluster(*groups: Obj, head: Obj = CPU, **extra: Any) -> Obj:

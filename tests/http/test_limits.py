@@ -136,7 +136,7 @@ async def test_requests_without_a_token_are_limited_per_address(
 async def test_lists_leave_out_pod_templates_unless_full(stack: tuple[Client, Stack]) -> None:
     client, _ = stack
     body = manifest("big", gpus=1)
-    body["spec"]["podSets"][0]["template"] = {"spec": {"containers": [{"name": "m"}]}}
+    body["spec"]["podSets"][0]["template"] = {"spec": {"containers": [{"name": "m", "image": "t"}]}}
     assert (await submit(client, body, A)).status == 201
     summary = (await (await client.get("/v1/jobs", headers=A)).json())["items"][0]
     assert "template" not in summary["spec"]["podSets"][0]

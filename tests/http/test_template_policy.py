@@ -127,4 +127,6 @@ async def test_resources_left_out_are_derived_from_the_template_and_stored(api: 
     stored = await (await api.get("/v1/jobs/derived", headers=A)).json()
     resources = stored["spec"]["podSets"][0]["resources"]
     assert resources == {"nvidia.com/gpu": 2, "cpu": "4", "memory": "1Gi"}
+    # Stored as sent, its quantities as Kubernetes writes them (the number 2 as "2").
+    gpus["resources"]["limits"]["nvidia.com/gpu"] = "2"
     assert stored["spec"]["podSets"][0]["template"] == {"spec": spec}

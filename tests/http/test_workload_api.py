@@ -4,6 +4,7 @@ launch spec carries the object and each pod set's template path."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ WORKERS = {"name": "workers", "replicas": 2,
            "template": {"spec": {"parallelism": 2, "template": POD}}}  # fmt: skip
 JOBSET = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
           "spec": {"replicatedJobs": [WORKERS]}}  # fmt: skip
+# As stored and launched: the quantities as Kubernetes writes them (the number 2 as "2").
+STORED = json.loads(json.dumps(JOBSET).replace('"nvidia.com/gpu": 2', '"nvidia.com/gpu": "2"'))
 
 
 @pytest.fixture
@@ -97,12 +100,13 @@ async def test_a_jobset_is_stored_placed_as_its_pod_sets_and_launched_as_itself(
     response = await api.post("/v1/jobs", json=job("js", JOBSET), headers=A)
     assert response.status == 201, await response.text()
     stored = await (await api.get("/v1/jobs/js", headers=A)).json()
-    assert stored["spec"]["workload"] == JOBSET
+    assert stored["spec"]["workload"] == STORED
     pending = service.shared.queue.get("team-a/js")
     assert pending is not None
     (pod_set,) = pending.job.pod_sets
     assert (pod_set.name, pod_set.count, pod_set.resources.gpus) == ("workers", 4, 2)
-    assert pending.workload == JOBSET
+    assert pending.workload == STORED
+    assert pending.workload is not None
     spec = workload_spec(pending.workload)  # what binding.launch_spec hands the launcher
     assert spec.pod_sets == (
         ("workers", ("spec", "replicatedJobs", 0, "template", "spec", "template")),

@@ -23,6 +23,7 @@ from typing import Any
 
 from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import MAX_POD_SETS, MAX_PODS
+from broker.manifest.podrequests import Violation
 from broker.manifest.workloads import batchjob, jobset, pytorchjob, ray
 from broker.manifest.workloads.reading import DerivedPodSet, Path
 
@@ -31,15 +32,22 @@ def _unchanged(spec: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def _no_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
+    return []
+
+
 @dataclass(frozen=True, slots=True)
 class Integration:
-    """One kind: its pod sets from its ``spec``, and its ``spec`` as admitted (defaults the
-    broker must write in to count what the controller will make)."""
+    """One kind: its pod sets from its ``spec``, its ``spec`` as admitted (defaults the
+    broker must write in to count what the controller will make), and ``rules``: what the
+    API server, the kind's webhook or its controller refuse beyond the CRD's schema, given
+    the name the object is created under (the job's)."""
 
     api_version: str
     kind: str
     pod_sets: Callable[[Mapping[str, Any]], list[DerivedPodSet]]
     completed: Callable[[dict[str, Any]], dict[str, Any]] = _unchanged
+    rules: Callable[[str, Mapping[str, Any]], list[Violation]] = _no_rules
 
     @property
     def name(self) -> str:
@@ -47,12 +55,15 @@ class Integration:
 
 
 INTEGRATIONS = (
-    Integration(batchjob.API_VERSION, batchjob.KIND, batchjob.pod_sets),
-    Integration(jobset.API_VERSION, jobset.KIND, jobset.pod_sets),
-    Integration(pytorchjob.API_VERSION, pytorchjob.KIND, pytorchjob.pod_sets),
-    Integration(ray.API_VERSION, ray.RAY_JOB, ray.ray_job_pod_sets, ray.completed_ray_job),
-    Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets),
-)
+    Integration(batchjob.API_VERSION, batchjob.KIND, batchjob.pod_sets, rules=batchjob.rules),
+    Integration(jobset.API_VERSION, jobset.KIND, jobset.pod_sets, rules=jobset.rules),
+    Integration(pytorchjob.API_VERSION, pytorchjob.KIND, pytorchjob.pod_sets,
+                rules=pytorchjob.rules),
+    Integration(ray.API_VERSION, ray.RAY_JOB, ray.ray_job_pod_sets, ray.completed_ray_job,
+                ray.ray_job_rules),
+    Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets,
+                rules=ray.ray_cluster_rules),
+)  # fmt: skip
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)
 KINDS = frozenset(i.kind for i in INTEGRATIONS)

@@ -1,14 +1,22 @@
 """jobset.x-k8s.io/v1alpha2 JobSet: one pod set per ``spec.replicatedJobs[i]``, named as
 the replicated job, of ``replicas`` (default 1) times the pods each of its Jobs runs at
 once (``parallelism``, default 1, capped by ``completions``: Kueue's ``podsCount``). The
-pod template is ``spec.replicatedJobs[i].template.spec.template``."""
+pod template is ``spec.replicatedJobs[i].template.spec.template``.
+
+``rules``: each replicated job's Job must pass the Job API's rules (JobSet's webhook first
+writes OnFailure into an empty restartPolicy and Indexed into an empty completionMode), and
+the names JobSet's webhook checks (kubernetes-sigs/jobset ``pkg/webhooks/jobset_webhook.go``):
+``<jobset>-<replicatedJob>-<last job index>`` a DNS-1035 label, and for an Indexed job
+with completions its longest pod name plus a 6-character suffix too."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from broker.manifest.apirules import DNS1035_LABEL, job_spec_problems, name_problem
 from broker.manifest.errors import FieldError, show
+from broker.manifest.podrequests import Violation
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -43,3 +51,26 @@ def pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
             raise FieldError((*where, "name"), f"duplicate replicated job name {show(name)}")
         out.append(bounded(DerivedPodSet(name, pods, template, path), where))
     return out
+
+
+def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
+    found: list[Violation] = []
+    for i, rj in enumerate(spec.get("replicatedJobs") or ()):
+        if not isinstance(rj, Mapping):
+            continue
+        at = ("spec", "replicatedJobs", i)
+        job_spec = (rj.get("template") or {}).get("spec") or {}
+        found += job_spec_problems(job_spec, (*at, "template", "spec"), defaulted=True)
+        given = rj.get("replicas")
+        replicas = given if isinstance(given, int) else 1
+        job_name = f"{name}-{rj.get('name')}-{max(replicas - 1, 0)}"
+        problem = name_problem(job_name, DNS1035_LABEL, 63, "a DNS-1035 label")
+        completions = job_spec.get("completions")
+        indexed = job_spec.get("completionMode", "Indexed") == "Indexed"
+        if problem is None and indexed and isinstance(completions, int):
+            pod_name = f"{job_name}-{max(completions - 1, 0)}-abcde"
+            problem = name_problem(pod_name, DNS1035_LABEL, 63, "a DNS-1035 label")
+        if problem is not None:
+            found.append(Violation((*at, "name"), f"JobSet names its Jobs and pods "
+                                   f"<job>-<replicatedJob>-<index>: {problem}"))  # fmt: skip
+    return found

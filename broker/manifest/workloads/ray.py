@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from broker.manifest.apirules import DNS1035_LABEL, name_problem
 from broker.manifest.errors import FieldError, show
+from broker.manifest.podrequests import Violation
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     Path,
@@ -48,6 +50,26 @@ HEAD = "head"
 SUBMITTER = "submitter"
 K8S_JOB_MODE = "K8sJobMode"
 _INT32_MAX = 2**31 - 1
+# KubeRay's longest names (ray-operator/controllers/ray/utils/constant.go): a RayCluster's
+# services append to its name; a RayJob's cluster is its name and 6 more characters.
+MAX_RAY_CLUSTER_NAME = 53
+MAX_RAY_JOB_NAME = MAX_RAY_CLUSTER_NAME - 6
+
+
+def _name_rules(name: str, most: int, kind: str) -> list[Violation]:
+    """KubeRay's ``ValidateRayClusterMetadata``/``ValidateRayJobMetadata``."""
+    problem = name_problem(name, DNS1035_LABEL, most, "a DNS-1035 label (a letter first)")
+    return (
+        [] if problem is None else [Violation(("metadata", "name"), f"a {kind}'s name: {problem}")]
+    )
+
+
+def ray_cluster_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
+    return _name_rules(name, MAX_RAY_CLUSTER_NAME, RAY_CLUSTER)
+
+
+def ray_job_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
+    return _name_rules(name, MAX_RAY_JOB_NAME, RAY_JOB)
 
 
 def ray_cluster_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
