@@ -88,7 +88,8 @@ class Unreadable(Exception):
 @dataclass(frozen=True, slots=True)
 class Availability:
     """One configured pool: joined the burst controller (``available``), or why not yet:
-    ``reason``, since when (the first failed read), reads failed so far, the next read."""
+    ``reason``, since when (the broker began reading it: its start), reads failed so far,
+    the next read."""
 
     pool: str
     available: bool
