@@ -48,7 +48,7 @@ class ServedVersion:
                     break
             else:
                 raise CapiPoolError(f"the management cluster serves none of {GROUP} "
-                                    f"{', '.join(VERSIONS)} (HTTP 404)")  # fmt: skip
+                                    f"{', '.join(VERSIONS)} (HTTP 404)", status=404)  # fmt: skip
         return self.version
 
     async def _served(self, version: str) -> bool:

@@ -50,7 +50,12 @@ _MIB = 2**20
 
 class CapiPoolError(ScaleError):
     """A pool operation failed: a one-line message naming the pool or node and the HTTP
-    status; never the client configuration. (A ``broker.ports.ScaleError``.)"""
+    status; never the client configuration. (A ``broker.ports.ScaleError``.) ``status``:
+    the HTTP status of an answer that is not the chained cause (a 404 read as "none")."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ of the *management* cluster with the official client's asyncio API (``kubernetes
 429, 5xx and connection errors are retried with exponential backoff and jitter (bounded by
 ``attempts``); other failures raise ``CapiPoolError`` (a ``broker.ports.ScaleError``). Logs
 and errors name objects and HTTP statuses only, never the client configuration (tokens,
-keys) or headers.
+keys) or headers; ``unreadable`` says why ``status()`` failed in a few words for answers
+that anyone may read (readiness) or a tenant does (explain).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+import aiohttp
 from kubernetes.aio.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.aio.client.exceptions import ApiException
 from tenacity.wait import wait_base
@@ -63,13 +65,33 @@ def ready_replicas(status: Mapping[str, Any]) -> Any:
     return deprecated.get("readyReplicas")
 
 
+def unreadable(exc: CapiPoolError) -> str:
+    """Why ``CapiPool.status`` failed, in a few words fit for an unauthenticated answer
+    (readiness) or a tenant (explain): the HTTP status of the answer, "timed out",
+    "connection failed" (refused, reset, no route), or "invalid annotations" (read, but
+    its scale-from-zero annotations do not parse). Never the message: that is for the log."""
+    cause = exc.__cause__
+    status = exc.status
+    if status is None and isinstance(cause, ApiException):
+        status = cause.status
+    if status:
+        return f"HTTP {status}"
+    if isinstance(cause, TimeoutError):  # first: aiohttp's ServerTimeoutError is both
+        return "timed out"
+    if isinstance(cause, aiohttp.ClientConnectionError):
+        return "connection failed"
+    return "invalid annotations" if cause is None else type(cause).__name__
+
+
 class CapiPool(ScalePool):
     """One MachineDeployment or MachinePool ``namespace/name`` of a management cluster.
 
     ``workload`` is the client of the cluster whose Nodes the pool makes (needed only by
     ``remove_node`` and ``label_node``). ``attempts`` bounds both the retries of one request
     (429/5xx/connection errors) and the re-reads after 409 Conflicts. ``retry_wait`` (a
-    tenacity wait strategy) is injected so tests run without delays."""
+    tenacity wait strategy) is injected so tests run without delays. ``timeout``: seconds
+    per attempt of a request (None: the client's own), so a server that never answers
+    counts as a failed attempt."""
 
     def __init__(
         self,
@@ -82,10 +104,13 @@ class CapiPool(ScalePool):
         gpu_type_label: str = DEFAULT_GPU_TYPE_LABEL,
         attempts: int = 6,
         retry_wait: wait_base | None = None,
+        timeout: float | None = None,
     ) -> None:
         if kind not in PLURALS:
             raise ValueError(f"unknown pool kind {kind!r}")
-        self.calls = ApiCalls(attempts=attempts, error=CapiPoolError, log=log, wait=retry_wait)
+        self.calls = ApiCalls(
+            attempts=attempts, error=CapiPoolError, log=log, wait=retry_wait, timeout=timeout
+        )
         self.custom = CustomObjectsApi(management)
         self.workload = CoreV1Api(workload) if workload is not None else None
         self.served = ServedVersion(self.custom, self.calls)
@@ -116,7 +141,7 @@ class CapiPool(ScalePool):
             ),
         )
         if obj is None:
-            raise CapiPoolError(f"no {self.kind} {self.key}")
+            raise CapiPoolError(f"no {self.kind} {self.key}", status=HTTP_NOT_FOUND)
         pool = cast(dict[str, Any], obj)
         spec = pool.get("spec") or {}
         status = pool.get("status") or {}

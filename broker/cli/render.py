@@ -132,11 +132,17 @@ def _burst_lines(b: dict[str, Any]) -> list[str]:
         return [
             f"pool {where} grows by {grow}, up ~{_span(b.get('provisionSeconds') or 0)} "
             f"after the scale-up, {cost}; eligible {_when(b.get('eligibleAt') or 0)} "
-            f"(burstAfterSeconds {b.get('burstAfterSeconds'):g})"
+            f"(burstAfterSeconds {b.get('burstAfterSeconds'):g})",
+            *_refusal_lines(b),  # pools not read yet
         ]
-    lines = ["no pool can take it:"]
+    return ["no pool can take it:", *_refusal_lines(b)]
+
+
+def _refusal_lines(b: dict[str, Any]) -> list[str]:
+    lines = []
     for r in b.get("refusals", []):
-        until = f"; may grow again {_when(r['until'])}" if r.get("until") is not None else ""
+        again = "read again" if r.get("code") == "unavailable" else "may grow again"
+        until = f"; {again} {_when(r['until'])}" if r.get("until") is not None else ""
         pool = f"{r['pool']}: " if r.get("pool") else ""
         lines.append(f"  - {pool}{r.get('message')} [{r.get('code')}]{until}")
     return lines

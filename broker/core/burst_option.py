@@ -21,10 +21,11 @@ from broker.core.burst_books import PoolBook, Request
 from broker.model import BurstPlan, Job
 from policies.burst import NoBurst, plan
 
-# The planner's refusal codes (``policies.burst.RefusalCode``) and the controller's own.
+# The planner's refusal codes (``policies.burst.RefusalCode``), the controller's own, and
+# the service's (``unavailable``: a pool not read yet, so not in the controller).
 OptionCode = Literal[
     "not-allowed", "autoscaler", "no-pools", "backing-off", "gpu-type", "selector",
-    "node-shape", "maximum",
+    "node-shape", "maximum", "unavailable",
 ]  # fmt: skip
 
 
@@ -35,7 +36,7 @@ class PoolRefusal:
     pool: str
     code: OptionCode
     message: str
-    until: float | None = None  # backing off: when the pool may be grown again
+    until: float | None = None  # backing off: when it may grow again; unavailable: next read
 
     def as_json(self) -> dict[str, object]:
         return {"pool": self.pool, "code": self.code, "message": self.message, "until": self.until}

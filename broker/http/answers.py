@@ -97,7 +97,9 @@ class BurstRefusal(Out):
     pool: str = Field(description="empty when about no pool in particular")
     code: OptionCode
     message: str
-    until: float | None = Field(description="backing-off: when the pool may grow again")
+    until: float | None = Field(
+        description="backing-off: when the pool may grow again; unavailable: its next read"
+    )
 
 
 class BurstOption(Out):
@@ -249,8 +251,22 @@ class Nodes(Out):
     clusters: list[ClusterNodes]
 
 
+class PoolAvailability(Out):
+    pool: str
+    available: bool = Field(description="read, and taking part in bursting")
+    reason: str | None = Field(
+        description="why it cannot be read yet: the HTTP status or the kind of failure"
+    )
+    since: float | None = Field(description="unavailable since (the broker's start)")
+    attempts: int = Field(description="reads failed so far")
+    retry_at: float | None = Field(description="the next read")
+
+
 class Health(Out):
     status: str
+    burst_pools: list[PoolAvailability] | None = Field(
+        default=None, description="/readyz once ready: every burst pool, read or why not yet"
+    )
 
 
 RESPONSE_MODELS: tuple[type[BaseModel], ...] = (

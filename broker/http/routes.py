@@ -264,13 +264,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready once state is rebuilt (the leader's, or a follower's: it serves reads) and
-    while the store answers (it cannot accept a job without it)."""
+    while the store answers (it cannot accept a job without it). A burst pool that cannot
+    be read is a detail (``burstPools``), not unreadiness: placing on the members goes on."""
     service = request.app[SERVICE]
     if not service.ready:
         return web.json_response({"status": "rebuilding state"}, status=503)
     if not await service.store.ping():
         return web.json_response({"status": "store unavailable"}, status=503)
-    return web.json_response({"status": "ready", **_role(service)})
+    pools = [a.as_json() for a in service.view.availability()]
+    return web.json_response({"status": "ready", **_role(service), "burstPools": pools})
 
 
 async def metrics(request: web.Request) -> web.Response:

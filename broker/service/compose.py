@@ -40,6 +40,7 @@ from broker.service.leader import (
 from broker.service.members import ClusterLauncher, KubeMembers
 from broker.service.metrics import MetricSource, SchedulerMetrics
 from broker.service.mqtt import MqttEvents, TeeBus
+from broker.service.pool_reading import PoolRetry
 from broker.service.pools import BurstPools
 from broker.service.readmodel import ReadModel
 from broker.service.recovery import Recovery
@@ -114,6 +115,7 @@ def _shared(
     launcher: Launcher,
     kube: KubeMembers,
     leadership: Leadership,
+    pool_retry: PoolRetry | None,
 ) -> Shared:
     sched = config.scheduler
     queue = JobQueue(
@@ -130,7 +132,7 @@ def _shared(
         settings=SchedulerSettings(
             sched.max_jobs_per_cycle, sched.starvation_seconds, sched.max_cycle_seconds
         ),
-        store=store, launcher=launcher, kube=kube, pools=BurstPools(config, clock),
+        store=store, launcher=launcher, kube=kube, pools=BurstPools(config, clock, pool_retry),
         metrics=SchedulerMetrics(), leadership=leadership,
     )  # fmt: skip
 
@@ -144,6 +146,7 @@ class Options(TypedDict, total=False):
     run_seconds: Callable[[Placement], float | None] | None  # simulated run times
     elector: Elector | None  # default: from the config (elector_for)
     identity: str | None  # this replica's name in the election
+    pool_retry: PoolRetry | None  # default: PoolRetry() (reading unreadable Cluster API pools)
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:
@@ -169,7 +172,9 @@ def build(config: Config, **options: Unpack[Options]) -> Parts:
     default, dispatch = _launching(
         config, ledger, options.get("launcher"), options.get("run_seconds"), kube
     )
-    shared = _shared(config, clock, ledger, store, default, kube, leadership)
+    shared = _shared(
+        config, clock, ledger, store, default, kube, leadership, options.get("pool_retry")
+    )
     binding = Binding(shared)
     cycles = Cycles(shared, binding)
     recovery = Recovery(shared, binding, cycles)

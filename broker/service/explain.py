@@ -9,19 +9,24 @@ For a job waiting in the queue, explain also says what happens next (``what_next
 place in the order the next cycles try jobs in (the queue's own order,
 ``JobQueue.position``) and the burst controller's next step for it (its own planner,
 ``BurstController.option``): the pool it will grow, by how many nodes, at what cost and
-from when, or why no pool can take it.
+from when, or why no pool can take it; a Cluster API pool that cannot be read yet is
+named as unavailable (``with_unavailable``), never silently left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from broker.core import views
 from broker.core.burst import BurstController
+from broker.core.burst_option import BurstOption, PoolRefusal
 from broker.core.queue import JobQueue
 from broker.core.scheduler import federation_capacity
 from broker.model import CapacitySnapshot, Job, Placement, Reason, Unplaceable
+from broker.service.pool_reading import Availability
 from policies.framework import Policy, largest_fit
 
 
@@ -79,15 +84,43 @@ def plan_of(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> Plan:
 
 
 def what_next(
-    job: Job, queue: JobQueue, bursting: BurstController, snapshot: CapacitySnapshot, now: float
+    job: Job,
+    queue: JobQueue,
+    bursting: BurstController,
+    snapshot: CapacitySnapshot,
+    now: float,
+    unavailable: Sequence[Availability] = (),
 ) -> dict[str, Any]:
     """A waiting job's place in the queues and its burst option, as explain answers them
-    (``position`` and ``burst``). The fair shares are over the capacity the cycle uses."""
+    (``position`` and ``burst``). The fair shares are over the capacity the cycle uses.
+    ``unavailable``: the pools not read yet, which the controller does not know of."""
     position = queue.position(job.key, now, federation_capacity(snapshot)[0])
+    option = with_unavailable(bursting.option(now, job), unavailable)
     return {
         "position": position.as_json() if position is not None else None,
-        "burst": bursting.option(now, job).as_json(),
+        "burst": option.as_json(),
     }
 
 
-__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of", "what_next"]
+def with_unavailable(option: BurstOption, unavailable: Sequence[Availability]) -> BurstOption:
+    """The option, with a refusal (``unavailable``, ``until`` the next read) for each pool
+    that has not been read yet: it may be the pool the job waits for, and it joins the
+    controller, with no restart, once a read succeeds. Not for a job whose nodes are
+    already requested or that may not burst: no pool would be grown for it."""
+    if option.status == "requested" or any(r.code == "not-allowed" for r in option.refusals):
+        return option
+    if not unavailable:
+        return option
+    refusals = tuple(r for r in option.refusals if r.code != "no-pools")  # pools there are
+    message = (
+        "the pool cannot be read on its management cluster ({}); it is read again with "
+        "backoff and takes part once it can be"
+    )
+    refusals += tuple(
+        PoolRefusal(a.pool, "unavailable", message.format(a.reason), a.retry_at)
+        for a in unavailable
+    )
+    return dataclasses.replace(option, refusals=refusals)
+
+
+__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of", "what_next", "with_unavailable"]

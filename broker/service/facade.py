@@ -92,7 +92,8 @@ class Service:
         await self.store.open()
         await self.recovery.start_kube(self._dispatch)
         if self.pools:
-            await self.pools.start(self.ledger, self.recovery.workload_client)
+            s = self.shared
+            await self.pools.start(s.ledger, self.recovery.workload_client, s.tasks, s.lock)
         if self.mqtt is not None:
             self.mqtt.start(self.tasks)
         if elect:
@@ -164,7 +165,10 @@ class Service:
         }  # fmt: skip
         if pending is not None:
             snapshot, controller = self.ledger.snapshot(), self.pools.controller
-            doc |= what_next(pending.job, self.queue, controller, snapshot, self.shared.clock())
+            doc |= what_next(
+                pending.job, self.queue, controller, snapshot, self.shared.clock(),
+                self.pools.unavailable(),
+            )  # fmt: skip
         return doc
 
     def waiting(self, tenant: str, name: str) -> str | None:

@@ -8,7 +8,8 @@ on counters, and never a job or user ID as a label.
 * ``ServiceCollector``: gauges (and counters the service keeps itself) computed at scrape
   time from the read model: GPUs per cluster, GPU type and state, the largest gang placeable,
   stranded GPUs, pending jobs and GPU demand and the oldest pending gang per queue, cluster
-  staleness and watches, burst pools, the event bus, leadership.
+  staleness and watches, burst pools (and whether each could be read), the event bus,
+  leadership.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from broker.service.events import EventBus
-from broker.service.readmodel import CapacityRow, ClusterRow, PoolRow, QueueRow, ReadModel
+from broker.service.readmodel import (
+    Availability,
+    CapacityRow,
+    ClusterRow,
+    PoolRow,
+    QueueRow,
+    ReadModel,
+)
 
 MetricSource = Callable[[], Iterable[Metric]]
 
@@ -121,6 +129,7 @@ class ServiceCollector(Collector):
         yield from _capacity_metrics(self._model.capacity(clusters))
         yield from _queue_metrics(queues)
         yield from _pool_metrics(self._model.pools())
+        yield _availability(self._model.availability())
         leader = GaugeMetricFamily(
             "fedbroker_leader", "1 while this replica is the one placing jobs"
         )
@@ -211,6 +220,17 @@ def _pool_metrics(rows: list[PoolRow]) -> Iterator[Metric]:
         failing.add_metric([row.pool], float(row.failing))
     yield nodes
     yield failing
+
+
+def _availability(rows: list[Availability]) -> Metric:
+    """Every configured pool: 1 once read and joined, 0 while it cannot be read."""
+    available = GaugeMetricFamily(
+        "fedbroker_burst_pool_available", "1 once a burst pool has been read and takes part "
+        "in bursting; 0 while it cannot be read (read again with backoff)", labels=["pool"],
+    )  # fmt: skip
+    for row in rows:
+        available.add_metric([row.pool], float(row.available))
+    return available
 
 
 def _capacity_metrics(rows: list[CapacityRow]) -> Iterator[Metric]:

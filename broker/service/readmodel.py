@@ -19,6 +19,7 @@ from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue
 from broker.model import MILLI_PER_GPU, ClusterCapacity
 from broker.service.members import KubeMembers
+from broker.service.pool_reading import Availability
 from broker.service.pools import BurstPools
 from policies.stranded import stranded_gpus
 
@@ -265,6 +266,11 @@ class ReadModel:
         """Burst pools as the controller counts them (``/v1/pools``' ``pools``)."""
         return self._pools.rows()
 
+    def availability(self) -> list[Availability]:
+        """Every configured burst pool: joined the controller, or why not yet (``/readyz``
+        and the ``fedbroker_burst_pool_available`` gauge)."""
+        return self._pools.availability()
+
     def burst(self, tenant: str | None) -> dict[str, Any]:
         """Burst pools, gangs waiting for burst nodes and burst cost per job (the body of
         ``/v1/pools``); ``tenant`` limits the jobs to one tenant's (None: all)."""
@@ -287,6 +293,7 @@ class ReadModel:
 
 __all__ = [
     "GANG_GPUS",
+    "Availability",
     "CapacityRow",
     "ClusterRow",
     "GpuTypeRow",

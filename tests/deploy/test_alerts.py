@@ -44,6 +44,7 @@ GAUGES = frozenset({
     "fedbroker_cluster_connected",
     "fedbroker_burst_nodes",
     "fedbroker_burst_pool_failing",
+    "fedbroker_burst_pool_available",
     "fedbroker_leader",
     "fedbroker_mqtt_connected",
     "fedbroker_event_subscribers",

@@ -213,6 +213,7 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         assert samples['fedbroker_burst_nodes{pool="a100",state="ready"}'] == 3
         assert samples['fedbroker_burst_node_seconds_total{pool="a100"}'] >= 3 * 3600
         assert samples['fedbroker_burst_cost_total{pool="a100"}'] == pool["cost"]
+        assert samples['fedbroker_burst_pool_available{pool="a100"}'] == 1  # simulated: at once
     finally:
         await client.close()
         await service.close()

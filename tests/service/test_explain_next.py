@@ -15,8 +15,11 @@ from builders import Clock
 from test_burst_service import BURST_AFTER, PROVISION, TOKEN_A, cycle, gang, make_config
 
 from broker.cli.render import render
+from broker.core.burst_option import NOT_ALLOWED, BurstOption, PoolRefusal
 from broker.http.app import make_app
+from broker.service.explain import with_unavailable
 from broker.service.facade import Service
+from broker.service.pool_reading import Availability
 
 A = {"Authorization": f"Bearer {TOKEN_A}"}
 
@@ -112,3 +115,33 @@ async def test_a_job_not_waiting_has_nothing_next(tmp_path: Path) -> None:
         assert "QUEUE" not in render("explain", doc) and "BURST" not in render("explain", doc)
     finally:
         await service.close()
+
+
+DOWN = Availability("b-pool", False, "HTTP 503", 900.0, 2, 1_020.0)
+PLANNED = BurstOption("planned", "a100", "cloud", 3, 3)
+NO_POOLS = BurstOption("none", refusals=(PoolRefusal("", "no-pools", "no burst pools"),))
+FULL = BurstOption("none", refusals=(PoolRefusal("a100", "maximum", "at its maxNodes"),))
+UNREAD = PoolRefusal(
+    "b-pool", "unavailable", "the pool cannot be read on its management cluster (HTTP 503); "
+    "it is read again with backoff and takes part once it can be", 1_020.0,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "unavailable", "refusals"),
+    [
+        (NO_POOLS, [DOWN], (UNREAD,)),  # there are pools: one not read yet
+        (FULL, [DOWN], (*FULL.refusals, UNREAD)),
+        (PLANNED, [DOWN], (UNREAD,)),  # it may be cheaper once it can be read
+        (BurstOption("requested", "a100", "cloud", 3, 3), [DOWN], ()),  # nodes coming
+        (BurstOption("none", refusals=(NOT_ALLOWED,)), [DOWN], (NOT_ALLOWED,)),
+        (FULL, [], FULL.refusals),
+    ],
+    ids=["no pool read yet", "others refuse", "planned", "requested", "may not burst", "all read"],
+)
+def test_a_pool_not_read_yet_is_named_in_the_burst_option(
+    option: BurstOption, unavailable: list[Availability], refusals: tuple[PoolRefusal, ...]
+) -> None:
+    told = with_unavailable(option, unavailable)
+    assert told.refusals == refusals
+    assert (told.status, told.pool, told.nodes) == (option.status, option.pool, option.nodes)
