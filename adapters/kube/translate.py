@@ -21,8 +21,8 @@ from broker.model import (
     PodBound,
     PodDeleted,
     Resources,
-    Taint,
 )
+from broker.taints import Taint
 
 Obj = Mapping[str, Any]
 
