@@ -86,6 +86,7 @@ PSC = "spec.securityContext"
 SECRET = "fedbroker-broker-token"
 RESTRICTED_INIT: dict[str, Any] = {"name": "init", "image": "x", "securityContext": {
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}  # fmt: skip
+CONFIG_MAP_KEY = {"name": "settings", "key": "gpus"}
 SECOND_GPU_CONTAINER = {**RESTRICTED_INIT, "name": "side",
                         "resources": {"limits": {"nvidia.com/gpu": 8}}}  # fmt: skip
 
@@ -146,7 +147,31 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
      f"{C0}.resources.claims", "not counted", ALL),
     ("GPU requests below limits", edit((f"{C0}.resources.requests", {"nvidia.com/gpu": 0})),
      f"{C0}.resources.requests.nvidia.com/gpu", "must equal limits", ALL),
-    # --- the pod's own resources (podrequests: KEP-2837)
+    # --- devices and scheduling (broker.manifest.noderules, podrequests' pod-level resources)
+    ("NVIDIA_VISIBLE_DEVICES=all with no GPU asked", edit((f"{C0}.env", [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])),
+     f"{C0}.env[0].name", "selects the GPUs the NVIDIA runtime", ALL),
+    ("NVIDIA_DRIVER_CAPABILITIES in an init container", edit(("spec.initContainers", [
+        {**RESTRICTED_INIT, "env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]}])),
+     "spec.initContainers[0].env[0].name", "driver libraries", ALL),
+    ("a device variable from a ConfigMap key", edit((f"{C0}.env", [{"name": "A", "value": "1"},
+        {"name": "AMD_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": CONFIG_MAP_KEY}}])),
+     f"{C0}.env[1].name", "AMD container runtime", ALL),
+    ("an ephemeral container asking 8 GPUs", edit(("spec.ephemeralContainers", [{
+        **RESTRICTED_INIT, "resources": {"limits": {"nvidia.com/gpu": 8}}}])),
+     "spec.ephemeralContainers", "debugging a running pod", ALL),
+    ("the template's own scheduling gate", edit(("spec.schedulingGates", [{"name": "x.io/hold"}])),
+     "spec.schedulingGates", "until the timeout", ALL),
+    ("a runtime class the tenant was not given", edit(("spec.runtimeClassName", "nvidia")),
+     "spec.runtimeClassName", '"nvidia" is not one of the tenant\'s (none)', ALL),
+    ("a keyless Exists toleration", edit(("spec.tolerations", [{"operator": "Exists"}])),
+     "spec.tolerations[0].operator", "tolerates every taint", ALL),
+    ("tolerating the control plane", edit(("spec.tolerations", [
+        {"key": "gpu", "operator": "Exists"},
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}])),
+     "spec.tolerations[1].key", "a taint the operator reserves", ALL),
+    ("a toleration the API server refuses", edit(("spec.tolerations", [{"value": "x"}])),
+     "spec.tolerations[0].operator", "must be Exists when key is empty", ALL),
     ("GPUs asked for the whole pod", edit(("spec.resources", {"limits": {"nvidia.com/gpu": 8}})),
      "spec.resources.limits.nvidia.com/gpu", "asked per container", ALL),
     ("a pod-level request below the containers'", edit(("spec.resources", {"requests": {
@@ -159,9 +184,6 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
     ("privileged init container", edit(("spec.initContainers", [{**RESTRICTED_INIT,
         "securityContext": {**RESTRICTED_INIT["securityContext"], "privileged": True}}])),
      "spec.initContainers[0].securityContext.privileged", "privileged", BASELINE),
-    ("privileged ephemeral container", edit(("spec.ephemeralContainers", [{**RESTRICTED_INIT,
-        "securityContext": {**RESTRICTED_INIT["securityContext"], "privileged": True}}])),
-     "spec.ephemeralContainers[0].securityContext.privileged", "privileged", BASELINE),
     ("hostNetwork", edit(("spec.hostNetwork", True)), "spec.hostNetwork", "host namespaces",
      BASELINE),
     ("hostPID", edit(("spec.hostPID", True)), "spec.hostPID", "host namespaces", BASELINE),
