@@ -13,6 +13,8 @@ from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NewType, Protocol, cast
 
+from broker.taints import Taint, Toleration
+
 MILLI_PER_GPU = 1000
 
 GpuType = NewType("GpuType", str)
@@ -59,17 +61,6 @@ class Resources:
     def gpu_count(self) -> int:
         """How many distinct GPUs the pod touches."""
         return 1 if self.gpu_milli else self.gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str = ""
-    effect: Literal["NoSchedule", "NoExecute", "PreferNoSchedule"] = "NoSchedule"
-
-    @property
-    def blocks(self) -> bool:
-        return self.effect != "PreferNoSchedule"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +179,8 @@ class PodSet:
     name: str
     count: int
     resources: Resources
-    tolerations: frozenset[str] = frozenset()
+    # What its pods tolerate (``broker.taints``: Kubernetes' matching), shared by equal sets.
+    tolerations: frozenset[Toleration] = frozenset()
 
     def __post_init__(self) -> None:
         if self.count < 1:
@@ -414,8 +406,8 @@ CapacityEvent = NodeUpdated | NodeDeleted | PodBound | PodDeleted
 # What a policy sees of capacity. The ledger's snapshot implements these; policies depend on
 # the shape only, so they import nothing but this module.
 
-NodeGroup = tuple[GpuType | None, frozenset[str]]
-"""Nodes are indexed by group: GPU type and the keys of taints that block untolerating pods."""
+NodeGroup = tuple[GpuType | None, frozenset[Taint]]
+"""Nodes are indexed by group: GPU type and the taints that block untolerating pods."""
 
 
 class ClusterCapacity(Protocol):

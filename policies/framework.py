@@ -28,6 +28,7 @@ from broker.model import (
     Resources,
     Unplaceable,
 )
+from broker.taints import blocking, tolerated
 
 
 class Policy(Protocol):
@@ -46,10 +47,11 @@ def needs_gpus(job: Job) -> bool:
 def usable_groups(view: ClusterCapacity, job: Job, pod_set: PodSet) -> list[NodeGroup]:
     """Node groups of ``view`` this pod set may use: allowed GPU type, tolerated taints."""
     gpu = pod_set.resources.gpu_request_milli > 0
+    tolerations = pod_set.tolerations
     return [
         g
         for g in view.groups()
-        if g[1] <= pod_set.tolerations
+        if (not g[1] or tolerated(tolerations, g[1]))
         and (not gpu or (g[0] is not None and job.allows_gpu_type(g[0])))
     ]
 
@@ -168,8 +170,7 @@ def candidate_states(
 
 def _in_groups(state: NodeState, groups: Sequence[NodeGroup]) -> bool:
     node = state.node
-    taints = frozenset(t.key for t in node.taints if t.blocks)
-    return node.schedulable and (node.gpu_type, taints) in groups
+    return node.schedulable and (node.gpu_type, blocking(node.taints)) in groups
 
 
 # -- explaining a "no" ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from broker.model import MILLI_PER_GPU, CapacitySnapshot, GpuType, Job, NodeState, Resources
+from broker.taints import Toleration, blocking, tolerated
 
 
 class FitShape(NamedTuple):
@@ -27,7 +28,7 @@ class FitShape(NamedTuple):
 
     resources: Resources
     gpu_types: frozenset[GpuType]
-    tolerations: frozenset[str]
+    tolerations: frozenset[Toleration]
     selector: tuple[tuple[str, str], ...]
 
 
@@ -47,7 +48,7 @@ def _fits(shape: FitShape, state: NodeState, labels: Mapping[str, str]) -> bool:
         return False
     if any(labels.get(k) != v for k, v in shape.selector):
         return False
-    if any(t.blocks and t.key not in shape.tolerations for t in node.taints):
+    if node.taints and not tolerated(shape.tolerations, blocking(node.taints)):
         return False
     r = shape.resources
     if r.cpu_milli > state.cpu_free or r.memory_mib > state.memory_free:

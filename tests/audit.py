@@ -30,9 +30,10 @@ from broker.model import (
     PodSet,
     Resources,
 )
+from broker.taints import Taint
 
 NodeKey = tuple[str, str]
-Group = tuple[GpuType | None, frozenset[str]]
+Group = tuple[GpuType | None, frozenset[Taint]]
 
 
 @dataclass
@@ -214,7 +215,7 @@ def placement_problems(books: Books, job: Job, placement: Placement) -> list[str
             continue
         if not node.schedulable:
             problems.append(f"pod {pod.pod} on unschedulable node {pod.node}")
-        untolerated = {t.key for t in node.taints if t.blocks} - ps.tolerations
+        untolerated = untolerated_by(ps, node)
         if untolerated:
             problems.append(f"pod {pod.pod} on {pod.node} does not tolerate {untolerated}")
         if ps.resources.gpu_request_milli and (
@@ -237,7 +238,8 @@ def index_problems(snapshot: Snapshot) -> list[str]:
             ):
                 problems.append(f"{cluster}/{state.name}: derived fields disagree with gpu_free")
             if n.schedulable:
-                group = (n.gpu_type, frozenset(t.key for t in n.taints if t.blocks))
+                blocking = frozenset(t for t in n.taints if t.effect != "PreferNoSchedule")
+                group = (n.gpu_type, blocking)
                 groups.setdefault(group, []).append(state)
         for group in set(groups) | set(view.groups()):
             problems += _group_problems(f"{cluster} {group}", view, group, groups.get(group, []))
@@ -299,10 +301,20 @@ def whole_free(node: Node, use: Usage) -> int:
     return node.allocatable.gpus - len(use.per_gpu) - use.foreign_whole
 
 
+def untolerated_by(pod_set: PodSet, node: Node) -> list[str]:
+    """The node's blocking taints none of the pod set's tolerations tolerates, each matched
+    by itself (not through the placement's node groups)."""
+    return [
+        t.key
+        for t in node.taints
+        if t.effect != "PreferNoSchedule" and not any(x.tolerates(t) for x in pod_set.tolerations)
+    ]
+
+
 def could_host(node: Node, use: Usage, job: Job, pod_set: PodSet) -> bool:
     """Whether one pod of ``pod_set`` fits on the node now, judged from the recount."""
     res = pod_set.resources
-    if not node.schedulable or {t.key for t in node.taints if t.blocks} - pod_set.tolerations:
+    if not node.schedulable or untolerated_by(pod_set, node):
         return False
     if res.gpu_request_milli and (node.gpu_type is None or not job.allows_gpu_type(node.gpu_type)):
         return False

@@ -26,9 +26,9 @@ from broker.model import (
     PodPlacement,
     PodSet,
     Resources,
-    Taint,
     Unplaceable,
 )
+from broker.taints import Taint, Toleration
 
 POD_CPU = 1_000
 POD_MEM = 1_024
@@ -85,9 +85,17 @@ def pod_set(
     milli: int = 0,
     cpu: int = POD_CPU,
     mem: int = POD_MEM,
-    tolerations: Iterable[str] = (),
+    tolerations: Iterable[str | Toleration] = (),
 ) -> PodSet:
-    return PodSet(name, count, resources(gpus, milli, cpu, mem), frozenset(tolerations))
+    """``tolerations``: Toleration values, or taint keys each tolerated whatever its value
+    and effect (``Exists``)."""
+    return PodSet(name, count, resources(gpus, milli, cpu, mem), tolerating(tolerations))
+
+
+def tolerating(tolerations: Iterable[str | Toleration]) -> frozenset[Toleration]:
+    return frozenset(
+        t if isinstance(t, Toleration) else Toleration(t, "Exists") for t in tolerations
+    )
 
 
 def job(
@@ -120,7 +128,7 @@ def gang(
     min_member: int = 0,
     gpu_types: Iterable[str] = (),
     selector: Mapping[str, str] | None = None,
-    tolerations: Iterable[str] = (),
+    tolerations: Iterable[str | Toleration] = (),
 ) -> Job:
     """``pods`` identical pods of ``gpus`` whole GPUs each (one pod set called worker)."""
     ps = pod_set("worker", pods, gpus=gpus, cpu=cpu, mem=mem, tolerations=tolerations)
@@ -135,7 +143,7 @@ def single(
     mem: int = POD_MEM,
     gpu_types: Iterable[str] = (),
     selector: Mapping[str, str] | None = None,
-    tolerations: Iterable[str] = (),
+    tolerations: Iterable[str | Toleration] = (),
 ) -> Job:
     return gang(
         name,
@@ -156,7 +164,7 @@ def shared(
     cpu: int = POD_CPU,
     mem: int = POD_MEM,
     gpu_types: Iterable[str] = (),
-    tolerations: Iterable[str] = (),
+    tolerations: Iterable[str | Toleration] = (),
 ) -> Job:
     """One pod asking ``milli`` thousandths of one GPU."""
     ps = pod_set("pod", 1, milli=milli, cpu=cpu, mem=mem, tolerations=tolerations)

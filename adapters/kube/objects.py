@@ -258,8 +258,9 @@ class GangObjects:
         return name
 
     def rename_resources(self, pod_spec: dict[str, Any]) -> set[str]:
-        """Every container's requests and limits (and the pod's overhead) with the GPU
-        names translated to this cluster's, in place; returns the resource names given."""
+        """Every container's requests and limits (and the pod's overhead and own resources)
+        with the GPU names translated to this cluster's, in place; returns the resource
+        names given."""
         declared: set[str] = set()
         maps: list[dict[str, Any]] = []
         for kind in ("containers", "initContainers"):
@@ -269,6 +270,11 @@ class GangObjects:
                     maps += [res[p] for p in ("requests", "limits") if isinstance(res.get(p), dict)]
         if isinstance(pod_spec.get("overhead"), dict):
             maps.append(pod_spec["overhead"])
+        pod_level = pod_spec.get("resources")  # the pod's own (KEP-2837): cpu, memory given
+        if isinstance(pod_level, dict):
+            maps += [
+                pod_level[p] for p in ("requests", "limits") if isinstance(pod_level.get(p), dict)
+            ]
         for amounts in maps:
             renamed = {self._cluster_name(k): v for k, v in amounts.items()}
             amounts.clear()

@@ -21,8 +21,8 @@ from broker.model import (
     PodBound,
     PodDeleted,
     Resources,
-    Taint,
 )
+from broker.taints import Taint
 
 Obj = Mapping[str, Any]
 
@@ -157,8 +157,10 @@ def _max(a: _Req, b: _Req) -> _Req:
 
 
 def effective_requests(spec: Obj) -> dict[str, Fraction]:
-    """A pod's effective requests as kube-scheduler computes them: max(sum of containers +
-    sidecars, each init container + the sidecars started before it) + overhead."""
+    """A pod's effective requests as kube-scheduler computes them (``PodRequests``):
+    max(sum of containers + sidecars, each init container + the sidecars started before
+    it), then the pod's own ``spec.resources`` for cpu and memory (``_pod_level``), then
+    the overhead added."""
     containers: _Req = {}
     for c in spec.get("containers") or ():
         containers = _add(containers, _requests(c))
@@ -171,9 +173,32 @@ def effective_requests(spec: Obj) -> dict[str, Fraction]:
             init_peak = _max(init_peak, sidecars)
         else:
             init_peak = _max(init_peak, _add(sidecars, req))
-    total = _max(_add(containers, sidecars), init_peak)
+    total = _pod_level(spec, _max(_add(containers, sidecars), init_peak))
     overhead = spec.get("overhead") or {}
     return _add(total, {str(k): parse_quantity(v) for k, v in overhead.items()})
+
+
+_POD_LEVEL = ("cpu", "memory")  # of what the scheduler takes for the whole pod, what we count
+
+
+def _pod_level(spec: Obj, containers: _Req) -> _Req:
+    """``containers`` with the pod-level request of cpu and memory in place of theirs where
+    one counts (KEP-2837): the pod's request, else its limit when no container requests
+    that resource (the API server's default for it; on a pod it stored, already written).
+    Admission counts a template alike (``broker.manifest.podrequests``), so a pod the
+    broker placed is counted here as it was placed."""
+    resources = spec.get("resources")
+    if not isinstance(resources, Mapping):
+        return containers
+    requests: Obj = resources.get("requests") or {}
+    limits: Obj = resources.get("limits") or {}
+    out = dict(containers)
+    for name in _POD_LEVEL:
+        if name in requests:
+            out[name] = parse_quantity(requests[name])
+        elif name in limits and name not in containers:
+            out[name] = parse_quantity(limits[name])
+    return out
 
 
 def pod_resources(spec: Obj, gpu: GpuConfig = DEFAULT_GPU) -> Resources:

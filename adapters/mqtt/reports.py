@@ -43,9 +43,9 @@ from broker.model import (
     PodBound,
     PodDeleted,
     Resources,
-    Taint,
 )
 from broker.ports import ReportError
+from broker.taints import Taint
 
 _EFFECTS: tuple[Literal["NoSchedule", "NoExecute", "PreferNoSchedule"], ...] = (
     "NoSchedule",

@@ -39,6 +39,7 @@ from broker.model import (
     PodSet,
     Resources,
 )
+from broker.taints import Taint
 from policies import make_policy
 from policies.framework import Policy
 
@@ -307,6 +308,10 @@ def _decide_once(ledger: Ledger, policy: Policy, job: Job) -> bool:
     return True
 
 
+def _taint_keys(taints: frozenset[Taint]) -> list[str]:
+    return sorted(f"{t.key}={t.value}:{t.effect}" for t in taints)
+
+
 def snapshot_state(snapshot: Snapshot) -> dict[str, object]:
     """What a decision can see in a snapshot, as a comparable value: node states, index
     buckets and totals. Bucket members are sorted: assume + forget moves a node to the end
@@ -314,10 +319,10 @@ def snapshot_state(snapshot: Snapshot) -> dict[str, object]:
     clusters: dict[str, object] = {}
     for name, view in snapshot.clusters.items():
         groups: dict[str, object] = {}
-        for group in sorted(view.groups(), key=lambda g: (str(g[0]), sorted(g[1]))):
+        for group in sorted(view.groups(), key=lambda g: (str(g[0]), _taint_keys(g[1]))):
             by_free = [(k, sorted(names)) for k, names in view.by_free_at_least(group, 0)]
             by_whole = [(k, sorted(names)) for k, names in view.by_whole_at_least(group, 0)]
-            key = f"{group[0]}|{','.join(sorted(group[1]))}"
+            key = f"{group[0]}|{','.join(_taint_keys(group[1]))}"
             groups[key] = (by_free, by_whole, view.gpus_total(group), view.free_milli(group))
         totals = (view.gpus_total(), view.free_milli())
         clusters[name] = (view.stale, dict(view.nodes), groups, totals)

@@ -24,8 +24,14 @@ from broker.config.server import (
     SchedulerConfig,
     StoreConfig,
 )
-from broker.config.tenancy import QueueConfig, TenantConfig
-from broker.manifest import FieldError, field_path, first_error
+from broker.config.tenancy import QueueConfig, TaintKey, TenantConfig
+from broker.manifest import (
+    DEFAULT_RESERVED_TAINTS,
+    FieldError,
+    NodeAccess,
+    field_path,
+    first_error,
+)
 
 
 class Config(Section):
@@ -41,6 +47,11 @@ class Config(Section):
     retention: RetentionConfig = RetentionConfig()
     audit: AuditConfig = AuditConfig()
     auth: AuthConfig = AuthConfig()
+    # Taints (by key) no tenant's pod may tolerate, whatever its value; a keyless Exists
+    # toleration would tolerate them too, so it is refused while any is reserved.
+    reserved_taints: list[TaintKey] = Field(
+        default_factory=lambda: list(DEFAULT_RESERVED_TAINTS), max_length=64
+    )
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
     _tokens: TokenTable = PrivateAttr(default_factory=TokenTable)
     _mqtt_password: SecretStr | None = PrivateAttr(default=None)
@@ -65,6 +76,10 @@ class Config(Section):
 
     def tenant(self, name: str) -> TenantConfig | None:
         return next((t for t in self.tenants if t.name == name), None)
+
+    def node_access(self, tenant: TenantConfig) -> NodeAccess:
+        """What ``tenant``'s pods may reach of a node: its runtime classes, no reserved taint."""
+        return NodeAccess.of(tenant.runtime_class_names, self.reserved_taints)
 
     def authenticate(self, token: str) -> TenantConfig | None:
         """The tenant a static bearer token belongs to (see ``tokens`` for its roles)."""

@@ -15,6 +15,17 @@ from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
 QueuePolicy = Literal["gang", "binpack", "auto"]
 # Kubernetes' Pod Security Standards levels, as the Pod Security Admission labels spell them.
 PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
+# A RuntimeClass's name (a DNS-1123 subdomain) and a taint's key (a qualified name).
+RuntimeClassName = Annotated[
+    str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+]
+TaintKey = Annotated[
+    str,
+    Field(
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        max_length=317,
+    ),
+]
 
 
 class QueueConfig(Section):
@@ -47,6 +58,10 @@ class TenantConfig(Section):
     pod_security: PodSecurityLevel = "baseline"
     # Service accounts the tenant's pods may name (in its own member namespace).
     service_accounts: list[DnsLabel] = Field(default_factory=lambda: ["default"], max_length=64)
+    # RuntimeClasses the tenant's pods may name (``runtimeClassName``); none by default. A
+    # class picks the OCI runtime that starts the containers and may add overhead, a node
+    # selector and tolerations the placement never sees: list only classes that add none.
+    runtime_class_names: list[RuntimeClassName] = Field(default_factory=list, max_length=64)
     # Caps (issue 13), so one tenant cannot fill the store or hold every connection: jobs
     # not yet finished (a submit beyond it: 403) and open /v1/events streams (beyond: 429).
     max_active_jobs: int = Field(default=10_000, ge=1, le=10_000_000)

@@ -24,6 +24,7 @@ from broker.model import (
     NodeGroup,
     NodeState,
 )
+from broker.taints import blocking
 
 
 @dataclass(slots=True)
@@ -110,7 +111,7 @@ def _at_least(
 
 
 def group_of(node: Node) -> NodeGroup:
-    return (node.gpu_type, frozenset(t.key for t in node.taints if t.blocks))
+    return (node.gpu_type, blocking(node.taints))
 
 
 class ClusterView:

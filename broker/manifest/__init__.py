@@ -27,6 +27,7 @@ from broker.manifest.fields import (
     memory_mebibytes,
 )
 from broker.manifest.models import API_VERSION, KIND, FederatedJob, json_schema
+from broker.manifest.noderules import DEFAULT_RESERVED_TAINTS, NodeAccess
 from broker.manifest.parsing import parse_manifest, stored_manifest
 from broker.manifest.podpolicy import (
     PolicyViolation,
@@ -49,6 +50,7 @@ from broker.quantity import parse_quantity
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_RESERVED_TAINTS",
     "KIND",
     "MAX_GPUS_PER_POD",
     "MAX_PRIORITY",
@@ -62,6 +64,7 @@ __all__ = [
     "Labels",
     "ManifestError",
     "MemoryQuantity",
+    "NodeAccess",
     "PolicyViolation",
     "Violation",
     "admit_templates",

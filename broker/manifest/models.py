@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import DEFAULT_REF_TEMPLATE
 
-from broker.interned import frozen
+from broker.interned import frozen, shared
 from broker.manifest import workloads
 from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import (
@@ -34,8 +34,10 @@ from broker.manifest.fields import (
     Labels,
     MemoryQuantity,
 )
+from broker.manifest.noderules import toleration_of
 from broker.manifest.workloads import Path
 from broker.model import PolicyName
+from broker.taints import Toleration
 
 API_VERSION = "fedbroker.io/v1alpha1"
 KIND = "FederatedJob"
@@ -128,16 +130,15 @@ class PodSetSpec(WireModel):
     def _plain_json(cls, template: dict[str, Any]) -> dict[str, Any]:
         return plain_json(template)
 
-    def tolerations(self) -> frozenset[str]:
-        """Taint keys the template's pods tolerate (``spec.tolerations[].key``), so the
-        placement honours the same tolerations the cluster will."""
+    def tolerations(self) -> frozenset[Toleration]:
+        """What the template's pods tolerate (``spec.tolerations``), so the placement honours
+        the tolerations the cluster will, matched as Kubernetes matches them; one shared set
+        for equal ones. An entry the template policy would refuse tolerates nothing here."""
         spec = self.template.get("spec")
         items = spec.get("tolerations") if isinstance(spec, dict) else None
         if not isinstance(items, list):
             return frozen(())
-        return frozen(
-            t["key"] for t in items if isinstance(t, dict) and isinstance(t.get("key"), str)
-        )
+        return shared(frozen(t for t in map(toleration_of, items) if t is not None))
 
 
 class RendezvousSpec(WireModel):

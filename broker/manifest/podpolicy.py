@@ -14,7 +14,10 @@ stored (pure, no I/O; DESIGN.md invariant 8).
   account token for a foreign audience (only the member's API server), no reference to a
   Secret named ``fedbroker-*`` (the broker's own names) from a volume, an env var or an
   image pull secret;
-* no label or annotation of the broker's (``fedbroker.io/...``, ``*.fedbroker.io/...``).
+* no label or annotation of the broker's (``fedbroker.io/...``, ``*.fedbroker.io/...``);
+* what reaches the node's devices and scheduling (``noderules``): no device-selecting env
+  var, ephemeral container or scheduling gate of its own, a runtime class and tolerations
+  only as the tenant's ``NodeAccess`` allows.
 
 A refusal is a ``PolicyViolation`` naming the full field path from the manifest root. Then
 every container's requests are counted (``podrequests``) and must equal the pod set's
@@ -34,6 +37,7 @@ from pydantic import ValidationError
 from broker.manifest.conformance import conformed
 from broker.manifest.errors import ManifestError, field_path, first_error, show
 from broker.manifest.models import FederatedJob, PodSetSpec, ResourcesSpec
+from broker.manifest.noderules import DEFAULT_ACCESS, NodeAccess, node_rules
 from broker.manifest.podrequests import (
     AMD_GPU,
     CPU,
@@ -73,14 +77,19 @@ class PolicyViolation(ManifestError):
 
 
 def template_violations(
-    template: Mapping[str, Any], level: Level, service_accounts: frozenset[str], base: Path
+    template: Mapping[str, Any],
+    level: Level,
+    service_accounts: frozenset[str],
+    base: Path,
+    *,
+    access: NodeAccess = DEFAULT_ACCESS,
 ) -> list[Violation]:
     """Every violation of a pod template at ``base`` (its path from the manifest root), the
     first per field path, in the order found."""
     f = Fields()
     pod = Pod.read(template, base, f)
     check(pod, level, f)
-    _broker_rules(pod, f, service_accounts)
+    _broker_rules(pod, f, service_accounts, access)
     first: dict[Path, Violation] = {}
     for v in f.found:
         first.setdefault(v.path, v)
@@ -88,12 +97,17 @@ def template_violations(
 
 
 def admit_templates(
-    manifest: FederatedJob, level: Level, service_accounts: Iterable[str]
+    manifest: FederatedJob,
+    level: Level,
+    service_accounts: Iterable[str],
+    *,
+    access: NodeAccess = DEFAULT_ACCESS,
 ) -> FederatedJob:
     """The manifest as it is stored: every template and workload object as its member will
     take it (``conformance``: schemas, the API server's rules, canonical quantities), then
     every pod set's resources checked against (or derived from) its template; raises
-    ``ManifestError`` or ``PolicyViolation`` naming the field."""
+    ``ManifestError`` or ``PolicyViolation`` naming the field. ``access``: the runtime
+    classes the tenant may name and the taints it may not tolerate."""
     manifest = conformed(manifest)
     accounts = frozenset(service_accounts)
     spec = manifest.spec
@@ -101,7 +115,7 @@ def admit_templates(
         _workload_metadata(spec.workload.metadata.labels, spec.workload.metadata.annotations)
     pod_sets: list[PodSetSpec] = []
     for pod_set, at in spec.pod_set_views():
-        violations = template_violations(pod_set.template, level, accounts, at)
+        violations = template_violations(pod_set.template, level, accounts, at, access=access)
         if violations:
             raise PolicyViolation(violations)
         stated = (*at[:-1], "resources") if spec.workload is None else None
@@ -146,7 +160,7 @@ def _broker_secret(f: Fields, obj: object, key: str, path: Path) -> None:
         f.refuse((*path, key), f"Secret {show(name)} is reserved for the broker")
 
 
-def _broker_rules(pod: Pod, f: Fields, accounts: frozenset[str]) -> None:
+def _broker_rules(pod: Pod, f: Fields, accounts: frozenset[str], access: NodeAccess) -> None:
     spec, at = pod.spec, pod.spec_path
     for key, message in _PLACED_BY_BROKER.items():
         if spec.get(key) is not None:
@@ -167,6 +181,7 @@ def _broker_rules(pod: Pod, f: Fields, accounts: frozenset[str]) -> None:
             _broker_secret(f, ref, "name", (*path, "valueFrom", "secretKeyRef"))
         for env, path in f.mappings(c.body, "envFrom", c.path):
             _broker_secret(f, f.mapping(env, "secretRef", path), "name", (*path, "secretRef"))
+    node_rules(pod, f, access)
 
 
 def _service_accounts(pod: Pod, f: Fields, accounts: frozenset[str]) -> None:

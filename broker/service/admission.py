@@ -82,7 +82,12 @@ class Admission:
         if namespace is not None and namespace != tenant.name:
             raise Forbidden(f"metadata.namespace: {namespace!r} is not your tenant {tenant.name!r}")
         try:
-            manifest = admit_templates(manifest, tenant.pod_security, tenant.service_accounts)
+            manifest = admit_templates(
+                manifest,
+                tenant.pod_security,
+                tenant.service_accounts,
+                access=self.s.config.node_access(tenant),
+            )
         except PolicyViolation as exc:
             raise Forbidden(str(exc)) from None
         job = to_job(manifest, tenant.name, tenant.default_queue)

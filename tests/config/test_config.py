@@ -115,6 +115,19 @@ def test_defaults_follow_the_design() -> None:
     assert (queue.policy, queue.priority, queue.weight, queue.borrow, queue.reclaimable) == (
         "auto", 0, 1.0, False, False,
     )  # fmt: skip
+    assert config.reserved_taints == [
+        "node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master",
+    ]  # fmt: skip
+
+
+def test_a_tenants_node_access_is_its_runtime_classes_and_the_reserved_taints() -> None:
+    text = QUEUES + TENANT.replace("token:", "runtimeClassNames: [kata, gvisor], token:")
+    config = parse_config(text + "reservedTaints: [dedicated]", "t.yaml", {})
+    access = config.node_access(config.tenants[0])
+    assert access.runtime_classes == {"kata", "gvisor"}
+    assert access.reserved_taints == ("dedicated",)
+    plain = parse_config(QUEUES + TENANT, "t.yaml", {})
+    assert plain.node_access(plain.tenants[0]).runtime_classes == frozenset()
 
 
 QUEUES = "queues: [{name: a}, {name: b}]\n"
@@ -198,6 +211,12 @@ ERRORS: list[tuple[str, str, str]] = [
      "tenants[1].token", "same token as token 't'"),
     (QUEUES + TENANT + "- {name: t, defaultQueue: b, token: {value: other}}",
      "tenants[1].name", "duplicate name 't'"),
+    (QUEUES + "tenants: [{name: t, defaultQueue: a, runtimeClassNames: [kata, Kata_RT], "
+     "token: {value: x}}]", "tenants[0].runtimeClassNames[1]", "pattern"),
+    (QUEUES + "tenants: [{name: t, defaultQueue: a, runtimeClassNames: kata, "
+     "token: {value: x}}]", "tenants[0].runtimeClassNames", "list"),
+    ("reservedTaints: [dedicated, 'node role/x']", "reservedTaints[1]", "pattern"),
+    ("reservedTaints: {key: dedicated}", "reservedTaints", "list"),
     (KUBE.format("namespace: fedbroker-jobs"), "clusters[0].source.kube.namespace",
      "replaced by namespacePattern: one namespace per tenant"),
     (KUBE.format("namespacePattern: team"), PATTERN, "around exactly one '{tenant}'"),

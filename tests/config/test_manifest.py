@@ -22,6 +22,7 @@ from broker.manifest import (
     to_job,
 )
 from broker.model import GpuType, Job, PodSet, Resources
+from broker.taints import Toleration
 
 # The example of DESIGN.md, verbatim.
 DESIGN_EXAMPLE = b"""\
@@ -113,7 +114,7 @@ VALID: list[tuple[str, bytes, str | None, Job]] = [
                 "worker",
                 4,
                 Resources(gpus=2, cpu_milli=16_000, memory_mib=65_536),
-                frozenset({"gpu"}),
+                frozenset({Toleration("gpu", "Exists")}),
             ),
             queue="default-q",
             min_member=3,

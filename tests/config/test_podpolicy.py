@@ -86,6 +86,7 @@ PSC = "spec.securityContext"
 SECRET = "fedbroker-broker-token"
 RESTRICTED_INIT: dict[str, Any] = {"name": "init", "image": "x", "securityContext": {
     "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}  # fmt: skip
+CONFIG_MAP_KEY = {"name": "settings", "key": "gpus"}
 SECOND_GPU_CONTAINER = {**RESTRICTED_INIT, "name": "side",
                         "resources": {"limits": {"nvidia.com/gpu": 8}}}  # fmt: skip
 
@@ -146,15 +147,43 @@ HOSTILE: list[tuple[str, dict[str, Any], str, str, frozenset[str]]] = [
      f"{C0}.resources.claims", "not counted", ALL),
     ("GPU requests below limits", edit((f"{C0}.resources.requests", {"nvidia.com/gpu": 0})),
      f"{C0}.resources.requests.nvidia.com/gpu", "must equal limits", ALL),
+    # --- devices and scheduling (broker.manifest.noderules, podrequests' pod-level resources)
+    ("NVIDIA_VISIBLE_DEVICES=all with no GPU asked", edit((f"{C0}.env", [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])),
+     f"{C0}.env[0].name", "selects the GPUs the NVIDIA runtime", ALL),
+    ("NVIDIA_DRIVER_CAPABILITIES in an init container", edit(("spec.initContainers", [
+        {**RESTRICTED_INIT, "env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]}])),
+     "spec.initContainers[0].env[0].name", "driver libraries", ALL),
+    ("a device variable from a ConfigMap key", edit((f"{C0}.env", [{"name": "A", "value": "1"},
+        {"name": "AMD_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": CONFIG_MAP_KEY}}])),
+     f"{C0}.env[1].name", "AMD container runtime", ALL),
+    ("an ephemeral container asking 8 GPUs", edit(("spec.ephemeralContainers", [{
+        **RESTRICTED_INIT, "resources": {"limits": {"nvidia.com/gpu": 8}}}])),
+     "spec.ephemeralContainers", "debugging a running pod", ALL),
+    ("the template's own scheduling gate", edit(("spec.schedulingGates", [{"name": "x.io/hold"}])),
+     "spec.schedulingGates", "until the timeout", ALL),
+    ("a runtime class the tenant was not given", edit(("spec.runtimeClassName", "nvidia")),
+     "spec.runtimeClassName", '"nvidia" is not one of the tenant\'s (none)', ALL),
+    ("a keyless Exists toleration", edit(("spec.tolerations", [{"operator": "Exists"}])),
+     "spec.tolerations[0].operator", "tolerates every taint", ALL),
+    ("tolerating the control plane", edit(("spec.tolerations", [
+        {"key": "gpu", "operator": "Exists"},
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}])),
+     "spec.tolerations[1].key", "a taint the operator reserves", ALL),
+    ("a toleration the API server refuses", edit(("spec.tolerations", [{"value": "x"}])),
+     "spec.tolerations[0].operator", "must be Exists when key is empty", ALL),
+    ("GPUs asked for the whole pod", edit(("spec.resources", {"limits": {"nvidia.com/gpu": 8}})),
+     "spec.resources.limits.nvidia.com/gpu", "asked per container", ALL),
+    ("a pod-level request below the containers'", edit(("spec.resources", {"requests": {
+        "cpu": "1"}})), "spec.resources.requests.cpu", "what the containers request (2)", ALL),
+    ("500 CPUs for the whole pod", edit(("spec.resources", {"requests": {"cpu": "500"}})),
+     "spec.resources.requests.cpu", "request 500, but the pod set's resources say 2", ALL),
     # --- Pod Security baseline, one control per row (restricted includes baseline)
     ("privileged", edit((f"{SC0}.privileged", True)), f"{SC0}.privileged", "privileged",
      BASELINE),
     ("privileged init container", edit(("spec.initContainers", [{**RESTRICTED_INIT,
         "securityContext": {**RESTRICTED_INIT["securityContext"], "privileged": True}}])),
      "spec.initContainers[0].securityContext.privileged", "privileged", BASELINE),
-    ("privileged ephemeral container", edit(("spec.ephemeralContainers", [{**RESTRICTED_INIT,
-        "securityContext": {**RESTRICTED_INIT["securityContext"], "privileged": True}}])),
-     "spec.ephemeralContainers[0].securityContext.privileged", "privileged", BASELINE),
     ("hostNetwork", edit(("spec.hostNetwork", True)), "spec.hostNetwork", "host namespaces",
      BASELINE),
     ("hostPID", edit(("spec.hostPID", True)), "spec.hostPID", "host namespaces", BASELINE),
@@ -369,6 +398,25 @@ REQUESTS: list[tuple[str, dict[str, Any], dict[str, Fraction]]] = [
         container("a", {"fedbroker.io/gpu-milli": 250, "ephemeral-storage": "1Gi",
                         "hugepages-2Mi": "4Mi"})]},
      {"fedbroker.io/gpu-milli": Fraction(250)}),
+    # The pod's own spec.resources (KEP-2837), as PodRequests in component-helpers counts it.
+    ("a pod-level request replaces the containers'", {"resources": {"requests": {"cpu": "8"}},
+        "containers": [container("a", {"cpu": "1", "memory": "1Gi"})]},
+     {"cpu": Fraction(8), "memory": Fraction(2**30)}),
+    ("a pod-level request replaces an init container's peak too", {
+        "resources": {"requests": {"cpu": "20"}},
+        "initContainers": [container("i", {"cpu": "16"})], "containers": [container("a")]},
+     {"cpu": Fraction(20)}),
+    ("a pod-level limit stands for a request no container makes", {
+        "resources": {"limits": {"memory": "4Gi"}}, "containers": [container("a", {"cpu": "1"})]},
+     {"cpu": Fraction(1), "memory": Fraction(4 * 2**30)}),
+    ("a pod-level limit leaves the containers' requests as they are", {
+        "resources": {"limits": {"cpu": "4"}}, "containers": [container("a", {"cpu": "1"})]},
+     {"cpu": Fraction(1)}),
+    ("the overhead is added to a pod-level request", {"resources": {"requests": {"cpu": "2"}},
+        "overhead": {"cpu": "250m"}, "containers": [container("a")]},
+     {"cpu": Fraction(9, 4)}),
+    ("pod-level hugepages are the node's", {"resources": {"limits": {"hugepages-2Mi": "4Mi"}},
+        "containers": [container("a", {"cpu": "1"})]}, {"cpu": Fraction(1)}),
 ]  # fmt: skip
 
 
@@ -379,6 +427,48 @@ def test_effective_request(spec: dict[str, Any], effective: dict[str, Fraction])
     requests, problems = pod_requests(spec, ("spec",))
     assert problems == []
     assert requests.effective == effective
+
+
+# (id, pod spec, refused path under spec, fragment): the API server refuses each
+# (validatePodResourceConsistency, and only cpu, memory, hugepages-* for the whole pod).
+POD_LEVEL_REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("GPUs for the whole pod", {"resources": {"limits": {"nvidia.com/gpu": 8}},
+        "containers": [container("a")]}, "resources.limits.nvidia.com/gpu", "per container"),
+    ("ephemeral storage for the whole pod", {"resources": {"requests": {
+        "ephemeral-storage": "1Gi"}}, "containers": [container("a")]},
+     "resources.requests.ephemeral-storage", "only cpu, memory and hugepages-*"),
+    ("a request below the containers'", {"resources": {"requests": {"memory": "1Gi"}},
+        "containers": [container("a", {"memory": "1Gi"}), container("b", {"memory": "1Mi"})]},
+     "resources.requests.memory", "at least what the containers request (1074790400)"),
+    ("a request above the pod's limit", {"resources": {"requests": {"cpu": "4"},
+        "limits": {"cpu": "2"}}, "containers": [container("a")]},
+     "resources.requests.cpu", "must not exceed limits.cpu"),
+    ("a limit below the containers' requests", {"resources": {"limits": {"cpu": "1"}},
+        "containers": [container("a", {"cpu": "1500m"})]},
+     "resources.limits.cpu", "at least what the containers request (1.5)"),
+    ("a container's limit above the pod's", {"resources": {"limits": {"memory": "1Gi"}},
+        "containers": [container("a", {"memory": "1Gi"}, {"memory": "2Gi"})]},
+     "containers[0].resources.limits.memory", "must not exceed the pod's limits.memory"),
+    ("claims for the whole pod", {"resources": {"claims": [{"name": "gpu"}]},
+        "containers": [container("a")]}, "resources.claims", "not counted"),
+    ("not a mapping", {"resources": ["cpu"], "containers": [container("a")]}, "resources",
+     "must be a mapping"),
+    ("a negative amount", {"resources": {"requests": {"cpu": "-1"}},
+        "containers": [container("a")]}, "resources.requests.cpu", "must not be negative"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "path", "fragment"),
+    [r[1:] for r in POD_LEVEL_REFUSED],
+    ids=[r[0] for r in POD_LEVEL_REFUSED],
+)
+def test_pod_level_resources_are_refused_where_the_api_server_refuses_them(
+    spec: dict[str, Any], path: str, fragment: str
+) -> None:
+    _, problems = pod_requests(spec, ("spec",))
+    assert [field_path(v.path) for v in problems] == [f"spec.{path}"]
+    assert fragment in problems[0].message
 
 
 amounts = st.lists(st.integers(min_value=0, max_value=64), max_size=5)

@@ -34,8 +34,8 @@ from broker.model import (
     PodBound,
     PodDeleted,
     Resources,
-    Taint,
 )
+from broker.taints import Taint
 
 NodeKey = tuple[str, str]
 Free = tuple[int, int, tuple[int, ...]]
@@ -612,7 +612,7 @@ def test_a_retyped_or_tainted_node_moves_between_index_groups() -> None:
     ledger = base()
     ledger.assume(make_placement("default/r", "b", pod("r-0", "b1", (0,))))
     snap = ledger.snapshot()
-    old = (GpuType("H100"), frozenset[str]())
+    old = (GpuType("H100"), frozenset[Taint]())
     assert snap.clusters["b"].whole_histogram(old) == [(7, 1)]
 
     retyped = node(
@@ -627,7 +627,7 @@ def test_a_retyped_or_tainted_node_moves_between_index_groups() -> None:
 
     view = ledger.snapshot().clusters["b"]
     assert view.whole_histogram(old) == []
-    assert view.whole_histogram((GpuType("A100"), frozenset({"spot"}))) == [(7, 1)]
+    assert view.whole_histogram((GpuType("A100"), frozenset({Taint("spot")}))) == [(7, 1)]
     assert view.gpu_types() == {GpuType("A100")}
     assert set(ledger.reservations()) == {"default/r"}
     assert index_problems(ledger.snapshot()) == []
@@ -741,7 +741,7 @@ def test_the_histogram_counts_whole_free_gpus_node_by_node() -> None:
     occupy(ledger, "a", "n2", (5,), milli=100)
     occupy(ledger, "a", "n3", (0, 1, 2, 3))
     view = ledger.snapshot().clusters["a"]
-    a100 = (GpuType("A100"), frozenset[str]())
+    a100 = (GpuType("A100"), frozenset[Taint]())
 
     # n1: 5 whole free, n2: 7, n3: 0; the H100 node is in its own group.
     assert view.whole_histogram(a100) == [(0, 1), (5, 1), (7, 1)]

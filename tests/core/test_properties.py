@@ -41,9 +41,9 @@ from broker.model import (
     PodSet,
     ReasonCode,
     Resources,
-    Taint,
     Unplaceable,
 )
+from broker.taints import Taint
 from policies import POLICY_NAMES, make_policy
 
 GPU_TYPES = ("A100", "H100", "V100")

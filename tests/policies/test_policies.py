@@ -30,8 +30,8 @@ from broker.model import (
     Node,
     Placement,
     ReasonCode,
-    Taint,
 )
+from broker.taints import Taint
 from policies import POLICY_NAMES, AutoPolicy, make_policy
 
 
