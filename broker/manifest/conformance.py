@@ -13,6 +13,8 @@ the broker stored read alike. A refusal is one ``ManifestError`` (400) naming th
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,18 +36,31 @@ def refusal(found: list[Violation]) -> ManifestError:
     return ManifestError(f"{path}: {first.message}{more}", path)
 
 
+_TEMPLATES_REMEMBERED = 2048  # distinct templates whose outcome is kept (jobs repeat them)
+
+
 def pod_template(template: Mapping[str, Any], base: Path, *, pod_set: bool) -> dict[str, Any]:
     """The template with canonical quantities, or ManifestError naming its first problem
-    (``pod_set``: a podSets template, which may leave its containers to the launcher)."""
+    (``pod_set``: a podSets template, which may leave its containers to the launcher).
+    Teams submit the same templates over and over: each distinct one is checked once."""
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    normal, found = _checked(text, pod_set)
+    if found:
+        raise refusal([Violation((*base, *v.path), v.message) for v in found])
+    return json.loads(normal)  # type: ignore[no-any-return]
+
+
+@functools.lru_cache(maxsize=_TEMPLATES_REMEMBERED)
+def _checked(text: str, pod_set: bool) -> tuple[str, tuple[Violation, ...]]:
+    """A template (its JSON text) with canonical quantities, as JSON text, and its problems
+    at paths below the template: schema or quantities first, else the API server's rules."""
     root = kubeschema.POD_SET_TEMPLATE if pod_set else kubeschema.POD_TEMPLATE
-    normal, found = kubeschema.normalised(template, root, base)
-    schema = kubeschema.template_problems(normal, base, pod_set=pod_set)
+    normal, found = kubeschema.normalised(json.loads(text), root, ())
+    schema = kubeschema.template_problems(normal, (), pod_set=pod_set)
     if schema or found:
-        raise refusal(schema or found)
-    rules = pod_template_problems(normal, base, containers_required=not pod_set)
-    if rules:
-        raise refusal(rules)
-    return dict(normal)
+        return text, tuple(schema or found)
+    rules = pod_template_problems(normal, (), containers_required=not pod_set)
+    return json.dumps(normal, separators=(",", ":")), tuple(rules)
 
 
 def _workload(workload: WorkloadObject, name: str) -> WorkloadObject:

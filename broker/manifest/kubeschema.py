@@ -9,7 +9,7 @@ word), and so is an ``int32`` out of range. Every problem is a ``Violation`` at 
 path from the manifest root, with a message that names the type or values wanted and never
 repeats more than 40 characters of what was sent. Compiled validators are kept per root
 (``jsonschema_rs``, a compiled JSON Schema validator; the pure-Python one costs ~100 times
-as much per template), and a template already found valid is not validated again.
+as much per template).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema_rs
@@ -33,7 +34,6 @@ JOB_SPEC = "io.k8s.api.batch.v1.JobSpec"
 POD_SET_TEMPLATE = "fedbroker.PodSetTemplateSpec"
 _POD_SPEC = "io.k8s.api.core.v1.PodSpec"
 _POD_SET_SPEC = "fedbroker.PodSetPodSpec"
-_CHECKED_CACHE = 2048  # distinct valid templates remembered (their JSON text)
 
 
 def _definitions() -> dict[str, Any]:
@@ -134,17 +134,10 @@ def problems(obj: object, root: str, base: Path) -> list[Violation]:
     return found
 
 
-@functools.lru_cache(maxsize=_CHECKED_CACHE)
-def _template_problems(text: str, root: str) -> tuple[Violation, ...]:
-    return tuple(problems(json.loads(text), root, ()))
-
-
 def template_problems(template: Mapping[str, Any], base: Path, *, pod_set: bool) -> list[Violation]:
     """``problems`` of a pod template (``pod_set``: a podSets template, whose containers
-    the launcher supplies when it gives none); each distinct template is checked once."""
-    root = POD_SET_TEMPLATE if pod_set else POD_TEMPLATE
-    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
-    return [Violation((*base, *v.path), v.message) for v in _template_problems(text, root)]
+    the launcher supplies when it gives none)."""
+    return problems(template, POD_SET_TEMPLATE if pod_set else POD_TEMPLATE, base)
 
 
 # -- quantities ----------------------------------------------------------------------------
@@ -154,13 +147,24 @@ def normalised(obj: Any, root: str, base: Path) -> tuple[Any, list[Violation]]:
     """``obj`` (valid against ``root``) with every quantity its schema names written in
     canonical form (``1`` -> ``"1"``, ``0.5`` -> ``"500m"``), and a Violation for each that
     is no quantity (the schema takes any string there); the same object when nothing
-    changed, so an unchanged manifest is not copied."""
-    if root.startswith("crd:"):
-        schema, defs = schemas.crds()[root[4:]]["schema"], {}
-    else:
-        schema, defs = {"$ref": f"#/$defs/{root}"}, _defs()
+    changed, so an unchanged manifest is not copied. Only the branches of the schema that
+    hold a quantity are walked (``_Shape``)."""
     found: list[Violation] = []
-    return _walk(obj, schema, defs, base, found), found
+    shape = _root_shape(root)
+    return (obj if shape is None else _apply(obj, shape, base, found)), found
+
+
+_QUANTITY = "quantity"
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The branches of a schema node that lead to a quantity: by property, for any other
+    key (a map's values), for a list's items."""
+
+    props: dict[str, _Shape | str]
+    extra: _Shape | str | None
+    items: _Shape | str | None
 
 
 def _resolved(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -169,11 +173,45 @@ def _resolved(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str
     return schema
 
 
-def _walk(
-    obj: Any, schema: Mapping[str, Any], defs: Mapping[str, Any], at: Path, found: list[Violation]
-) -> Any:
+@functools.cache
+def _root_shape(root: str) -> _Shape | str | None:
+    if root.startswith("crd:"):
+        return _shape(schemas.crds()[root[4:]]["schema"], {}, {})
+    return _shape({"$ref": f"#/$defs/{root}"}, _defs(), {})
+
+
+def _shape(
+    schema: Mapping[str, Any], defs: Mapping[str, Any], memo: dict[int, _Shape | str | None]
+) -> _Shape | str | None:
+    """Where the quantities are below ``schema`` (None: nowhere). The schemas have no
+    cycles (Kubernetes' pod types, CRDs' structural schemas)."""
     schema = _resolved(schema, defs)
-    if schema.get(schemas.QUANTITY_MARK):
+    key = id(schema)
+    if key not in memo:
+        memo[key] = (
+            _QUANTITY if schema.get(schemas.QUANTITY_MARK) else _branches(schema, defs, memo)
+        )
+    return memo[key]
+
+
+def _branches(
+    schema: Mapping[str, Any], defs: Mapping[str, Any], memo: dict[int, _Shape | str | None]
+) -> _Shape | None:
+    props = {}
+    for name, sub in (schema.get("properties") or {}).items():
+        found = _shape(sub, defs, memo)
+        if found is not None:
+            props[name] = found
+    extra, items = schema.get("additionalProperties"), schema.get("items")
+    extra_shape = _shape(extra, defs, memo) if isinstance(extra, dict) else None
+    items_shape = _shape(items, defs, memo) if isinstance(items, dict) else None
+    if not props and extra_shape is None and items_shape is None:
+        return None
+    return _Shape(props, extra_shape, items_shape)
+
+
+def _apply(obj: Any, shape: _Shape | str, at: Path, found: list[Violation]) -> Any:
+    if isinstance(shape, str):
         if obj is None:
             return obj
         try:
@@ -183,18 +221,18 @@ def _walk(
             return obj
         return obj if text == obj else text
     if isinstance(obj, dict):
-        props = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
+        keys = obj if shape.extra is not None else [k for k in shape.props if k in obj]
         changed = {}
-        for key, value in obj.items():
-            sub = props.get(key, extra if isinstance(extra, Mapping) else None)
+        for key in keys:
+            sub = shape.props.get(key, shape.extra)
             if sub is not None:
-                new = _walk(value, sub, defs, (*at, key), found)
+                value = obj[key]
+                new = _apply(value, sub, (*at, key), found)
                 if new is not value:
                     changed[key] = new
         return {**obj, **changed} if changed else obj
-    if isinstance(obj, list) and isinstance(schema.get("items"), Mapping):
-        items = [_walk(item, schema["items"], defs, (*at, i), found) for i, item in enumerate(obj)]
+    if isinstance(obj, list) and shape.items is not None:
+        items = [_apply(item, shape.items, (*at, i), found) for i, item in enumerate(obj)]
         return items if any(a is not b for a, b in zip(items, obj, strict=True)) else obj
     return obj
 
