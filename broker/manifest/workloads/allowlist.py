@@ -144,6 +144,14 @@ class _Node:
     fields: dict[str, _Node] = field(default_factory=dict)
     items: _Node | None = None
     values: _Node | None = None
+    holds_template: bool = False  # a TEMPLATE leaf is here or below
+
+
+def _mark_templates(node: _Node) -> bool:
+    below = [*node.fields.values(), *(n for n in (node.items, node.values) if n is not None)]
+    marked = [_mark_templates(child) for child in below]  # every child marked, not just one
+    node.holds_template = any(marked) or (node.rule is not None and node.rule.kind == "template")
+    return node.holds_template
 
 
 def steps(path: str) -> tuple[str, ...]:
@@ -176,6 +184,7 @@ def _compiled(table: Table) -> _Node:
         if node.rule is not None or node.fields or node.items or node.values:
             raise ValueError(f"{path}: listed twice, or a parent of another row")
         node.rule = rule
+    _mark_templates(root)
     return root
 
 
@@ -270,27 +279,32 @@ def reserved_key(key: object) -> bool:
 
 def templates(table: Table, spec: Mapping[str, Any]) -> list[tuple[Path, Mapping[str, Any]]]:
     """Every pod template in ``spec`` at a ``TEMPLATE`` row of ``table``, with its path from
-    the object's root, in the object's order (a value of the wrong type is skipped: the
-    walker or the kind's reading refuses it)."""
-    return [
-        (path, value)
-        for path, value, rule in _leaves(_compiled(table), spec, ("spec",))
-        if rule.kind == "template" and isinstance(value, Mapping)
-    ]
+    the object's root, in the table's order of fields and the object's order of items (a
+    value of the wrong type is skipped: the walker or the kind's reading refuses it)."""
+    out: list[tuple[Path, Mapping[str, Any]]] = []
+    _templates(_compiled(table), spec, ("spec",), out)
+    return out
 
 
-def _leaves(node: _Node, value: Any, path: Path) -> Iterator[tuple[Path, Any, Rule]]:
+def _templates(
+    node: _Node, value: Any, path: Path, out: list[tuple[Path, Mapping[str, Any]]]
+) -> None:
+    """Down the branches of the table that hold a template, only."""
     if node.rule is not None:
-        if value is not None:
-            yield path, value, node.rule
+        if node.rule.kind == "template" and isinstance(value, Mapping):
+            out.append((path, value))
     elif node.items is not None:
         for i, item in enumerate(value if isinstance(value, list) else ()):
-            yield from _leaves(node.items, item, (*path, i))
-    elif isinstance(value, Mapping):
+            _templates(node.items, item, (*path, i), out)
+    elif not isinstance(value, Mapping):
+        return
+    elif node.values is not None:
         for key, item in value.items():
-            child = node.values if node.values is not None else node.fields.get(key)
-            if child is not None:
-                yield from _leaves(child, item, (*path, key))
+            _templates(node.values, item, (*path, key), out)
+    else:
+        for key, child in node.fields.items():
+            if child.holds_template and key in value:
+                _templates(child, value[key], (*path, key), out)
 
 
 def matches(pattern: str, path: Path) -> bool:

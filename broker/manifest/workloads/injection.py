@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from broker.manifest.errors import field_path
 from broker.manifest.podrequests import Violation
-from broker.manifest.podsecurity import Fields, Level, Pod, check
+from broker.manifest.podsecurity import CONTAINER_KINDS, Fields, Level, Pod, check
 from broker.manifest.workloads.allowlist import matches, steps
 from broker.manifest.workloads.reading import Path
 
@@ -76,9 +76,13 @@ def made(injection: Injection, template: Mapping[str, Any]) -> dict[str, Any]:
 def _refusal(
     injection: Injection, template: Mapping[str, Any], path: Path, level: Level
 ) -> Violation | None:
-    pod = made(injection, template)
-    index = len(pod["spec"][injection.into]) - 1
-    where = (*path, "spec", injection.into, index)
+    # The added container alone, with the pod's own fields: the tenant's containers and
+    # volumes have passed the level already, and a container's checks read only those.
+    pod_spec = made(injection, template)["spec"]
+    added = pod_spec[injection.into][-1]
+    alone = {k: v for k, v in pod_spec.items() if k not in CONTAINER_KINDS and k != "volumes"}
+    pod = {**template, "spec": {**alone, "containers": [], injection.into: [added]}}
+    where = (*path, "spec", injection.into, 0)
     f = Fields()
     check(Pod.read(pod, path, f), level, f)
     found = [v for v in f.found if v.path[: len(where)] == where]

@@ -161,9 +161,9 @@ RAY_JOB_FIELDS: Table = (
             ),
         ),
     ),
+    *under("rayClusterSpec", CLUSTER),
     ("submitterConfig.backoffLimit", whole(0, MAX_RETRIES, RETRIES)),
     ("submitterPodTemplate", TEMPLATE),
-    *under("rayClusterSpec", CLUSTER),
     (
         "clusterSelector",
         refused(
