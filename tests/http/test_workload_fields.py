@@ -307,3 +307,14 @@ async def test_where_the_added_container_is_allowed_the_pytorchjob_is_admitted(
 ) -> None:
     response = await api.post("/v1/jobs", json=job("ddp", workload), headers=headers)
     assert response.status == 201, await response.text()
+
+
+@pytest.mark.parametrize(("key", "value"), NAMED, ids=[n[0] for n in NAMED])
+async def test_a_pod_sets_template_metadata_is_labels_and_annotations_only(
+    api: Client, key: str, value: Any
+) -> None:
+    pod_set = {"name": "w", "count": 1, "template": {"metadata": {key: value}, **POD}}
+    body = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+            "metadata": {"name": "evil"}, "spec": {"podSets": [pod_set]}}  # fmt: skip
+    error = await refused_and_nothing_stored(api, body, A)
+    assert error.startswith(f"spec.podSets[0].template.metadata.{key}: "), error
