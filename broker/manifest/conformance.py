@@ -77,8 +77,8 @@ def _workload(workload: WorkloadObject, name: str) -> WorkloadObject:
     if schema or found:
         raise refusal(schema or found)
     obj = {"apiVersion": workload.api_version, "kind": workload.kind, "spec": spec}
-    for pod_set in workloads.derive(obj):
-        pod_template(pod_set.template, (*WORKLOAD_AT, *pod_set.path), pod_set=False)
+    for path, template in workloads.templates(obj):  # counted or not: all reach the member
+        pod_template(template, (*WORKLOAD_AT, *path), pod_set=False)
     rules = found_kind.rules(name, spec)
     if rules:
         # The object is created under the job's name: a name problem is the manifest's.

@@ -19,6 +19,13 @@ stored (pure, no I/O; DESIGN.md invariant 8).
   var, ephemeral container or scheduling gate of its own, a runtime class and tolerations
   only as the tenant's ``NodeAccess`` allows.
 
+For a ``spec.workload`` job, first the object's own fields pass its kind's allowlist
+(``workloads.field_violations``); the policy then runs on every pod template of the job,
+counted or not (``workloads.templates``), each carrying only labels and annotations as
+metadata, none of the broker's (``workloads.allowlist.template_metadata``); and what the
+kind's controller adds to its pods must pass the tenant's level too
+(``workloads.injection_refusals``).
+
 A refusal is a ``PolicyViolation`` naming the full field path from the manifest root. Then
 every container's requests are counted (``podrequests``) and must equal the pod set's
 ``resources``; a resource the pod set leaves out is derived from the template. A mismatch is
@@ -34,9 +41,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from broker.manifest import workloads
 from broker.manifest.conformance import conformed
 from broker.manifest.errors import ManifestError, field_path, first_error, show
-from broker.manifest.models import FederatedJob, PodSetSpec, ResourcesSpec
+from broker.manifest.models import FederatedJob, JobSpec, PodSetSpec, ResourcesSpec
 from broker.manifest.noderules import DEFAULT_ACCESS, NodeAccess, node_rules
 from broker.manifest.podrequests import (
     AMD_GPU,
@@ -49,6 +57,7 @@ from broker.manifest.podrequests import (
     pod_requests,
 )
 from broker.manifest.podsecurity import Fields, Level, Pod, check
+from broker.manifest.workloads.allowlist import template_metadata
 from broker.quantity import parse_quantity
 
 BROKER_DOMAIN = "fedbroker.io"
@@ -111,13 +120,21 @@ def admit_templates(
     manifest = conformed(manifest)
     accounts = frozenset(service_accounts)
     spec = manifest.spec
+    views = spec.pod_set_views()
     if spec.workload is not None and spec.workload.metadata is not None:
         _workload_metadata(spec.workload.metadata.labels, spec.workload.metadata.annotations)
+    # The workload's own fields, every pod template of the job (counted or not: a Ray group
+    # of no pods reaches the member too), then what the workload's controller adds.
+    workload = spec.workload.wire() if spec.workload is not None else None
+    if workload is not None:
+        _refuse(workloads.field_violations(workload), _WORKLOAD)
+    for at, template in _every_template(spec, workload, views).items():
+        metadata = template_metadata(template, at)
+        _refuse([*metadata, *template_violations(template, level, accounts, at, access=access)])
+    if workload is not None:
+        _refuse(workloads.injection_refusals(workload, level), _WORKLOAD)
     pod_sets: list[PodSetSpec] = []
-    for pod_set, at in spec.pod_set_views():
-        violations = template_violations(pod_set.template, level, accounts, at, access=access)
-        if violations:
-            raise PolicyViolation(violations)
+    for pod_set, at in views:
         stated = (*at[:-1], "resources") if spec.workload is None else None
         pod_sets.append(_reconciled(pod_set, at, stated))
     if spec.workload is not None or pod_sets == list(spec.pod_sets or ()):
@@ -132,6 +149,33 @@ def derived_resources(template: Mapping[str, Any], at: Path) -> ResourcesSpec:
         name="derived", count=1, resources=ResourcesSpec(), template=dict(template)
     )
     return _reconciled(pod_set, at, None).resources
+
+
+_WORKLOAD: Path = ("spec", "workload")
+
+
+def _every_template(
+    spec: JobSpec, workload: Mapping[str, Any] | None, views: list[tuple[PodSetSpec, Path]]
+) -> dict[Path, Mapping[str, Any]]:
+    """Path from the manifest root -> pod template, for every template of the job: the
+    given pod sets', or all of the workload's (and, whatever the kind's table says, every
+    counted one)."""
+    found: dict[Path, Mapping[str, Any]] = {}
+    if workload is not None:
+        found = {(*_WORKLOAD, *path): t for path, t in workloads.templates(workload)}
+    for pod_set, at in views:
+        found.setdefault(at, pod_set.template)
+    return found
+
+
+def _refuse(violations: list[Violation], prefix: Path = ()) -> None:
+    """PolicyViolation for ``violations`` (paths below ``prefix``; the first per path), if
+    there are any."""
+    first: dict[Path, Violation] = {}
+    for v in violations:
+        first.setdefault((*prefix, *v.path), Violation((*prefix, *v.path), v.message))
+    if first:
+        raise PolicyViolation(list(first.values()))
 
 
 def _workload_metadata(labels: Mapping[str, str], annotations: Mapping[str, str]) -> None:

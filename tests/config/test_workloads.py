@@ -22,6 +22,7 @@ from broker.manifest import (
     workload_of,
 )
 from broker.manifest.fields import MAX_POD_SETS, MAX_PODS, MAX_PODS_PER_SET
+from broker.manifest.workloads import templates
 from broker.model import PodSet, Resources
 
 Obj = dict[str, Any]
@@ -206,6 +207,8 @@ def test_each_kind_derives_the_pod_sets_kueue_does(
     assert spec.pod_sets == tuple((name, path) for name, _, _, path in expected)
     for _, path in spec.pod_sets:  # every path leads to a pod template in the stored object
         assert _at(dict(spec.object), path)["spec"]["containers"]
+    # ... and is one of the templates the template policy checks
+    assert {path for _, path in spec.pod_sets} <= {path for path, _ in templates(spec.object)}
     # the stored manifest reads back to the same job (recovery rebuilds it from the store)
     again = parse_manifest(json.dumps(wire).encode(), "application/json")
     assert to_job(again, "team-a", "training") == job

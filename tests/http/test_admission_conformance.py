@@ -111,6 +111,7 @@ def c0(body: Obj) -> Obj:
     return container
 
 
+NAMED_PORT = {"containerPort": "x"}
 T = "spec.podSets[0].template"
 C0 = f"{T}.spec.containers[0]"
 W = "spec.workload.spec"
@@ -186,6 +187,12 @@ REFUSED: list[tuple[str, Obj, str, str]] = [
      f"{W}.pytorchReplicaSpecs.Master.replicas", "must be given as 1"),
     ("a PyTorchJob named with a digit first", workload(pytorch_spec(), name="1train"),
      "metadata.name", "DNS-1035"),
+    ("a Ray worker group of no pods, still created", edited(workload(ray_job_spec()), lambda b: b[
+        "spec"]["workload"]["spec"]["rayClusterSpec"]["workerGroupSpecs"].append({
+            "groupName": "idle", "replicas": 0, "minReplicas": 0, "maxReplicas": 0,
+            "template": {"spec": {"containers": [main(name="w", ports=[NAMED_PORT])]}}})),
+     f"{W}.rayClusterSpec.workerGroupSpecs[1].template.spec.containers[0].ports[0].containerPort",
+     "must be an integer"),
     ("a RayJob name too long for KubeRay", workload(ray_job_spec(), name="r" * 48),
      "metadata.name", "longer than 47"),
 ]  # fmt: skip

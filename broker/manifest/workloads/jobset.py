@@ -7,7 +7,11 @@ pod template is ``spec.replicatedJobs[i].template.spec.template``.
 writes OnFailure into an empty restartPolicy and Indexed into an empty completionMode), and
 the names JobSet's webhook checks (kubernetes-sigs/jobset ``pkg/webhooks/jobset_webhook.go``):
 ``<jobset>-<replicatedJob>-<last job index>`` a DNS-1035 label, and for an Indexed job
-with completions its longest pod name plus a 6-character suffix too."""
+with completions its longest pod name plus a 6-character suffix too.
+
+``FIELDS``: what a tenant may set, names from the real CRD (kubernetes-sigs/jobset,
+``config/components/crd/bases``); each replicated job's Job template takes a batch Job's
+``JOB_SPEC`` and, as metadata, labels and annotations only."""
 
 from __future__ import annotations
 
@@ -17,6 +21,20 @@ from typing import Any
 from broker.manifest.apirules import DNS1035_LABEL, job_spec_problems, name_problem
 from broker.manifest.errors import FieldError, show
 from broker.manifest.podrequests import Violation
+from broker.manifest.workloads.allowlist import (
+    MAX_RETRIES,
+    MIN_TTL_SECONDS,
+    Table,
+    boolean,
+    false_only,
+    one_of,
+    refused,
+    string,
+    template_meta,
+    under,
+    whole,
+)
+from broker.manifest.workloads.batchjob import JOB_SPEC, MANAGED_BY, SUSPENDED, TTL
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -31,6 +49,60 @@ from broker.manifest.workloads.reading import (
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 KIND = "JobSet"
+
+_JOB = "replicatedJobs[*].template"
+HELD_BACK = (
+    "the broker starts a gang's pods together; a replicated job held back until another is "
+    "ready or complete starts late, past the gang timeout, or never"
+)
+FIELDS: Table = (
+    ("replicatedJobs[*].name", string("names its pod set")),
+    ("replicatedJobs[*].replicas", whole(1, why="Jobs of this template, counted")),
+    ("replicatedJobs[*].groupName", string("a label on its pods")),
+    ("replicatedJobs[*].dependsOn", refused(HELD_BACK)),
+    *template_meta(f"{_JOB}.metadata"),
+    *under(f"{_JOB}.spec", JOB_SPEC),
+    ("successPolicy.operator", one_of("All", "Any")),
+    ("successPolicy.targetReplicatedJobs[*]", string()),
+    (
+        "failurePolicy.maxRestarts",
+        whole(0, MAX_RETRIES, "each restart runs every Job again, inside the placement"),
+    ),
+    ("failurePolicy.restartStrategy", one_of("Recreate", "BlockingRecreate", "InPlaceRestart")),
+    ("failurePolicy.rules[*].name", string()),
+    (
+        "failurePolicy.rules[*].action",
+        one_of(
+            "FailJobSet",
+            "RestartJobSet",
+            "RestartJob",
+            why="the ...AndIgnoreMaxRestarts actions restart without bound",
+        ),
+    ),
+    ("failurePolicy.rules[*].onJobFailureReasons[*]", string()),
+    ("failurePolicy.rules[*].onJobFailureMessagePatterns[*]", string()),
+    ("failurePolicy.rules[*].targetReplicatedJobs[*]", string()),
+    ("network.enableDNSHostnames", boolean()),
+    ("network.publishNotReadyAddresses", boolean()),
+    (
+        "network.subdomain",
+        refused(
+            "names the JobSet's headless Service; the broker names it after the job, so that no "
+            "two jobs' Services collide"
+        ),
+    ),
+    ("coordinator.replicatedJob", string()),
+    ("coordinator.jobIndex", whole(0)),
+    ("coordinator.podIndex", whole(0)),
+    ("startupPolicy", refused(HELD_BACK)),
+    ("suspend", false_only(SUSPENDED)),
+    ("managedBy", refused(MANAGED_BY)),
+    ("ttlSecondsAfterFinished", whole(MIN_TTL_SECONDS, why=TTL)),
+    (
+        "volumeClaimPolicies",
+        refused("makes PersistentVolumeClaims the broker neither counts nor deletes"),
+    ),
+)
 
 
 def pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:

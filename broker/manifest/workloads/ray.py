@@ -20,7 +20,15 @@ writes KubeRay's default submitter template into the object (the head's image; r
 template policy and launched from one template; the default also sets
 ``automountServiceAccountToken: false`` and a restricted security context (non-root, no
 privilege escalation, every capability dropped, RuntimeDefault seccomp) so it passes every
-Pod Security level: the submitter only talks to the Ray dashboard, never to the API."""
+Pod Security level: the submitter only talks to the Ray dashboard, never to the API.
+
+``CLUSTER``, ``RAY_CLUSTER_FIELDS`` and ``RAY_JOB_FIELDS``: what a tenant may set, names
+from the real CRDs (ray-project/kuberay, ``helm-chart/kuberay-operator/crds``). A group's
+``labels`` are a label map: KubeRay merges them into its pods' labels
+(``ray-operator/controllers/ray/common/pod.go``, ``DefaultWorkerPodTemplate``).
+``injections``: KubeRay adds the init container ``wait-gcs-ready`` to every worker pod
+(same file; on unless the operator sets ``ENABLE_INIT_CONTAINER_INJECTION=false``), with
+the Ray container's securityContext, image, env and volume mounts and 200m CPU / 256Mi."""
 
 from __future__ import annotations
 
@@ -30,6 +38,22 @@ from typing import Any
 from broker.manifest.apirules import DNS1035_LABEL, name_problem
 from broker.manifest.errors import FieldError, show
 from broker.manifest.podrequests import Violation
+from broker.manifest.workloads.allowlist import (
+    LABELS,
+    MAX_RETRIES,
+    TEMPLATE,
+    Table,
+    boolean,
+    false_only,
+    number,
+    one_of,
+    refused,
+    string,
+    under,
+    whole,
+)
+from broker.manifest.workloads.batchjob import MANAGED_BY, RETRIES, SUSPENDED
+from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     Path,
@@ -70,6 +94,144 @@ def ray_cluster_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
 
 def ray_job_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
     return _name_rules(name, MAX_RAY_JOB_NAME, RAY_JOB)
+
+
+AUTOSCALING_OFF = "autoscaling is off: the broker places a fixed gang"
+OUTSIDE = "reaches the head from outside the cluster"
+START_PARAMS = "arguments of ray start, in the tenant's own container"
+RAY_RESOURCES = "Ray's logical resources; the pod's own requests are what is counted"
+_HEAD = "headGroupSpec"
+_WORKERS = "workerGroupSpecs[*]"
+CLUSTER: Table = (
+    ("rayVersion", string()),
+    ("enableInTreeAutoscaling", false_only(AUTOSCALING_OFF)),
+    (f"{_HEAD}.template", TEMPLATE),
+    (f"{_HEAD}.rayStartParams.*", string(START_PARAMS)),
+    (f"{_HEAD}.labels", LABELS),
+    (f"{_HEAD}.resources.*", string(RAY_RESOURCES)),
+    (f"{_HEAD}.serviceType", one_of("ClusterIP", why=f"NodePort or LoadBalancer {OUTSIDE}")),
+    (f"{_HEAD}.enableIngress", false_only(f"an Ingress {OUTSIDE}")),
+    (
+        f"{_HEAD}.headService",
+        refused(
+            f"a Service of the tenant's design (externalIPs, NodePort, LoadBalancer) {OUTSIDE}"
+        ),
+    ),
+    (f"{_HEAD}.ingressOptions", refused(f"an Ingress {OUTSIDE}")),
+    (f"{_WORKERS}.groupName", string("names its pod set")),
+    (f"{_WORKERS}.replicas", whole(0, why="counted")),
+    (f"{_WORKERS}.minReplicas", whole(0, why="counted")),
+    (f"{_WORKERS}.maxReplicas", whole(0, why="counted")),
+    (f"{_WORKERS}.numOfHosts", whole(1, why="counted")),
+    (f"{_WORKERS}.template", TEMPLATE),
+    (f"{_WORKERS}.rayStartParams.*", string(START_PARAMS)),
+    (f"{_WORKERS}.labels", LABELS),
+    (f"{_WORKERS}.resources.*", string(RAY_RESOURCES)),
+    (f"{_WORKERS}.suspend", false_only(SUSPENDED)),
+    (f"{_WORKERS}.scaleStrategy", refused(f"deletes chosen workers; {AUTOSCALING_OFF}")),
+    (f"{_WORKERS}.idleTimeoutSeconds", refused(AUTOSCALING_OFF)),
+    (
+        "autoscalerOptions",
+        refused(
+            "the autoscaler's container on the head pod (image, env, securityContext), outside "
+            f"the template policy; {AUTOSCALING_OFF}"
+        ),
+    ),
+    (
+        "headServiceAnnotations",
+        refused("annotations on the head's Service drive cloud load balancers and meshes"),
+    ),
+    (
+        "gcsFaultToleranceOptions",
+        refused("an external Redis, or a volume claim the broker neither counts nor deletes"),
+    ),
+    (
+        "historyServerOptions",
+        refused("adds a collector container to every pod, outside the template policy"),
+    ),
+    ("networkPolicy", refused("NetworkPolicies in the tenant's namespace are the member's")),
+    ("suspend", false_only(SUSPENDED)),
+    ("managedBy", refused(MANAGED_BY)),
+)
+RAY_CLUSTER_FIELDS = CLUSTER
+RAY_JOB_FIELDS: Table = (
+    ("entrypoint", string()),
+    ("entrypointNumCpus", number(0)),
+    ("entrypointNumGpus", number(0)),
+    ("entrypointResources", string()),
+    ("jobId", string()),
+    ("metadata.*", string()),
+    ("runtimeEnvYAML", string()),
+    ("shutdownAfterJobFinishes", boolean()),
+    (
+        "ttlSecondsAfterFinished",
+        whole(0, why="deletes the Ray cluster once the job ended; the RayJob and its status stay"),
+    ),
+    ("activeDeadlineSeconds", whole(1, why="ends the job sooner, never later")),
+    ("preRunningDeadlineSeconds", whole(1, why="ends the job sooner, never later")),
+    (
+        "backoffLimit",
+        whole(0, MAX_RETRIES, "each retry makes a new Ray cluster, inside the placement"),
+    ),
+    (
+        "submissionMode",
+        one_of(
+            K8S_JOB_MODE,
+            "HTTPMode",
+            why=(
+                "InteractiveMode waits for a person while the gang holds its GPUs; "
+                "SidecarMode adds a container to the head pod, outside the template policy"
+            ),
+        ),
+    ),
+    *under("rayClusterSpec", CLUSTER),
+    ("submitterConfig.backoffLimit", whole(0, MAX_RETRIES, RETRIES)),
+    ("submitterPodTemplate", TEMPLATE),
+    (
+        "clusterSelector",
+        refused(
+            "KubeRay would submit to an existing Ray cluster, maybe another tenant's, while the "
+            "broker holds a gang that never gets pods"
+        ),
+    ),
+    (
+        "deletionStrategy",
+        refused(
+            "the broker deletes the workload when its job ends; a RayJob deleted sooner reads as "
+            "deleted behind its back"
+        ),
+    ),
+    ("suspend", false_only(SUSPENDED)),
+    ("managedBy", refused(MANAGED_BY)),
+)
+
+# KubeRay's wait-gcs-ready init container as far as Pod Security sees it (its image, env
+# and volume mounts are the Ray container's too).
+WAIT_GCS_READY = {
+    "name": "wait-gcs-ready",
+    "command": ["/bin/bash", "-lc", "--"],
+    "args": ["until ray health-check --address $RAY_IP:$RAY_PORT; do sleep 5; done"],
+    "resources": {"limits": {"cpu": "200m", "memory": "256Mi"},
+                  "requests": {"cpu": "200m", "memory": "256Mi"}},
+}  # fmt: skip
+
+
+def injections(cluster: str) -> tuple[Injection, ...]:
+    """What KubeRay adds to the pods of a Ray cluster whose spec is at ``cluster`` ("" for a
+    RayCluster's own spec, a table path)."""
+    workers = f"{cluster}.{_WORKERS}.template" if cluster else f"{_WORKERS}.template"
+    return (
+        Injection(
+            what='KubeRay adds the init container "wait-gcs-ready", with the securityContext '
+            "of the first container, to every worker pod",
+            templates=workers,
+            into="initContainers",
+            container=WAIT_GCS_READY,
+            instead="give the worker's first container a securityContext this tenant's level "
+            "allows",
+            security_from_first=True,
+        ),
+    )
 
 
 def ray_cluster_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
