@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from adapters.simulated import SimulatedLauncher, generate_nodes
 from broker.config import Config
@@ -45,6 +45,9 @@ from broker.service.readmodel import ReadModel
 from broker.service.recovery import Recovery
 from broker.service.state import Shared, TenantPolicyBook
 from broker.store import Store, open_store
+
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
 
 
 @dataclass(eq=False)
@@ -122,8 +125,9 @@ def _shared(
         for q in config.queues
     )  # fmt: skip
     backoff = LifecycleSettings(
-        sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit
-    )
+        sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit,
+        sched.launch_refusal_limit,
+    )  # fmt: skip
     return Shared(
         config=config, clock=clock, ledger=ledger, queue=queue,
         lifecycle=Lifecycle(ledger, queue, backoff), policies=TenantPolicyBook(queue),
@@ -144,6 +148,7 @@ class Options(TypedDict, total=False):
     run_seconds: Callable[[Placement], float | None] | None  # simulated run times
     elector: Elector | None  # default: from the config (elector_for)
     identity: str | None  # this replica's name in the election
+    member_retry_wait: wait_base | None  # between Kubernetes members' request retries
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:
@@ -164,7 +169,10 @@ def build(config: Config, **options: Unpack[Options]) -> Parts:
         elected,
         deposed,
     )
-    kube = KubeMembers(config.clusters, config.scheduler.stale_after_seconds, clock)
+    kube = KubeMembers(
+        config.clusters, config.scheduler.stale_after_seconds, clock,
+        options.get("member_retry_wait"),
+    )  # fmt: skip
     ledger = Ledger()
     default, dispatch = _launching(
         config, ledger, options.get("launcher"), options.get("run_seconds"), kube
