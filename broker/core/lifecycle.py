@@ -4,8 +4,9 @@ It owns the jobs that are *Placed* (reserved in the ledger, being launched) and 
 and enforces DESIGN.md invariant 2: if a gang's pods are not all running within its
 ``scheduleTimeoutSeconds`` (or its launch fails), every pod of it is deleted, the
 reservation released, and the job requeued with exponential backoff (60 s base, doubling,
-3600 s cap; after ``backoffLimit`` requeues it fails for good). Running jobs hold bound
-capacity until they end.
+3600 s cap; after ``backoffLimit`` requeues it fails for good). A launch its member refused
+for good (invariant 9) is rolled back the same way, and fails the job at the
+``refusal_limit``-th such refusal. Running jobs hold bound capacity until they end.
 
 The state machine is synchronous and takes ``now`` from its caller (an injected clock), so
 timeouts and backoff are tested without sleeping.
