@@ -100,6 +100,7 @@ class OurPods:
         self._backoff = backoff or Backoff()
         self._rv = ""
         self._task: asyncio.Task[None] | None = None
+        self._traced: set[str] = set()  # unexpected exceptions' types logged with traceback
 
     @property
     def running(self) -> bool:
@@ -145,11 +146,14 @@ class OurPods:
                 attempt = await self._back_off(attempt, type(exc).__name__, exc)
 
     async def _back_off(self, attempt: int, why: str, error: Exception | None = None) -> int:
-        """Wait before the next list; an unexpected ``error``'s traceback is logged with
-        the first failure of a run of them."""
+        """Wait before the next list; an unexpected ``error``'s traceback is logged the
+        first time its type is met (a member answering the same way again is one line)."""
         delay = self._backoff.delay(attempt)
+        traced = error is not None and why not in self._traced
+        if traced:
+            self._traced.add(why)
         log.warning("cluster %s: cannot follow our pods (%s); again in %.1fs",
-                    self.cluster, why, delay, exc_info=error if attempt == 0 else None)  # fmt: skip
+                    self.cluster, why, delay, exc_info=error if traced else None)  # fmt: skip
         await self._sleep(delay)
         return attempt + 1
 
