@@ -24,7 +24,18 @@ from broker.model import CapacityEvent, Placement, PodBound
 
 
 class LaunchError(Exception):
-    """A gang's pods could not be started (the lifecycle rolls it back and requeues it)."""
+    """A gang's pods could not be started (the service rolls it back and requeues it).
+
+    ``permanent``: the member refused what the job asked of it for a reason a retry will
+    not change (a Kubernetes member's 400/403/404/409/422 on a create): the service fails
+    the job after ``scheduler.launchRefusalLimit`` such refusals instead of backing off for
+    ever. Otherwise (unreachable, 5xx, timeouts, a gang that did not start) it is
+    transient. The message names the object and the member's answer, never a credential:
+    it reaches the job's history."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class WatchError(Exception):
@@ -138,8 +149,9 @@ class Launcher(Protocol):
     """Starts and removes placed gangs in their cluster (asyncio; the live broker's port)."""
 
     async def launch(self, placement: Placement) -> None:
-        """Return once every pod of the placement runs; raise ``LaunchError`` if it fails.
-        The caller applies the gang timeout by cancelling this."""
+        """Return once every pod of the placement runs; raise ``LaunchError`` if it fails
+        (any other exception is a failure too). The caller applies the gang timeout by
+        cancelling this, and deletes what a failed or cancelled launch left."""
         ...
 
     async def delete(self, placement: Placement) -> None:
@@ -151,11 +163,17 @@ class Launcher(Protocol):
 class RunEnd:
     """How a running job ended, as its member reported it: ``reason`` and ``message`` are
     the member's own (a workload's condition, e.g. ``BackoffLimitExceeded``), empty when
-    the launcher has nothing to add to ``succeeded``."""
+    the launcher has nothing to add to ``succeeded``.
+
+    ``error``: not an end the member reported but the launcher losing the job: following
+    it failed (after the launcher's own bounded retries) with this exception, so nothing
+    would ever tell its end. The service does not record an end then: it deletes the job's
+    objects and requeues it with backoff, as for a failed launch."""
 
     succeeded: bool
     reason: str = ""
     message: str = ""
+    error: Exception | None = None
 
 
 @runtime_checkable
@@ -164,7 +182,7 @@ class RunWatcher(Protocol):
 
     async def finished(self, placement: Placement) -> RunEnd:
         """Wait until the running job ends (its pods exit, or its workload's status says
-        so); ``RunEnd.succeeded`` when it succeeded."""
+        so); ``RunEnd.succeeded`` when it succeeded. Raises when following it failed."""
         ...
 
 
@@ -181,7 +199,8 @@ class RunNotifier(Protocol):
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
         """Call ``on_end`` once, from the event loop, when the running job ends (never,
-        for a job that runs until cancelled); ``cancel`` on the handle stops the watch."""
+        for a job that runs until cancelled), or with a ``RunEnd.error`` when following it
+        failed; ``cancel`` on the handle stops the watch."""
         ...
 
 

@@ -2,10 +2,13 @@
 
 ``KubeLauncher`` implements the live ports ``broker.ports.Launcher`` (``launch(placement)``
 returns once every pod of the gang runs and raises ``KubeLaunchError``, a ``LaunchError``,
-on failure; ``delete(placement)`` removes every object of the gang), ``RunWatcher``
-(``finished``), ``RunNotifier`` (``watch``: from one list+watch of our pods per cluster,
-``adapters.kube.our_pods`` and ``adapters.kube.run_watch``)
-and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
+on failure, ``permanent`` when the member refused a create for good (``calls.refused``:
+400/403/409/422, or 404 once the namespace was ensured again; an object of that name that
+is not this job's); ``delete(placement)`` removes every object of the gang:
+``adapters.kube.removal``), ``RunWatcher`` (``finished``), ``RunNotifier`` (``watch``: from
+one list+watch of our pods per cluster, ``adapters.kube.our_pods`` and
+``adapters.kube.run_watch``; a follow that fails for good calls back with a
+``RunEnd.error``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
 namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
 
 Each tenant's gangs go into its own namespace (the pattern with ``{tenant}`` replaced,
@@ -62,14 +65,14 @@ from adapters.kube.objects import (
     job_key,
     namespace_of,
     pod_group_name,
-    pod_name,
 )
 from adapters.kube.our_pods import OurPods
-from adapters.kube.rendezvous import Rendezvous, service_name
+from adapters.kube.removal import GangRemoval
+from adapters.kube.rendezvous import Rendezvous
 from adapters.kube.run_watch import GangPods
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadRuns
-from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
+from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe, refused
 from broker.model import Placement, PodBound, PodPlacement
 from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
 
@@ -127,6 +130,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self.run_poll_seconds = run_poll_seconds
         self.pause = sleep
         self.workloads = WorkloadRuns(self)
+        self.removal = GangRemoval(self.api, self.objects, self.workloads, cluster)
         self.our_pods = OurPods(
             cluster, self.api, resync_seconds=resync_seconds,
             inactivity_timeout=watch_inactivity_seconds,
@@ -143,9 +147,10 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     # -- the Launcher port -------------------------------------------------------------------
 
     async def launch(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Create the gang's objects, then wait until it runs. On failure the gang's objects
-        are deleted and ``KubeLaunchError`` is raised. The caller applies the gang timeout
-        (by cancelling this) and deletes the gang then."""
+        """Create the gang's objects, then wait until it runs. On failure (whatever it
+        raised: ``KubeLaunchError`` or anything the client or a bad answer threw) what was
+        created is deleted, best effort, and the error raised. The caller applies the gang
+        timeout (by cancelling this) and deletes the gang then, and after a failure too."""
         spec = self.spec(placement, spec)
         try:
             if spec.workload is not None:
@@ -154,29 +159,13 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             else:
                 await self.create(placement, spec)
                 await self.wait_running(placement, spec)
-        except KubeLaunchError:
+        except Exception:
             await self._delete_quietly(placement, spec)
             raise
 
     async def delete(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Delete every object of the gang: its pods (by name and by job label), its
-        rendezvous Service and its PodGroup. Objects already gone are fine; objects without
-        our origin are left alone."""
-        spec = self.spec(placement, spec)
-        namespace = self.objects.namespace(spec.tenant)
-        if spec.workload is not None:
-            await self.workloads.delete(spec)
-        names = {pod_name(p, spec) for p in placement.pods}
-        # The job's own pods by its labels (O(its pods), not a listing of all of ours).
-        names.update(
-            p["metadata"]["name"] for p in await self.api.job_pods(namespace, spec.tenant, spec.job)
-        )
-        for name in sorted(names):
-            await self._delete_pod(namespace, name, owner=spec)
-        await self._delete_service(namespace, service_name(spec), owner=spec)
-        if self.mode == "delegate":
-            await self._delete_pod_group(namespace, pod_group_name(spec), owner=spec)
-        log.info("deleted gang %s in %s/%s", spec.key, self.cluster, namespace)
+        """Delete every object of the gang (``removal.GangRemoval.delete``)."""
+        await self.removal.delete(placement, self.spec(placement, spec))
 
     # -- create ------------------------------------------------------------------------------
 
@@ -239,7 +228,8 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         read: Callable[[str, str], Awaitable[dict[str, Any] | None]],
     ) -> None:
         """Create ``body``; AlreadyExists with this job's labels is success (idempotent
-        relaunch), anyone else's object of that name fails the launch and is left alone."""
+        relaunch), anyone else's object of that name fails the launch for good and is left
+        alone, as does any other refusal of the create (``refused``)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self._create_in_namespace(
@@ -247,11 +237,18 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             )
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(f"create {kind} {name}: {describe(exc)}") from exc
-            existing = await read(namespace, name)
-            if existing is None or not self.objects.ours(existing, spec):
                 raise KubeLaunchError(
-                    f"{kind} {name} already exists and does not belong to {spec.key}"
+                    f"create {kind} {name}: {describe(exc)}", permanent=refused(exc)
+                ) from exc
+            existing = await read(namespace, name)
+            if existing is not None and not self.objects.ours(existing, spec):
+                raise KubeLaunchError(
+                    f"{kind} {name} already exists and does not belong to {spec.key}",
+                    permanent=True,
+                ) from exc
+            if existing is None:  # gone again since: the next attempt creates it
+                raise KubeLaunchError(
+                    f"create {kind} {name}: AlreadyExists, then not found"
                 ) from exc
             log.info("%s %s already exists with our labels; adopted", kind, name)
 
@@ -267,14 +264,19 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             return
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(f"create PodGroup {name}: {describe(exc)}") from exc
+                raise KubeLaunchError(
+                    f"create PodGroup {name}: {describe(exc)}", permanent=refused(exc)
+                ) from exc
         # AlreadyExists: adopt it if ours, and bring its spec up to date (optimistic update:
         # a 409 Conflict there means someone changed it meanwhile; re-read and try again).
         for _ in range(self.attempts):
             existing = await self.api.read_pod_group(namespace, name)
-            if existing is None or not self.objects.ours(existing, spec):
+            if existing is None:
+                raise KubeLaunchError(f"create PodGroup {name}: AlreadyExists, then not found")
+            if not self.objects.ours(existing, spec):
                 raise KubeLaunchError(
-                    f"PodGroup {name} already exists and does not belong to {spec.key}"
+                    f"PodGroup {name} already exists and does not belong to {spec.key}",
+                    permanent=True,
                 )
             current = existing.get("spec") or {}
             if all(current.get(k) == v for k, v in body["spec"].items()):
@@ -348,14 +350,20 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
         """Call ``on_end`` when the running gang ends: one list+watch of our pods for every
         gang of this cluster (``run_watch.GangPods``), no task per job; a ``spec.workload`` job is
-        followed by its workload's own status, a task each (``WorkloadRuns.finished``)."""
+        followed by its workload's own status, a task each (``WorkloadRuns.finished``).
+        Following that fails for good: ``on_end`` gets a ``RunEnd.error``."""
         spec = self.spec(placement)
         if spec.workload is None:
             return self.runs.watch(placement, spec, on_end)
         task = asyncio.ensure_future(self.workloads.finished(placement, spec))
 
         def done(ended: asyncio.Future[RunEnd]) -> None:
-            if not ended.cancelled() and ended.exception() is None:
+            if ended.cancelled():
+                return
+            error = ended.exception()
+            if isinstance(error, Exception):
+                on_end(RunEnd(False, error=error))
+            elif error is None:
                 on_end(ended.result())
 
         task.add_done_callback(done)
@@ -364,85 +372,34 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     # -- the GangRecovery port ---------------------------------------------------------------
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
-        """Delete our objects, in every tenant namespace, whose job (``tenant/name``) is not
-        in ``live_jobs``; returns what was deleted as ``kind/namespace/name``."""
-        # Workloads first: their controllers would make again the pods deleted before them.
-        deleted = await self.workloads.collect_garbage(live_jobs)
-        for pod in await self.api.our_pods():
-            if job_key(pod) not in live_jobs:
-                namespace, name = namespace_of(pod), pod["metadata"]["name"]
-                await self._delete_pod(namespace, name, owner=None)
-                deleted.append(f"Pod/{namespace}/{name}")
-        for service in await self.api.our_services():
-            if job_key(service) not in live_jobs:
-                namespace, name = namespace_of(service), service["metadata"]["name"]
-                await self._delete_service(namespace, name, owner=None)
-                deleted.append(f"Service/{namespace}/{name}")
-        if self.mode == "delegate":
-            for group in await self.api.our_pod_groups():
-                if job_key(group) not in live_jobs:
-                    namespace, name = namespace_of(group), group["metadata"]["name"]
-                    await self._delete_pod_group(namespace, name, owner=None)
-                    deleted.append(f"PodGroup/{namespace}/{name}")
-        if deleted:
-            log.info("garbage-collected %d objects in %s", len(deleted), self.cluster)
-        return deleted
+        """Delete our objects whose job is not live (``removal.GangRemoval``)."""
+        return await self.removal.collect_garbage(live_jobs)
 
     async def read_back(self) -> dict[str, list[PodBound]]:
         """Our non-terminal pods as the ledger's ``PodBound`` events keyed by job key
         (``tenant/name``): what rebuilds reservations after a broker restart. A pod the
         cluster has not bound yet has node ``""``: the caller's stored placement says which
-        node was reserved for it."""
+        node was reserved for it. A pod that cannot be read (say, a quantity the client
+        cannot parse) is left out, with a warning: its job, one pod short, is requeued
+        and its objects garbage-collected rather than adopted."""
         out: dict[str, list[PodBound]] = {}
         for pod in await self.api.our_pods():
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            out.setdefault(job_key(pod), []).append(self.objects.bound_of(pod))
+            try:
+                bound = self.objects.bound_of(pod)
+            except Exception as exc:  # one unreadable pod must not cost the others
+                log.warning("cluster %s: pod %s/%s of %s not read back: %s", self.cluster,
+                            namespace_of(pod), (pod.get("metadata") or {}).get("name"),
+                            job_key(pod), type(exc).__name__)  # fmt: skip
+                continue
+            out.setdefault(job_key(pod), []).append(bound)
         return out
 
-    # -- deleting what is ours ---------------------------------------------------------------
-
-    async def _delete_pod(self, namespace: str, name: str, *, owner: LaunchSpec | None) -> None:
-        """Delete a pod; with ``owner``, only if it carries that job's labels (with one
-        namespace for all tenants, another tenant's job of the same name has pods of the
-        same names)."""
-        if owner is not None:
-            existing = await self.api.read_pod(namespace, name)
-            if existing is None:
-                return
-            if not self.objects.ours(existing, owner):
-                log.warning("not deleting pod %s/%s: it is not %s's", namespace, name, owner.key)
-                return
-        await self.api.delete_pod(namespace, name)
-
-    async def _delete_service(self, namespace: str, name: str, *, owner: LaunchSpec | None) -> None:
-        """Delete a Service if it is ours (with ``owner``: that job's)."""
-        existing = await self.api.read_service(namespace, name)
-        if existing is None:
-            return
-        mine = self.objects.ours(existing, owner) if owner else self.objects.has_origin(existing)
-        if not mine:
-            log.warning("not deleting service %s/%s: it is not ours to delete", namespace, name)
-            return
-        await self.api.delete_service(namespace, name)
-
-    async def _delete_pod_group(
-        self, namespace: str, name: str, *, owner: LaunchSpec | None
-    ) -> None:
-        existing = await self.api.read_pod_group(namespace, name)
-        if existing is None:
-            return
-        if owner is not None:
-            mine = self.objects.ours(existing, owner)
-        else:
-            mine = self.objects.has_origin(existing)
-        if not mine:
-            log.warning("not deleting PodGroup %s/%s: it is not ours to delete", namespace, name)
-            return
-        await self.api.delete_pod_group(namespace, name)
-
     async def _delete_quietly(self, placement: Placement, spec: LaunchSpec) -> None:
+        """A failed launch's objects deleted, best effort: the caller deletes the gang
+        again, and what is left meanwhile is garbage-collected."""
         try:
             await self.delete(placement, spec)
-        except KubeLaunchError as exc:
-            log.warning("rollback of %s incomplete: %s", spec.key, exc)
+        except Exception as exc:  # the launch's own error is the one to raise
+            log.warning("rollback of %s incomplete: %s", spec.key, describe(exc))

@@ -5,7 +5,9 @@ namespace an object names, listed across every namespace by our origin label; po
 
 Every request goes through ``adapters.kubeapi.calls.ApiCalls`` (bounded retries, a
 per-request timeout; other failures raise ``KubeLaunchError`` with the HTTP status only,
-never the client configuration). Listings span all namespaces (one LIST per kind, whatever
+never the client configuration). A body the client's typed model refuses (``model_of``: a
+number where the API wants a quantity string, say) is never sent: it fails the launch as a
+permanent refusal, naming the field. Listings span all namespaces (one LIST per kind, whatever
 the number of tenants) and are filtered here by our origin label and by the namespace the
 object's tenant maps to (``GangObjects.in_its_namespace``): an object labelled ours in any
 other namespace is never read back nor deleted. One pod listing (and one listing per
@@ -19,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, cast
 
 import aiohttp
 from kubernetes.aio.client import (
@@ -32,14 +34,29 @@ from kubernetes.aio.client import (
     V1Service,
 )
 from kubernetes.aio.client.exceptions import ApiException
+from pydantic import BaseModel, ValidationError
 
-from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects, labels_of
+from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects, KubeLaunchError, labels_of
 from adapters.kube.workloads import WorkloadKind
 from adapters.kubeapi.calls import ApiCalls, describe
 
 Listing = list[dict[str, Any]]
 MERGE_PATCH = "application/merge-patch+json"
 HTTP_CONFLICT = 409
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def model_of(model: type[_Model], body: Mapping[str, Any], what: str) -> _Model:
+    """``body`` as the client's typed ``model``, or a permanent ``KubeLaunchError`` naming
+    the first field it refuses: the same body would be refused on every attempt."""
+    try:
+        return cast(_Model, model.from_dict(dict(body)))  # type: ignore[attr-defined]
+    except ValidationError as exc:
+        first = exc.errors()[0]  # a ValidationError has one at least
+        where = ".".join([exc.title, *(str(part) for part in first["loc"])])
+        raise KubeLaunchError(
+            f"{what}: the client refuses {where}: {first['msg']}", permanent=True
+        ) from exc
 
 
 class NamespaceApi:
@@ -56,6 +73,15 @@ class NamespaceApi:
     def _dict(self, obj: object) -> dict[str, Any]:
         return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(obj))
 
+    def _items(self, what: str, listed: object) -> list[dict[str, Any]]:
+        """A listing's objects; an answer of another shape (the client hands back what it
+        could not decode) is the member's failure, as an unreadable answer is."""
+        doc = self._dict(listed) if listed is not None else None
+        items = (doc.get("items") or []) if isinstance(doc, dict) else None
+        if not isinstance(items, list):
+            raise self.calls.error(f"{what}: the answer is not a list of objects")
+        return [item for item in items if isinstance(item, dict)]
+
     # -- pods --------------------------------------------------------------------------------
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -68,10 +94,9 @@ class NamespaceApi:
         """Create a pod in the namespace its body names; ``ApiException`` (409 AlreadyExists,
         404 for a namespace gone, among them) propagates."""
         meta = body["metadata"]
-        await self.calls.call(
-            f"create pod {meta['namespace']}/{meta['name']}",
-            lambda: self.core.create_namespaced_pod(meta["namespace"], V1Pod.from_dict(body)),  # type: ignore[arg-type]
-        )
+        what = f"create pod {meta['namespace']}/{meta['name']}"
+        pod = model_of(V1Pod, body, what)
+        await self.calls.call(what, lambda: self.core.create_namespaced_pod(meta["namespace"], pod))
 
     async def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod; one already gone is fine."""
@@ -160,11 +185,11 @@ class NamespaceApi:
         decides on must include the grants made before it). Filtered here too, not only by
         the server: another job's pod in this listing would be given this job's slots."""
         selector = f"{self.objects.selector},{LABEL_TENANT}={tenant},{LABEL_JOB}={job}"
+        what = f"list pods of {tenant}/{job}"
         pods = await self.calls.checked(
-            f"list pods of {tenant}/{job}",
-            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector),
+            what, lambda: self.core.list_namespaced_pod(namespace, label_selector=selector)
         )
-        items = self._dict(pods).get("items") or []
+        items = self._items(what, pods)
         wanted = {LABEL_TENANT: tenant, LABEL_JOB: job}
         return [
             p for p in items
@@ -185,13 +210,10 @@ class NamespaceApi:
         """Record an Event; one of that name already there (409) is fine."""
         meta = body["metadata"]
         what = f"create event {meta['namespace']}/{meta['name']}"
+        event = model_of(CoreV1Event, body, what)
         try:
             await self.calls.call(
-                what,
-                lambda: self.core.create_namespaced_event(
-                    meta["namespace"],
-                    CoreV1Event.from_dict(body),  # type: ignore[arg-type]
-                ),
+                what, lambda: self.core.create_namespaced_event(meta["namespace"], event)
             )
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
@@ -210,12 +232,10 @@ class NamespaceApi:
         """Create a Service in the namespace its body names; ``ApiException`` (409
         AlreadyExists, 404 for a namespace gone, among them) propagates."""
         meta = body["metadata"]
+        what = f"create service {meta['namespace']}/{meta['name']}"
+        service = model_of(V1Service, body, what)
         await self.calls.call(
-            f"create service {meta['namespace']}/{meta['name']}",
-            lambda: self.core.create_namespaced_service(
-                meta["namespace"],
-                V1Service.from_dict(body),  # type: ignore[arg-type]
-            ),
+            what, lambda: self.core.create_namespaced_service(meta["namespace"], service)
         )
 
     async def delete_service(self, namespace: str, name: str) -> None:
@@ -231,7 +251,7 @@ class NamespaceApi:
             "list services",
             lambda: self.core.list_service_for_all_namespaces(label_selector=self.objects.selector),
         )
-        items = self._dict(listed).get("items") or []
+        items = self._items("list services", listed)
         return [s for s in items if self.objects.in_its_namespace(s)]
 
     # -- PodGroups ---------------------------------------------------------------------------
@@ -290,7 +310,7 @@ class NamespaceApi:
         )
         if listed is None:
             return []
-        items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+        items = self._items("list PodGroups", listed)
         return [g for g in items if self.objects.in_its_namespace(g)]
 
     # -- workloads ---------------------------------------------------------------------------
@@ -339,7 +359,7 @@ class NamespaceApi:
         )
         if listed is None:
             return []
-        items = cast(Iterable[dict[str, Any]], cast(dict[str, Any], listed).get("items") or [])
+        items = self._items(f"list {kind.plural}", listed)
         return [w for w in items if self.objects.in_its_namespace(w)]
 
     async def shared_workloads(self, kind: WorkloadKind) -> Listing:

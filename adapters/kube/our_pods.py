@@ -6,7 +6,9 @@ phase, kept as the API server's events say, for what ends running gangs
 own namespace as every listing of ours is: ``NamespaceApi.our_pod_list``), then watches
 them from the list's resourceVersion with bookmarks. The watch is opened again when the
 server ends it or it goes quiet for ``inactivity_timeout``; a 410 Gone relists at once;
-any other failure is logged and retried after an exponential, jittered backoff, relisting.
+any other failure (whatever it raised: the record must outlive a bad answer, as every gang
+followed depends on it) is logged and retried after an exponential, jittered backoff,
+relisting, for as long as anything is followed.
 Every ``resync_seconds`` it relists anyway: a real API server's watch misses nothing, but a
 relist bounds what a lost event could cost (a gang's end noticed late, never not at all).
 
@@ -98,6 +100,7 @@ class OurPods:
         self._backoff = backoff or Backoff()
         self._rv = ""
         self._task: asyncio.Task[None] | None = None
+        self._traced: set[str] = set()  # unexpected exceptions' types logged with traceback
 
     @property
     def running(self) -> bool:
@@ -137,11 +140,20 @@ class OurPods:
                 attempt = await self._back_off(attempt, str(exc))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 attempt = await self._back_off(attempt, type(exc).__name__)
+            except Exception as exc:  # a bad answer or a mistake of ours: retried the same
+                if not self.synced:  # a gang waiting to start is told (see wait_running)
+                    self.list_failure = f"list pods: {type(exc).__name__}"
+                attempt = await self._back_off(attempt, type(exc).__name__, exc)
 
-    async def _back_off(self, attempt: int, why: str) -> int:
+    async def _back_off(self, attempt: int, why: str, error: Exception | None = None) -> int:
+        """Wait before the next list; an unexpected ``error``'s traceback is logged the
+        first time its type is met (a member answering the same way again is one line)."""
         delay = self._backoff.delay(attempt)
+        traced = error is not None and why not in self._traced
+        if traced:
+            self._traced.add(why)
         log.warning("cluster %s: cannot follow our pods (%s); again in %.1fs",
-                    self.cluster, why, delay)  # fmt: skip
+                    self.cluster, why, delay, exc_info=error if traced else None)  # fmt: skip
         await self._sleep(delay)
         return attempt + 1
 

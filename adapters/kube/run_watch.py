@@ -13,6 +13,11 @@ per relist. A gang ends as ``run_end`` says, and has started as ``run_start`` sa
 A pod missing from the record counts as gone only when the record says so with authority:
 a deletion event for it, or a list that began after the gang was followed; a pod the watch
 has not shown yet (created just before) is not "gone".
+
+The record itself is kept whatever fails (``OurPods`` retries with backoff, relisting: a
+gang is never left with nothing following it); a decision on one gang's pods that raises
+ends that follow with the error (a starting gang's launch fails with it, a running gang's
+``on_end`` gets a ``RunEnd.error``), so the service rolls that job back.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def run_start(
 # What a follower does with its gang's pods' phases (of the pods expected), told whether
 # the record is authoritative about missing pods; True when it is done following.
 Decide = Callable[[Mapping[str, str], frozenset[str], bool], bool]
+# What a follower is told when deciding raised (the follow then ends).
+Failed = Callable[[Exception], None]
 
 
 @dataclass(slots=True)
@@ -72,6 +79,7 @@ class _Followed:
     expected: frozenset[str]
     spec: LaunchSpec
     decide: Decide
+    failed: Failed
     since: int  # the record's lists begun when following began
 
 
@@ -120,7 +128,10 @@ class GangPods(PodListener):
             on_end(end)
             return True
 
-        return self.follow(placement, spec, decide)
+        def failed(exc: Exception) -> None:
+            on_end(RunEnd(False, error=exc))
+
+        return self.follow(placement, spec, decide, failed)
 
     def started(
         self, placement: Placement, spec: LaunchSpec
@@ -143,15 +154,24 @@ class GangPods(PodListener):
                 running.set_result(None)
             return True
 
-        return running, self.follow(placement, spec, decide)
+        def failed(exc: Exception) -> None:
+            if not running.done():
+                running.set_exception(exc)
 
-    def follow(self, placement: Placement, spec: LaunchSpec, decide: Decide) -> _Handle:
+        return running, self.follow(placement, spec, decide, failed)
+
+    def follow(
+        self, placement: Placement, spec: LaunchSpec, decide: Decide, failed: Failed
+    ) -> _Handle:
         """Call ``decide`` with the gang's pods' phases whenever one of them changes (and
-        after every list) until it returns True or the handle is cancelled."""
+        after every list) until it returns True or the handle is cancelled; ``failed``
+        (and no more) if it raises."""
         key, self._next_key = self._next_key, self._next_key + 1
         namespace = self._objects.namespace(spec.tenant)
         expected = frozenset(pod_name(p, spec) for p in placement.pods)
-        self._followed[key] = _Followed(namespace, expected, spec, decide, self._pods.lists_begun)
+        self._followed[key] = _Followed(
+            namespace, expected, spec, decide, failed, self._pods.lists_begun
+        )
         for name in expected:
             self._by_pod[namespace, name] = key
         self._pods.start()
@@ -184,9 +204,13 @@ class GangPods(PodListener):
             return
         try:
             done = followed.decide(self._phases(followed), followed.expected, authoritative)
-        except Exception:  # one gang's handler must not stop the others' being followed
-            log.exception("gang %s: what its pods did could not be handled", followed.spec.key)
-            done = True
+        except Exception as exc:  # one gang's handler must not stop the others' being followed
+            self.forget(key)
+            try:
+                followed.failed(exc)  # its owner says it (the service's one failure path)
+            except Exception:
+                log.exception("gang %s: what its pods did could not be handled", followed.spec.key)
+            return
         if done:
             self.forget(key)
 

@@ -11,6 +11,8 @@ a merge patch of the Pod Security labels when an existing namespace has other va
 broker's config is the one source of a tenant's level, so a namespace made or relabelled by
 hand is brought back to it, looser or stricter. Only those six labels are touched. A
 namespace being deleted (Terminating) fails the launch; it is retried with the gang's backoff.
+A create of the namespace the API server refuses for good (``calls.refused``: say, 403
+when the broker may not create namespaces) fails the launch as a permanent refusal.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kubernetes.aio.client import CoreV1Api, V1Namespace
 from kubernetes.aio.client.exceptions import ApiException
 
 from adapters.kube.objects import LABEL_ORIGIN, LABEL_TENANT, KubeLaunchError, labels_of
-from adapters.kubeapi.calls import ApiCalls, describe
+from adapters.kubeapi.calls import ApiCalls, describe, refused
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +116,9 @@ class TenantNamespaces:
             )
         except ApiException as exc:
             if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(f"create namespace {namespace}: {describe(exc)}") from exc
+                raise KubeLaunchError(
+                    f"create namespace {namespace}: {describe(exc)}", permanent=refused(exc)
+                ) from exc
             log.info("namespace %s already exists (409); checking its labels", namespace)
             existing = await self._read(namespace)
             if existing is None:

@@ -12,7 +12,11 @@ member, its controller's pods pinned to the placement, its end read from its own
   the gang back and requeues it with backoff).
 * finished: the workload's own status (``workload_end``), with its reason and message; the
   workload gone: failed, ``WorkloadDeleted``. Pods its controller makes again (a retried
-  Job pod) are granted the slots freed meanwhile.
+  Job pod) are granted the slots freed meanwhile. The member unreachable, it polls on (an
+  unreachable cluster does not end a job: failover does, when configured); anything else
+  failing ``FOLLOW_ATTEMPTS`` polls in a row (the workload and pods read again each time)
+  raises, and the service rolls the job back rather than hold its capacity with nothing
+  following it.
 * delete and garbage collection: the workload, with ``propagationPolicy: Background`` so
   its controller's pods go too.
 
@@ -48,6 +52,13 @@ if TYPE_CHECKING:
     from adapters.kube.launch import KubeLauncher
 
 log = logging.getLogger(__name__)
+
+# Polls in a row of a running workload that fail otherwise than by the member being
+# unreachable, before following it is given up (the service then rolls the job back).
+FOLLOW_ATTEMPTS = 3
+# A slot grant the API server refuses for good (not a pod changed or gone meanwhile, 409 or
+# 404, which the next poll retries): the gang could never start, so its launch fails now.
+_GRANT_REFUSED = frozenset({400, 403, 422})
 
 
 class WorkloadRuns:
@@ -147,6 +158,10 @@ class WorkloadRuns:
             try:
                 await self.api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
             except ApiException as exc:
+                if exc.status in _GRANT_REFUSED:
+                    raise KubeLaunchError(
+                        f"grant pod {namespace}/{grant.name} a slot: {describe(exc)}"
+                    ) from exc
                 log.info("pod %s/%s not granted now (%s)", namespace, grant.name, describe(exc))
                 continue
             log.info(
@@ -172,23 +187,38 @@ class WorkloadRuns:
     async def finished(self, placement: Placement, spec: LaunchSpec) -> RunEnd:
         """Wait for the running workload to end, by its own status (see the module's
         docstring). An API error is logged and polled again (an unreachable cluster does
-        not end a job)."""
+        not end a job); any other failure ``FOLLOW_ATTEMPTS`` polls in a row is raised."""
         kind = self.kind(spec)
-        namespace = self.objects.namespace(spec.tenant)
+        failed = 0
         while True:
             try:
-                obj = await self._workload(spec)
-                if obj is None:
-                    message = f"{kind.kind} {namespace}/{spec.job} was deleted"
-                    return RunEnd(False, "WorkloadDeleted", message)
-                end = workload_end(kind.kind, obj)
+                end = await self._poll_end(placement, spec, kind)
+                failed = 0
                 if end is not None:
                     return end
-                if self.objects.mode == "pin":
-                    await self.grant_slots(placement, spec, await self._pods(spec))
             except KubeLaunchError as exc:
                 log.warning("job %s: cannot read its workload (%s); polling again", spec.key, exc)
+            except Exception as exc:  # not the member away: ours or its answers, bounded
+                failed += 1
+                if failed >= FOLLOW_ATTEMPTS:
+                    raise
+                log.warning("job %s: following its workload failed (%s, %d of %d); again",
+                            spec.key, type(exc).__name__, failed, FOLLOW_ATTEMPTS)  # fmt: skip
             await self.launcher.pause(self.launcher.run_poll_seconds)
+
+    async def _poll_end(
+        self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind
+    ) -> RunEnd | None:
+        """One look at a running workload: its end, or None while it runs (its gated pods
+        granted slots meanwhile, in pin mode)."""
+        obj = await self._workload(spec)
+        if obj is None:
+            where = f"{self.objects.namespace(spec.tenant)}/{spec.job}"
+            return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
+        end = workload_end(kind.kind, obj)
+        if end is None and self.objects.mode == "pin":
+            await self.grant_slots(placement, spec, await self._pods(spec))
+        return end
 
     # -- delete ------------------------------------------------------------------------------
 

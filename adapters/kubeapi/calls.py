@@ -1,12 +1,14 @@
 """Calls to a Kubernetes API server with bounded retries, and log-safe error text.
 
 ``ApiCalls`` is what the launcher (``adapters.kube``) and the Cluster API pool
-(``adapters.capi``) send every request through: 429, 5xx and connection errors are retried
-with exponential backoff and jitter (tenacity), up to ``attempts``; other API errors
-propagate as ``ApiException``; running out of attempts raises the caller's error class
-with the last status. Messages give
-the HTTP status, reason and the server's Status message only, never headers, the request or
-the client configuration (tokens, keys).
+(``adapters.capi``) send every request through: 429, 5xx, connection errors, a response
+cut short and an answer the client cannot read (``UnreadableAnswer``: not JSON, not the
+object it expects) are retried with exponential backoff and jitter (tenacity), up to
+``attempts``; other API errors propagate as ``ApiException``; running out of attempts
+raises the caller's error class with the last status. ``refused`` says which answers to a
+create are a refusal for good (a retry would be refused again). Messages give the HTTP
+status, reason and the server's Status message only, never headers, the request or the
+client configuration (tokens, keys).
 """
 
 from __future__ import annotations
@@ -32,12 +34,39 @@ from tenacity.wait import wait_base
 _T = TypeVar("_T")
 
 
+class UnreadableAnswer(Exception):
+    """The client raised while it sent a request or read its answer, neither an API error
+    nor a connection problem (an HTML page from a proxy, JSON of the wrong shape): the
+    member's failure, not the job's. The message is the exception's type only; the
+    traceback is logged at debug."""
+
+
 def transient(exc: BaseException) -> bool:
-    """Worth retrying: throttled (429), a server error (5xx) or a connection problem."""
+    """Worth retrying: throttled (429), a server error (5xx), a connection problem (one
+    dropped while the answer was read too) or an answer the client could not read."""
     if isinstance(exc, ApiException):
         status = exc.status or 0
         return status == 429 or status >= 500
-    return isinstance(exc, aiohttp.ClientConnectionError | asyncio.TimeoutError)
+    return isinstance(
+        exc,
+        aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | asyncio.TimeoutError
+        | UnreadableAnswer,
+    )  # fmt: skip
+
+
+# What an API server answers a create it will refuse again, whatever the wait: a malformed
+# (400) or invalid (422) object, one admission or authorization forbids (403: Pod
+# Security, a webhook, RBAC, a quota), a resource it does not serve (404, once the
+# namespace is known to exist), a name another object holds (409). Kubernetes' API
+# conventions (kubernetes/community, api-conventions.md, "HTTP Status codes"): 422 "Do not
+# retry. Fix the request."; BadRequest "can never succeed"; only 429, 500, 503 and 504 are
+# to be retried with backoff.
+REFUSED_ON_CREATE = frozenset({400, 403, 404, 409, 422})
+
+
+def refused(exc: BaseException) -> bool:
+    """``exc`` is an API server's refusal of a create for good (see REFUSED_ON_CREATE)."""
+    return isinstance(exc, ApiException) and (exc.status or 0) in REFUSED_ON_CREATE
 
 
 def describe(exc: BaseException) -> str:
@@ -53,6 +82,8 @@ def describe(exc: BaseException) -> str:
             reason = str(body.get("reason") or reason)
             message = str(body.get("message") or "")[:200]
         return f"HTTP {exc.status} {reason}" + (f": {message}" if message else "")
+    if isinstance(exc, UnreadableAnswer):
+        return f"unreadable answer ({exc})"
     return type(exc).__name__
 
 
@@ -92,7 +123,15 @@ class ApiCalls:
             # request for the client's default five minutes. (asyncio.timeout, not
             # wait_for: on 3.11 wait_for can swallow a cancel.)
             async with asyncio.timeout(timeout):
-                return await op()
+                try:
+                    return await op()
+                except ApiException:
+                    raise
+                except Exception as exc:
+                    if transient(exc):
+                        raise
+                    log.debug("%s: unreadable answer", what, exc_info=exc)
+                    raise UnreadableAnswer(type(exc).__name__) from exc
 
         def before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None

@@ -133,6 +133,9 @@ class SchedulerConfig(Section):
     backoff_base_seconds: float = Field(default=60.0, gt=0, le=86_400)
     backoff_cap_seconds: float = Field(default=3600.0, gt=0, le=7 * 86_400)
     backoff_limit: int | None = Field(default=None, ge=0, le=1000)
+    # A member's permanent refusals of a job's launch (400/403/404/409/422 on a create)
+    # before the job fails with the member's message; the ones before back off as above.
+    launch_refusal_limit: int = Field(default=3, ge=1, le=100)
     # How long a waiting gang lets smaller jobs backfill before its capacity is held for it.
     starvation_seconds: float = Field(default=300.0, ge=0, le=86_400)
     stale_after_seconds: float = Field(default=60.0, gt=0, le=3600)

@@ -4,8 +4,9 @@ It owns the jobs that are *Placed* (reserved in the ledger, being launched) and 
 and enforces DESIGN.md invariant 2: if a gang's pods are not all running within its
 ``scheduleTimeoutSeconds`` (or its launch fails), every pod of it is deleted, the
 reservation released, and the job requeued with exponential backoff (60 s base, doubling,
-3600 s cap; after ``backoffLimit`` requeues it fails for good). Running jobs hold bound
-capacity until they end.
+3600 s cap; after ``backoffLimit`` requeues it fails for good). A launch its member refused
+for good (invariant 9) is rolled back the same way, and fails the job at the
+``refusal_limit``-th such refusal. Running jobs hold bound capacity until they end.
 
 The state machine is synchronous and takes ``now`` from its caller (an injected clock), so
 timeouts and backoff are tested without sleeping.
@@ -36,6 +37,8 @@ class LifecycleSettings:
     backoff_base_seconds: float = 60.0
     backoff_cap_seconds: float = 3600.0
     backoff_limit: int | None = None
+    # A member's permanent refusals of a job's launch before the job fails (invariant 9).
+    refusal_limit: int = 3
 
 
 @dataclass(slots=True)
@@ -168,15 +171,25 @@ class Lifecycle:
             heapq.heappush(heap, (launch.deadline, self._placed, launch.placement.job, launch))
         return due
 
-    def roll_back(self, job: str, now: float, reason: str) -> Outcome | None:
+    def roll_back(
+        self, job: str, now: float, reason: str, *, refused: bool = False
+    ) -> Outcome | None:
         """The gang's pods are deleted (or never made it): release everything it held (its
         reservation, or its bound usage if it ran) and requeue it with backoff, or fail it
-        once past its backoff limit."""
+        once past its backoff limit. ``refused``: its member refused the launch for good;
+        the ``refusal_limit``-th such refusal fails the job (a retry would be refused
+        again), the ones before it back off as any failure does."""
         launch = self._release(job)
         if launch is None:
             return None
         pending = launch.pending
         attempts = pending.attempts + 1
+        if refused:
+            pending.refusals += 1
+            refusals, most = pending.refusals, self._settings.refusal_limit
+            if refusals >= most:
+                return Outcome(job, "Failed", f"{reason}; refused {refusals} times", attempts)
+            reason = f"{reason}; refusal {refusals} of {most}"
         limit = self._settings.backoff_limit
         if limit is not None and attempts > limit:
             return Outcome(job, "Failed", f"{reason}; backoff limit {limit} reached", attempts)

@@ -63,6 +63,9 @@ class Pending:
     # Why it waited at the last cycle that looked at it (the refusal's reasons, shared
     # between jobs of one shape); None until a cycle has. For lists: no explain per job.
     waiting: tuple[Reason, ...] | None = None
+    # Launches a member refused for good (``LaunchError.permanent``) since this replica
+    # took the job in; past the scheduler's launchRefusalLimit the job fails.
+    refusals: int = 0
 
 
 @dataclass(slots=True)

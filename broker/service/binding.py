@@ -1,11 +1,15 @@
 """Binding placed jobs to clusters: launch, run watch, delete, roll back, record outcomes.
 
 ``Binding`` owns the tasks of each job after it was placed: its launch (all pods running ->
-Running; a launch failure or a gang timeout -> delete the pods, release the reservation,
-requeue with backoff), the watch of its run (pods ended -> Succeeded or Failed, capacity
-freed), and the store writes of those outcomes, retried while this replica leads
-(``while_leading``). It also takes the capacity events of the members (``on_capacity``):
-reservations a foreign pod took are rolled back.
+Running; a gang timeout -> delete the pods, release the reservation, requeue with backoff),
+the watch of its run (pods ended -> Succeeded or Failed, capacity freed), and the store
+writes of those outcomes, retried while this replica leads (``while_leading``). Any
+exception while a job is launched, adopted after a restart or followed while it runs goes
+down one path, ``failed`` (invariant 9: no stranded capacity): said once in the log and
+the metrics (``failures``), then the job is rolled back, its objects deleted, and requeued
+with backoff, or failed once its member refused it ``launchRefusalLimit`` times. It also
+takes the capacity events of the members (``on_capacity``): reservations a foreign pod
+took are rolled back.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from broker.core.lifecycle import Launch, Outcome
 from broker.manifest import workload_spec
 from broker.model import CapacityEvent, Placement
 from broker.ports import LaunchError, LaunchSpec, RunEnd, RunHandle, RunNotifier, RunWatcher
+from broker.service.failures import Failure, Stage, cut, report
 from broker.service.state import Shared
 from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
 
@@ -29,8 +34,7 @@ log = logging.getLogger(__name__)
 # A job change the store could not take (StoreUnavailable) is retried after the first delay,
 # doubling up to the second.
 STORE_RETRY_SECONDS = (0.2, 2.0)
-# The member's own reason and message in a job's history are cut to this many characters.
-END_MESSAGE_CHARS = 300
+_DELETE_FAILURES = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 def end_reason(end: RunEnd, ran: str) -> str:
@@ -39,7 +43,16 @@ def end_reason(end: RunEnd, ran: str) -> str:
     if not end.reason:
         return f"all pods completed{ran}" if end.succeeded else f"pods failed{ran}"
     said = f"{end.reason}: {end.message}" if end.message else end.reason
-    return f"{said[:END_MESSAGE_CHARS]}{ran}"
+    return f"{cut(said)}{ran}"
+
+
+class _Unwatched:
+    """The handle of a run whose watch could not even start (its failure is under way)."""
+
+    __slots__ = ()
+
+    def cancel(self) -> None:
+        return None
 
 
 class _Ended:
@@ -98,9 +111,10 @@ class Binding:
             workload=None if workload is None else workload_spec(workload),
         )
 
-    def start_launch(self, placement: Placement) -> None:
-        """Launch a placed gang in its own task (under the lock)."""
-        task = self.s.tasks.spawn(f"launch {placement.job}", self._launch(placement))
+    def start_launch(self, placement: Placement, stage: Stage = "launch") -> None:
+        """Launch a placed gang in its own task (under the lock); ``adopt``: a gang a
+        restarted broker found placed, whose objects the launch adopts or completes."""
+        task = self.s.tasks.spawn(f"launch {placement.job}", self._launch(placement, stage))
         self._launch_tasks.add(task)
         task.add_done_callback(self._launch_tasks.discard)
         self.launching[placement.job] = task
@@ -143,14 +157,12 @@ class Binding:
         except TimeoutError:
             return
 
-    async def _launch(self, placement: Placement) -> None:
+    async def _launch(self, placement: Placement, stage: Stage) -> None:
         s, key = self.s, placement.job
         try:
             await s.launcher.launch(placement)
-        except LaunchError as exc:
-            async with s.lock:
-                self.launching.pop(key, None)
-                await self.roll_back(placement, s.clock(), f"launch failed: {exc}", "launch_failed")
+        except Exception as exc:  # any: nothing may leave the gang holding its capacity
+            await self.failed(placement, exc, stage)
             return
 
         def started() -> tuple[float, Outcome | None, Launch | None]:
@@ -180,23 +192,35 @@ class Binding:
 
     def watch_run(self, placement: Placement) -> None:
         """Watch a running job for its end (under the lock): a callback where the launcher
-        offers one (no task per running job), else a task awaiting ``finished``."""
+        offers one (no task per running job), else a task awaiting ``finished``. A watch
+        that cannot start fails the run as one that broke later does."""
         s, key = self.s, placement.job
         launcher = s.launcher
         if isinstance(launcher, RunNotifier):
             ended = _Ended(self, placement)
-            ended.handle = self.runs[key] = launcher.watch(placement, ended)
+            try:
+                ended.handle = self.runs[key] = launcher.watch(placement, ended)
+            except Exception as exc:
+                ended.handle = self.runs[key] = _Unwatched()
+                ended(RunEnd(False, error=exc))
         elif isinstance(launcher, RunWatcher):
             self.runs[key] = s.tasks.spawn(f"run {key}", self._run(launcher, placement))
 
     async def _run(self, watcher: RunWatcher, placement: Placement) -> None:
         """Wait for a running job's pods to exit, then record its end."""
-        end = await watcher.finished(placement)
+        try:
+            end = await watcher.finished(placement)
+        except Exception as exc:  # following it failed: nothing would ever end it
+            end = RunEnd(False, error=exc)
         await self.end(placement, end, asyncio.current_task())
 
     async def end(self, placement: Placement, end: RunEnd, handle: object) -> None:
-        """Free a job's capacity and record its end, if ``handle`` still watches it."""
+        """Free a job's capacity and record its end, if ``handle`` still watches it; a
+        ``RunEnd.error`` is no end but a lost run: it goes down the failure path."""
         s, key = self.s, placement.job
+        if end.error is not None:
+            await self.failed(placement, end.error, "follow", handle)
+            return
 
         def finish() -> tuple[float, Outcome | None] | None:
             if self.runs.get(key) is not handle:
@@ -222,37 +246,78 @@ class Binding:
             del self.runs[key]
             self._run_ended.set()
 
+    async def failed(
+        self, placement: Placement, exc: Exception, stage: Stage, handle: object = None
+    ) -> None:
+        """The one launch-failure path: a job whose launch, adoption or run watch failed
+        with ``exc`` is said once (log, metric), rolled back (its objects deleted, its
+        reservation or bound usage released) and requeued with backoff, or failed at the
+        refusal limit. ``handle``: the run watch that failed (``follow``), which must
+        still be the job's, else the job was stopped meanwhile and there is nothing to do."""
+        s, key = self.s, placement.job
+        failure = Failure.of(exc, stage)
+        following = stage == "follow"
+        async with s.lock:
+            if following and self.runs.get(key) is not handle:
+                return  # cancelled, preempted or failed over meanwhile
+            if not following:
+                self.launching.pop(key, None)
+            report(s.metrics, key, placement.cluster, failure, exc)
+            await self.roll_back(
+                placement, s.clock(), failure.reason(placement.cluster),
+                "follow_failed" if following else "launch_failed",
+                refused=failure.refused, expect="Running" if following else "Placed",
+            )  # fmt: skip
+            if following and self.runs.get(key) is handle:  # only now: see runs_done
+                del self.runs[key]
+                self._run_ended.set()
+
     async def delete(self, placement: Placement, forgotten: Launch | None = None) -> None:
-        """Delete a gang's objects; a cluster that cannot be reached now does not stop the
-        job's cancel or requeue: what is left has our origin label and no live job, so the
-        garbage collector removes it once the cluster answers again. ``forgotten``: the
-        job's launch when the lifecycle no longer holds it (cancel, preemption), so that
-        its spec (a ``spec.workload`` job's object to delete) is still known."""
+        """Delete a gang's objects; a cluster that cannot be reached now (or any failure)
+        does not stop the job's cancel or requeue: what is left has our origin label and no
+        live job, so the garbage collector removes it once the cluster answers again.
+        ``forgotten``: the job's launch when the lifecycle no longer holds it (cancel,
+        preemption), so that its spec (a ``spec.workload`` job's object to delete) is
+        still known."""
         if forgotten is not None:
             self._deleting[placement.job] = forgotten
         try:
             await self.s.launcher.delete(placement)
-        except (LaunchError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # the rollback or cancel goes on whatever failed here
+            failure = Failure.of(exc, "delete")
+            self.s.metrics.launch_failures.labels(placement.cluster, "delete", failure.cause).inc()
             log.warning(
                 "could not delete %s in %s now (%s); garbage collection will",
-                placement.job, placement.cluster, exc,
+                placement.job, placement.cluster, failure.said,
+                exc_info=None if isinstance(exc, _DELETE_FAILURES) else exc,
             )  # fmt: skip
         finally:
             if forgotten is not None and self._deleting.get(placement.job) is forgotten:
                 del self._deleting[placement.job]
 
-    async def roll_back(self, placement: Placement, now: float, reason: str, kind: str) -> None:
-        """Delete every pod, release the reservation, requeue with backoff (or fail).
-        ``kind``: the requeue reason counted in metrics (timeout, launch_failed, evicted)."""
+    async def roll_back(
+        self,
+        placement: Placement,
+        now: float,
+        reason: str,
+        kind: str,
+        *,
+        refused: bool = False,
+        expect: JobState = "Placed",
+    ) -> None:
+        """Delete every pod, release the reservation (or a running job's bound usage),
+        requeue with backoff (or fail). ``kind``: the requeue reason counted in metrics
+        (timeout, launch_failed, follow_failed, evicted); ``refused``: a permanent refusal
+        (counted against the refusal limit); ``expect``: the job's state in the store."""
         task = self.launching.pop(placement.job, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
         await self.delete(placement)
-        outcome = self.s.lifecycle.roll_back(placement.job, now, reason)
+        outcome = self.s.lifecycle.roll_back(placement.job, now, reason, refused=refused)
         if outcome is not None:
             if outcome.state == "Queued":
                 self.s.metrics.requeues.labels(kind).inc()
-            await self.record(outcome, now, expect="Placed")
+            await self.record(outcome, now, expect=expect)
 
     async def record(
         self, outcome: Outcome, now: float, expect: JobState | tuple[JobState, ...]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from adapters.simulated import SimulatedLauncher, generate_nodes
 from broker.config import Config
@@ -46,6 +46,9 @@ from broker.service.readmodel import ReadModel
 from broker.service.recovery import Recovery
 from broker.service.state import Shared, TenantPolicyBook
 from broker.store import Store, open_store
+
+if TYPE_CHECKING:
+    from tenacity.wait import wait_base
 
 
 @dataclass(eq=False)
@@ -124,8 +127,9 @@ def _shared(
         for q in config.queues
     )  # fmt: skip
     backoff = LifecycleSettings(
-        sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit
-    )
+        sched.backoff_base_seconds, sched.backoff_cap_seconds, sched.backoff_limit,
+        sched.launch_refusal_limit,
+    )  # fmt: skip
     return Shared(
         config=config, clock=clock, ledger=ledger, queue=queue,
         lifecycle=Lifecycle(ledger, queue, backoff), policies=TenantPolicyBook(queue),
@@ -147,6 +151,7 @@ class Options(TypedDict, total=False):
     elector: Elector | None  # default: from the config (elector_for)
     identity: str | None  # this replica's name in the election
     pool_retry: PoolRetry | None  # default: PoolRetry() (reading unreadable Cluster API pools)
+    member_retry_wait: wait_base | None  # between Kubernetes members' request retries
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:
@@ -167,7 +172,10 @@ def build(config: Config, **options: Unpack[Options]) -> Parts:
         elected,
         deposed,
     )
-    kube = KubeMembers(config.clusters, config.scheduler.stale_after_seconds, clock)
+    kube = KubeMembers(
+        config.clusters, config.scheduler.stale_after_seconds, clock,
+        options.get("member_retry_wait"),
+    )  # fmt: skip
     ledger = Ledger()
     default, dispatch = _launching(
         config, ledger, options.get("launcher"), options.get("run_seconds"), kube

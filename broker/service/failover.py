@@ -87,8 +87,11 @@ class Failover:
             }
             try:
                 deleted = await member.launcher.collect_garbage(live)
-            except _UNREACHABLE as exc:
-                log.warning("cluster %s: garbage collection failed: %s", name, exc)
+            except Exception as exc:  # any: tried again at the next collection
+                unexpected = not isinstance(exc, _UNREACHABLE)
+                log.warning("cluster %s: garbage collection failed: %s", name,
+                            type(exc).__name__ if unexpected else exc,
+                            exc_info=exc if unexpected else None)  # fmt: skip
                 continue
             if name in s.kube.dirty:
                 log.warning("cluster %s is back: %d objects of ours deleted", name, len(deleted))

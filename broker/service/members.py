@@ -11,7 +11,6 @@ reader; clusters without one (simulated) keep the default launcher.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,11 +36,10 @@ from broker.ports import (
 
 if TYPE_CHECKING:
     from kubernetes.aio.client import ApiClient
+    from tenacity.wait import wait_base
 
     from adapters.kube.launch import KubeLauncher
     from adapters.kube.pods import KubePods
-
-log = logging.getLogger(__name__)
 
 
 class ClusterLauncher:
@@ -83,8 +81,9 @@ class ClusterLauncher:
         def done(ended: asyncio.Future[RunEnd]) -> None:
             if ended.cancelled():
                 return
-            if ended.exception() is not None:
-                log.error("watching %s failed: %r", placement.job, ended.exception())
+            error = ended.exception()
+            if isinstance(error, Exception):  # the caller's failure path says it
+                on_end(RunEnd(False, error=error))
                 return
             on_end(ended.result())
 
@@ -120,9 +119,16 @@ class KubeMembers:
     """The Kubernetes member clusters of one service, and whether each is stale."""
 
     def __init__(
-        self, clusters: list[ClusterConfig], stale_after: float, clock: Callable[[], float]
+        self,
+        clusters: list[ClusterConfig],
+        stale_after: float,
+        clock: Callable[[], float],
+        retry_wait: wait_base | None = None,
     ):
         self.configs = [cc for cc in clusters if cc.source.kube is not None]
+        # Between a launcher's retries of a failed request (None: the launcher's own
+        # exponential wait with jitter; tests inject none).
+        self.retry_wait = retry_wait
         self.tracker = StaleTracker(stale_after, clock)
         self.members: dict[str, KubeMember] = {}
         # Members seen down (stale) since their last garbage collection: kept out of
@@ -173,6 +179,7 @@ class KubeMembers:
                 run_poll_seconds=source.pod_poll_seconds,
                 resync_seconds=source.pod_resync_seconds,
                 watch_inactivity_seconds=source.watch_inactivity_seconds,
+                retry_wait=self.retry_wait,
             )
             pods = KubePods(
                 client, launcher.objects, request_timeout=source.request_timeout_seconds

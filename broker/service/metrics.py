@@ -3,8 +3,9 @@ global one). Names carry the prefix ``fedbroker_``, base units (seconds, GPUs), 
 on counters, and never a job or user ID as a label.
 
 * ``SchedulerMetrics``: counters and histograms the service updates as things happen
-  (placements by policy and result, gang timeouts, requeues by reason, preemptions, the
-  wait from submission to running per queue, the placement decision's latency);
+  (placements by policy and result, gang timeouts, requeues by reason, launch failures by
+  cluster, stage and cause, preemptions, the wait from submission to running per queue,
+  the placement decision's latency);
 * ``ServiceCollector``: gauges (and counters the service keeps itself) computed at scrape
   time from the read model: GPUs per cluster, GPU type and state, the largest gang placeable,
   stranded GPUs, pending jobs and GPU demand and the oldest pending gang per queue, cluster
@@ -55,7 +56,15 @@ class SchedulerMetrics:
         )  # fmt: skip
         self.requeues = Counter(
             "fedbroker_requeues", "Jobs put back in their queue, by reason (timeout, "
-            "launch_failed, evicted, preempted, restart, failover)", ["reason"], registry=r,
+            "launch_failed, follow_failed, evicted, preempted, restart, failover)",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.launch_failures = Counter(
+            "fedbroker_launch_failures", "Failures launching, adopting, following or "
+            "deleting a job's objects in a member, by cluster, stage (launch, adopt, "
+            "follow, delete) and cause (refused: a permanent refusal; transient; error: an "
+            "unexpected exception, logged with its traceback)", ["cluster", "stage", "cause"],
+            registry=r,
         )  # fmt: skip
         self.failovers = Counter(
             "fedbroker_failovers", "Jobs taken off a lost member (stale past their queue's "

@@ -3,9 +3,14 @@
 ``Recovery`` owns what happens when this replica wins or loses the lease. Won: every active
 job of the store goes back into the queue as Queued (durability: simulated pods died with
 the process), except the Placed/Running jobs whose pods are read back from a Kubernetes
-member: their reservations are restored from those pods. Lost: stop placing at once and
-drop the state the next leader rebuilds. It also connects the Kubernetes members at start,
-keeps their staleness current, and deletes our objects that belong to no live job.
+member: their reservations are restored from those pods (a Placed one's launch resumed as
+an adoption, a Running one's run watched again; their failures take the one launch-failure
+path, ``Binding.failed``). A job that cannot be adopted (its pods or stored placement
+unreadable, any exception) and the jobs of a member whose pods cannot be read back are
+requeued like the rest, their objects left to the garbage collection that ends the rebuild.
+Lost: stop placing at once and drop the state the next leader rebuilds. It also connects
+the Kubernetes members at start, keeps their staleness current, and deletes our objects
+that belong to no live job.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from broker.model import Placement, PodBound, PodDeleted, PodPlacement
 from broker.ports import LaunchError, WatchError
 from broker.service.binding import Binding
 from broker.service.cycle import Cycles
+from broker.service.failures import Failure, report
 from broker.service.members import ClusterLauncher
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
@@ -221,11 +227,21 @@ class Recovery:
                 await self._changed_meanwhile(record.tenant, record.name)
 
     def _restored(self, record: JobRecord, found: Found, now: float) -> bool:
-        """A Placed/Running job given its reservation back from its pods read back."""
+        """A Placed/Running job given its reservation back from its pods read back. One
+        that cannot be (its stored placement or its pods unreadable) is requeued as the
+        others are, its objects left to the garbage collection at the end of the rebuild."""
         if record.state not in ("Placed", "Running") or record.cluster not in found:
             return False
-        pods = found[record.cluster].pop(f"{record.tenant}/{record.name}", [])
-        return bool(pods) and self._restore(record, pods, now)
+        key = f"{record.tenant}/{record.name}"
+        pods = found[record.cluster].pop(key, [])
+        if not pods:
+            return False
+        try:
+            adoptable = self._adoptable(record, pods)
+        except Exception as exc:  # any: the rebuild goes on, the job is requeued
+            report(self.s.metrics, key, record.cluster or "", Failure.of(exc, "adopt"), exc)
+            return False
+        return adoptable is not None and self._restore(record, *adoptable, now)
 
     async def _changed_meanwhile(self, tenant: str, name: str) -> None:
         """A job the batch skipped (another writer moved it after the page was read):
@@ -249,8 +265,8 @@ class Recovery:
             try:
                 self.binding.on_capacity(await member.watcher.list_once())
                 found[name] = await member.launcher.read_back()
-            except (WatchError, *_UNREACHABLE) as exc:
-                log.warning("cluster %s unreachable at start: %s", name, type(exc).__name__)
+            except Exception as exc:  # any: the member is left stale, its jobs requeued
+                self._unread(name, "unreachable at start", exc)
             s.tasks.keep(f"watch {name}", member.watcher.run)
         s.check_stale()
         self.found = found
@@ -262,29 +278,54 @@ class Recovery:
         for name, member in self.s.kube.members.items():
             try:
                 found[name] = await member.launcher.read_back()
-            except _UNREACHABLE as exc:
-                log.warning("cluster %s: cannot read our pods back: %s", name, type(exc).__name__)
+            except Exception as exc:  # any: as an unreachable member, its jobs requeued
+                self._unread(name, "cannot read our pods back", exc)
         return found
 
-    def _restore(self, record: JobRecord, pods: list[PodBound], now: float) -> bool:
-        """Rebuild a Placed/Running job's reservation from its pods read back (assume, and
-        confirm a Running one); False (nothing changed) when they do not make its gang."""
-        s, key = self.s, f"{record.tenant}/{record.name}"
+    def _unread(self, cluster: str, what: str, exc: Exception) -> None:
+        """A member whose pods could not be read back: its jobs are requeued, not adopted
+        (said once; an unexpected exception with its traceback, and counted)."""
+        if isinstance(exc, (WatchError, *_UNREACHABLE)):
+            log.warning("cluster %s %s: %s", cluster, what, type(exc).__name__)
+            return
+        self.s.metrics.launch_failures.labels(cluster, "adopt", "error").inc()
+        log.error("cluster %s %s: %s", cluster, what, type(exc).__name__, exc_info=exc)
+
+    def _adoptable(
+        self, record: JobRecord, pods: list[PodBound]
+    ) -> tuple[Pending, Placement, list[PodBound]] | None:
+        """What restoring a job from its pods needs, read before anything changes (what
+        can fail on a stored record or a member's pods fails here): its queue entry, its
+        placement, and the pods the watcher already counted; None when the pods do not
+        make its gang."""
+        key = f"{record.tenant}/{record.name}"
         stored = record.placement or {}
         reserved = {str(p["pod"]): str(p["node"]) for p in stored.get("pods") or ()}
         if len(pods) != len(reserved):
-            return False
+            return None
         bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
         # A pod the cluster has not bound yet holds the node the broker reserved for it.
         pods = [p if p.node else dataclasses.replace(p, node=reserved.get(p.pod, "")) for p in pods]
         if not all(p.node for p in pods):
-            return False
-        cluster = pods[0].cluster
+            return None
         placement = Placement(
-            key, cluster,
+            key, pods[0].cluster,
             tuple(PodPlacement(p.pod, p.node, p.gpus or (), p.resources) for p in pods),
             str(stored.get("policy") or ""),
         )  # fmt: skip
+        return pending_of(record), placement, bound
+
+    def _restore(
+        self,
+        record: JobRecord,
+        pending: Pending,
+        placement: Placement,
+        bound: list[PodBound],
+        now: float,
+    ) -> bool:
+        """Rebuild a Placed/Running job's reservation from its pods read back (assume, and
+        confirm a Running one); False (nothing changed) when the ledger cannot take it."""
+        s, key, cluster = self.s, placement.job, placement.cluster
         for pod in bound:  # they become the job's reservation instead
             s.ledger.apply(PodDeleted(cluster, pod.pod))
         try:
@@ -294,7 +335,6 @@ class Recovery:
             for pod in bound:
                 s.ledger.apply(pod)
             return False
-        pending = pending_of(record)
         types = s.ledger.gpu_types(placement)  # no snapshot: see Ledger.gpu_types
         s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
         s.lifecycle.placed(pending, placement, now)
@@ -302,9 +342,11 @@ class Recovery:
             s.lifecycle.all_running(key, now)
             self.binding.watch_run(placement)  # its end is still to be seen
         else:  # resume waiting for the gang (creating what is missing is idempotent)
-            self.binding.start_launch(placement)
+            self.binding.start_launch(placement, "adopt")
         # One line per job at debug: a restart of 100,000 running jobs sums them (REBUILT_LOG).
-        log.debug("restored %s %s on %s from %d pods", record.state, key, cluster, len(pods))
+        log.debug(
+            "restored %s %s on %s from %d pods", record.state, key, cluster, len(placement.pods)
+        )
         return True
 
     def workload_client(self, cluster: str) -> ApiClient | None:

@@ -67,6 +67,7 @@ COUNTERS = frozenset({
     "fedbroker_mqtt_dropped_events_total",
     "fedbroker_placements_skipped_total",
     "fedbroker_scheduling_cycles_cut_short_total",
+    "fedbroker_launch_failures_total",
 })  # fmt: skip
 HISTOGRAMS = frozenset({
     "fedbroker_job_wait_seconds", "fedbroker_placement_decision_seconds",
