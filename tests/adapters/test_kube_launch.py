@@ -143,7 +143,8 @@ async def test_coscheduling_pod_group_and_pods(api: ApiClient, k8s: Emulator) ->
     assert labels["app"] == "trainer"
     container = pod["spec"]["containers"][0]
     assert container["image"] == "pytorch:2"
-    want = {"nvidia.com/gpu": "4", "cpu": "8000m", "memory": "32768Mi"}
+    # as the member stores what the broker sent (8000m, 32768Mi): canonical quantities
+    want = {"nvidia.com/gpu": "4", "cpu": "8", "memory": "32Gi"}
     assert container["resources"] == {"requests": want, "limits": want}
     assert "affinity" not in pod["spec"]
     # no schedulerName configured: the member's default scheduler
