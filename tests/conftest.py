@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from kmock_namespaces import LIVE
+from kmock_namespaces import LIVE, member_problems
 
 from broker.sim.traces import traces_dir
 
@@ -38,7 +38,7 @@ def member_refuses_what_a_real_server_refuses() -> Iterator[None]:
     refused or dropped what the broker (or a controller the test plays) sent."""
     LIVE.clear()
     yield
-    problems = [line for member in LIVE for line in member.unexpected()]
+    problems = member_problems()
     LIVE.clear()
     if problems:
         pytest.fail("the member refused or pruned what the broker sent:\n" + "\n".join(problems))

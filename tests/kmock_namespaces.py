@@ -50,6 +50,12 @@ _NAMESPACED_COLLECTION = re.compile(r"/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([
 LIVE: list[NamespacedEmulator] = []
 
 
+def member_problems() -> list[str]:
+    """What the members of the running test refused or pruned and no test took (what
+    tests/conftest.py fails a test for)."""
+    return [line for member in LIVE for line in member.unexpected()]
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """One write the member refused: its method and path, and the ``Status`` answered."""
@@ -223,7 +229,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
             review = kube_admission.create(kind, request.namespace, request.data)
             name = str(((request.data or {}).get("metadata") or {}).get("name"))
         elif request.action == kmocklib.action.UPDATE and request.subresource in (None, "status"):
-            found = self.objects[res, request.namespace, request.name]
+            found = self.objects[res, request.namespace, str(request.name)]  # type: ignore[index]
             if found.deleted:
                 return await super()._handle(request)
             old = copy.deepcopy(found.raw)
@@ -232,7 +238,8 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
             name = str(request.name)
         else:
             return await super()._handle(request)
-        self._record(kind, request.namespace, name, review, str(request.method.value), request.url.path)  # fmt: skip
+        method = str(request.method.value)
+        self._record(kind, request.namespace, name, review, method, request.url.path)
         if review.obj is None:
             return aiohttp.web.json_response(review.status, status=review.code)
         # kmock stores the request's data and serves only the requests it recorded: the
@@ -251,7 +258,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         """Apply ``patch`` to the request's object as kmock stores an update: a new version
         and a MODIFIED watch event."""
         assert request.resource is not None
-        found = self.objects[request.resource, request.namespace, request.name]
+        found = self.objects[request.resource, request.namespace, str(request.name)]
         async with self._lock:
             found.patch(patch)
             await self._buses[request.resource].put({"type": "MODIFIED", "object": found.raw})
@@ -260,7 +267,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
     async def _bind(self, request: kmocklib.Request) -> aiohttp.web.StreamResponse:
         """``POST pods/<name>/binding`` (``pkg/registry/core/pod/storage``: a pod already
         on a node, or still gated, cannot be bound)."""
-        found = self.objects[PODS, request.namespace, request.name]
+        found = self.objects[PODS, request.namespace, str(request.name)]
         if found.deleted:
             return _status(404, "NotFound", f'pods "{request.name}" not found')
         spec = found.raw.get("spec") or {}
@@ -273,11 +280,13 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
             else None
         )
         if problem is not None:
-            body = kube_admission.status(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{request.name}": {problem}')  # fmt: skip
+            message = f'Operation cannot be fulfilled on pods/binding "{request.name}": {problem}'
+            body = kube_admission.status(409, "Conflict", message)
             self.refusals.append(Refusal("POST", request.url.path, body))
             return aiohttp.web.json_response(body, status=409)
         scheduled = {"type": "PodScheduled", "status": "True"}
-        conditions = [c for c in (found.raw.get("status") or {}).get("conditions") or () if c.get("type") != "PodScheduled"]  # fmt: skip
+        given = (found.raw.get("status") or {}).get("conditions") or ()
+        conditions = [c for c in given if c.get("type") != "PodScheduled"]
         bound = {"spec": {"nodeName": node}, "status": {"conditions": [*conditions, scheduled]}}
         await self._store(request, bound)
         return _status_ok()

@@ -43,10 +43,14 @@ def default_job(job: dict[str, Any]) -> None:
     if spec.get("completions") is None and spec.get("parallelism") is None:
         spec["completions"] = 1
     spec.setdefault("parallelism", 1)
-    spec.setdefault("backoffLimit", MAX_INT32 if spec.get("backoffLimitPerIndex") is not None else 6)  # fmt: skip
+    spec.setdefault(
+        "backoffLimit", MAX_INT32 if spec.get("backoffLimitPerIndex") is not None else 6
+    )
     spec.setdefault("completionMode", "NonIndexed")
     spec.setdefault("suspend", False)
-    spec.setdefault("podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed")  # fmt: skip
+    spec.setdefault(
+        "podReplacementPolicy", "Failed" if spec.get("podFailurePolicy") else "TerminatingOrFailed"
+    )
     template = spec.setdefault("template", {})
     default_pod_spec(template.setdefault("spec", {}))
     template_labels = (template.get("metadata") or {}).get("labels")
@@ -72,7 +76,11 @@ def _matches(selector: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
     if any(given.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
         return False
     for expression in selector.get("matchExpressions") or ():
-        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []  # fmt: skip
+        key, operator, values = (
+            expression.get("key"),
+            expression.get("operator"),
+            expression.get("values") or [],
+        )
         present = key in given
         if (operator == "In" and given.get(key) not in values) or (
             operator == "NotIn" and present and given[key] in values
@@ -102,12 +110,18 @@ def job_create(job: Mapping[str, Any]) -> list[Cause]:
     else:
         out += labels(selector.get("matchLabels"), "spec.selector.matchLabels")
         if not _matches(selector, template_meta.get("labels") or {}):
-            out.append(invalid("spec.template.metadata.labels", template_meta.get("labels"), "`selector` does not match template `labels`"))  # fmt: skip
+            out.append(
+                invalid(
+                    "spec.template.metadata.labels",
+                    template_meta.get("labels"),
+                    "`selector` does not match template `labels`",
+                )
+            )
     out += metadata(template_meta, "spec.template.metadata")
     out += pod_spec(template.get("spec") or {}, "spec.template.spec")
     policy = (template.get("spec") or {}).get("restartPolicy")
     if policy not in ("OnFailure", "Never"):
-        out.append(unsupported("spec.template.spec.restartPolicy", policy, ["OnFailure", "Never"]))  # fmt: skip
+        out.append(unsupported("spec.template.spec.restartPolicy", policy, ["OnFailure", "Never"]))
     return out
 
 
@@ -122,9 +136,21 @@ def _completion_mode(spec: Mapping[str, Any]) -> list[Cause]:
     if completions is None:
         out.append(required("spec.completions", "when completion mode is Indexed"))
     elif completions > MAX_INDEXED:
-        out.append(invalid("spec.completions", completions, f"must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"))  # fmt: skip
+        out.append(
+            invalid(
+                "spec.completions",
+                completions,
+                f"must be less than or equal to {MAX_INDEXED} when completion mode is Indexed",
+            )
+        )
     if parallelism > MAX_INDEXED:
-        out.append(invalid("spec.parallelism", parallelism, f"must be less than or equal to {MAX_INDEXED} when completion mode is Indexed"))  # fmt: skip
+        out.append(
+            invalid(
+                "spec.parallelism",
+                parallelism,
+                f"must be less than or equal to {MAX_INDEXED} when completion mode is Indexed",
+            )
+        )
     return out
 
 

@@ -1,6 +1,6 @@
-"""The API server's own rules for object metadata and pod specs, as the test member
-applies them to a decoded body (``kube_schema``): each broken rule is a 422 cause naming
-the field as the server does.
+"""The API server's own rules for object metadata and pod specs, as the test member applies
+them to a decoded body (``kube_schema``): each broken rule is a 422 cause naming the field
+as the server does.
 
 From kubernetes/kubernetes: ``staging/src/k8s.io/apimachinery/pkg/util/validation``
 (``IsDNS1123Label``/``Subdomain``, ``IsQualifiedName``, ``IsValidLabelValue``,
@@ -10,112 +10,61 @@ From kubernetes/kubernetes: ``staging/src/k8s.io/apimachinery/pkg/util/validatio
 (containers required, names DNS labels unique across containers and initContainers, image
 required, ports, env names -- printable ASCII but '=', relaxed since 1.34 --, volumes and
 their mounts, restartPolicy, dnsPolicy, activeDeadlineSeconds, hostname/subdomain, node
-selector, tolerations, node affinity, scheduling gates, no ephemeral containers on create, no
-``nodeName`` beside gates) and ``ValidateResourceRequirements`` (standard or qualified
-resource names, quantities >= 0, requests <= limits, extended resources such as
-``nvidia.com/gpu`` whole numbers with requests equal to limits and never without limits).
-Defaults (``pkg/apis/core/v1/defaults.go``): ``SetDefaults_PodSpec``'s restartPolicy Always,
+selector, tolerations and node affinity (``kube_scheduling_rules``), scheduling gates, no
+ephemeral containers on create, no ``nodeName`` beside gates) and
+``ValidateResourceRequirements`` (standard or qualified resource names, quantities >= 0,
+requests <= limits, extended resources such as ``nvidia.com/gpu`` whole numbers with
+requests equal to limits and never without limits). Defaults
+(``pkg/apis/core/v1/defaults.go``): ``SetDefaults_PodSpec``'s restartPolicy Always,
 dnsPolicy ClusterFirst, schedulerName default-scheduler, terminationGracePeriodSeconds 30,
-port protocol TCP; ``SetDefaults_Pod`` copies a limit into a missing request (pods only, not
-templates). Rules for fields the broker never sets (probes, security contexts, volume
+port protocol TCP; ``SetDefaults_Pod`` copies a limit into a missing request (pods only,
+not templates). Rules for fields the broker never sets (probes, security contexts, volume
 sources' insides, topology spread) are not reproduced.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import kube_quantity
+from kube_names import dns_label, dns_subdomain, each, label_value, port_name, qualified_name
+from kube_scheduling_rules import node_affinity, tolerations
 from kube_schema import Cause, duplicate, forbidden, invalid, required, unsupported
 
-_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
-_QUALIFIED = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_PORT_NAME = re.compile(r"[-a-z0-9]+")
-LABEL_MSG = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
-             "'-', and must start and end with an alphanumeric character")  # fmt: skip
-SUBDOMAIN_MSG = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-                 "characters, '-' or '.', and must start and end with an alphanumeric character")  # fmt: skip
-QUALIFIED_MSG = ("name part must consist of alphanumeric characters, '-', '_' or '.', and must "
-                 "start and end with an alphanumeric character")  # fmt: skip
-VALUE_MSG = ("a valid label must be an empty string or consist of alphanumeric characters, "
-             "'-', '_' or '.', and must start and end with an alphanumeric character")  # fmt: skip
 ANNOTATIONS_BYTES = 256 * 1024
 NATIVE = ("cpu", "memory", "ephemeral-storage")
 PORT_RANGE = "must be between 1 and 65535, inclusive"
+ENV_NAME_MSG = (
+    "a valid environment variable name must consist only of printable ASCII characters "
+    "other than '='"
+)
 
 
-# -- names -------------------------------------------------------------------------------
-
-
-def dns_label(value: str) -> list[str]:
-    out = ["must be no more than 63 characters"] if len(value) > 63 else []
-    return out + ([] if _DNS_LABEL.fullmatch(value) else [LABEL_MSG])
-
-
-def dns_subdomain(value: str) -> list[str]:
-    out = ["must be no more than 253 characters"] if len(value) > 253 else []
-    return out + ([] if _DNS_SUBDOMAIN.fullmatch(value) else [SUBDOMAIN_MSG])
-
-
-def qualified_name(value: str) -> list[str]:
-    prefix, slash, name = value.rpartition("/")
-    if value.count("/") > 1:
-        return ["a qualified name must consist of alphanumeric characters with an optional "
-                "DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"]  # fmt: skip
-    out = [f"prefix part {m}" for m in dns_subdomain(prefix)] if slash else []
-    if not name:
-        return [*out, "name part must be non-empty"]
-    if len(name) > 63:
-        out.append("name part must be no more than 63 characters")
-    return out + ([] if _QUALIFIED.fullmatch(name) else [QUALIFIED_MSG])
-
-
-def label_value(value: str) -> list[str]:
-    out = ["must be no more than 63 characters"] if len(value) > 63 else []
-    return out + ([] if _LABEL_VALUE.fullmatch(value) else [VALUE_MSG])
-
-
-def port_name(value: str) -> list[str]:
-    checks = [
-        (len(value) <= 15, "must be no more than 15 characters"),
-        (_PORT_NAME.fullmatch(value) is not None,
-         "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)"),
-        ("--" not in value, "must not contain consecutive hyphens"),
-        (re.search("[a-z]", value) is not None, "must contain at least one letter (a-z)"),
-        (not value.startswith("-") and not value.endswith("-"),
-         "must not begin or end with a hyphen"),
-    ]  # fmt: skip
-    return [message for ok, message in checks if not ok]
-
-
-def _each(path: str, value: str, problems: list[str]) -> list[Cause]:
-    return [invalid(path, value, p) for p in problems]
+# -- metadata -------------------------------------------------------------------------------
 
 
 def labels(values: Any, path: str) -> list[Cause]:
     out: list[Cause] = []
     for key, value in (values or {}).items():
-        out += _each(f"{path}[{key}]", key, qualified_name(key))
-        out += _each(f"{path}[{key}]", value, label_value(str(value)))
+        out += each(f"{path}[{key}]", key, qualified_name(key))
+        out += each(f"{path}[{key}]", value, label_value(str(value)))
     return out
 
 
-def metadata(meta: Mapping[str, Any], path: str = "metadata", name_rule: Any = dns_subdomain) -> list[Cause]:  # fmt: skip
+def metadata(
+    meta: Mapping[str, Any], path: str = "metadata", name_rule: Any = dns_subdomain
+) -> list[Cause]:
     """``ValidateObjectMeta``: the name (when given: a template has none), labels and
     annotations."""
     out: list[Cause] = []
     name = meta.get("name")
     if name is not None:
-        out += _each(f"{path}.name", name, name_rule(str(name)))
+        out += each(f"{path}.name", name, name_rule(str(name)))
     out += labels(meta.get("labels"), f"{path}.labels")
     annotations = meta.get("annotations") or {}
     for key in annotations:
-        out += _each(f"{path}.annotations", key, qualified_name(str(key).lower()))
+        out += each(f"{path}.annotations", key, qualified_name(str(key).lower()))
     if sum(len(k) + len(str(v)) for k, v in annotations.items()) > ANNOTATIONS_BYTES:
         message = f"Too long: may not be more than {ANNOTATIONS_BYTES} bytes"
         out.append(Cause(f"{path}.annotations", "FieldValueTooLong", message))
@@ -165,7 +114,9 @@ def pod_create(pod: Mapping[str, Any]) -> list[Cause]:
     if spec.get("ephemeralContainers"):
         out.append(forbidden("spec.ephemeralContainers", "cannot be set on create"))
     if spec.get("nodeName") and spec.get("schedulingGates"):
-        out.append(forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared"))  # fmt: skip
+        out.append(
+            forbidden("spec.nodeName", "cannot be set until all schedulingGates have been cleared")
+        )
     return out
 
 
@@ -185,17 +136,23 @@ def pod_spec(spec: Mapping[str, Any], path: str) -> list[Cause]:
         elif name in names:
             out.append(duplicate(f"{here}.name", name))
         else:
-            out += _each(f"{here}.name", name, dns_label(name))
+            out += each(f"{here}.name", name, dns_label(name))
         names.add(str(name))
         out += container_rules(container, here, volumes, ports, init=where.startswith("init"))
     out += _pod_fields(spec, path)
     out += tolerations(spec.get("tolerations") or [], f"{path}.tolerations")
-    out += node_affinity((spec.get("affinity") or {}).get("nodeAffinity"), f"{path}.affinity.nodeAffinity")  # fmt: skip
+    out += node_affinity(
+        (spec.get("affinity") or {}).get("nodeAffinity"), f"{path}.affinity.nodeAffinity"
+    )
     gates: set[str] = set()
     for i, gate in enumerate(spec.get("schedulingGates") or ()):
         gate_name = str(gate.get("name") or "")
         here = f"{path}.schedulingGates[{i}].name"
-        out += [duplicate(here, gate_name)] if gate_name in gates else _each(here, gate_name, qualified_name(gate_name))  # fmt: skip
+        out += (
+            [duplicate(here, gate_name)]
+            if gate_name in gates
+            else each(here, gate_name, qualified_name(gate_name))
+        )
         gates.add(gate_name)
     return out
 
@@ -205,7 +162,7 @@ def _volumes(spec: Mapping[str, Any], path: str, out: list[Cause]) -> set[str]:
     for i, volume in enumerate(spec.get("volumes") or ()):
         name = str(volume.get("name") or "")
         here = f"{path}.volumes[{i}].name"
-        out += [duplicate(here, name)] if name in seen else _each(here, name, dns_label(name))
+        out += [duplicate(here, name)] if name in seen else each(here, name, dns_label(name))
         seen.add(name)
     return seen
 
@@ -217,15 +174,31 @@ def _pod_fields(spec: Mapping[str, Any], path: str) -> list[Cause]:
         out.append(unsupported(f"{path}.restartPolicy", policy, ["Always", "OnFailure", "Never"]))
     dns = spec.get("dnsPolicy")
     if dns not in ("ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"):
-        out.append(unsupported(f"{path}.dnsPolicy", dns, ["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"]))  # fmt: skip
+        out.append(
+            unsupported(
+                f"{path}.dnsPolicy",
+                dns,
+                ["ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"],
+            )
+        )
     deadline = spec.get("activeDeadlineSeconds")
     if deadline is not None and not 1 <= deadline <= 2**31 - 1:
-        out.append(invalid(f"{path}.activeDeadlineSeconds", deadline, "must be between 1 and 2147483647, inclusive"))  # fmt: skip
-    for key, rule in (("hostname", dns_label), ("subdomain", dns_label),
-                      ("serviceAccountName", dns_subdomain), ("schedulerName", dns_subdomain),
-                      ("priorityClassName", dns_subdomain)):  # fmt: skip
+        out.append(
+            invalid(
+                f"{path}.activeDeadlineSeconds",
+                deadline,
+                "must be between 1 and 2147483647, inclusive",
+            )
+        )
+    for key, rule in (
+        ("hostname", dns_label),
+        ("subdomain", dns_label),
+        ("serviceAccountName", dns_subdomain),
+        ("schedulerName", dns_subdomain),
+        ("priorityClassName", dns_subdomain),
+    ):
         if spec.get(key):
-            out += _each(f"{path}.{key}", spec[key], rule(str(spec[key])))
+            out += each(f"{path}.{key}", spec[key], rule(str(spec[key])))
     return out + labels(spec.get("nodeSelector"), f"{path}.nodeSelector")
 
 
@@ -237,18 +210,34 @@ def container_rules(
         out.append(required(f"{path}.image"))
     restart = container.get("restartPolicy")
     if restart is not None and (not init or restart != "Always"):
-        out.append(unsupported(f"{path}.restartPolicy", restart, ["Always"]) if init else forbidden(f"{path}.restartPolicy", "may not be set for non-init containers"))  # fmt: skip
+        out.append(
+            unsupported(f"{path}.restartPolicy", restart, ["Always"])
+            if init
+            else forbidden(f"{path}.restartPolicy", "may not be set for non-init containers")
+        )
     for i, env in enumerate(container.get("env") or ()):
         name = env.get("name")
         if not name:
             out.append(required(f"{path}.env[{i}].name"))
         elif not all(32 <= ord(c) <= 126 for c in name) or "=" in name:
-            out.append(invalid(f"{path}.env[{i}].name", name, "a valid environment variable name must consist only of printable ASCII characters other than '='"))  # fmt: skip
+            out.append(
+                invalid(
+                    f"{path}.env[{i}].name",
+                    name,
+                    ENV_NAME_MSG,
+                )
+            )
     for i, port in enumerate(container.get("ports") or ()):
         out += _port(port, f"{path}.ports[{i}]", ports)
     for i, mount in enumerate(container.get("volumeMounts") or ()):
         if mount.get("name") not in volumes:
-            out.append(Cause(f"{path}.volumeMounts[{i}].name", "FieldValueNotFound", f'Not found: "{mount.get("name")}"'))  # fmt: skip
+            out.append(
+                Cause(
+                    f"{path}.volumeMounts[{i}].name",
+                    "FieldValueNotFound",
+                    f'Not found: "{mount.get("name")}"',
+                )
+            )
         if not mount.get("mountPath"):
             out.append(required(f"{path}.volumeMounts[{i}].mountPath"))
     return out + resources(container.get("resources") or {}, f"{path}.resources")
@@ -264,7 +253,11 @@ def _port(port: Mapping[str, Any], path: str, names: set[str]) -> list[Cause]:
         out.append(invalid(f"{path}.hostPort", host, PORT_RANGE))
     if port.get("name"):
         name = str(port["name"])
-        out += [duplicate(f"{path}.name", name)] if name in names else _each(f"{path}.name", name, port_name(name))  # fmt: skip
+        out += (
+            [duplicate(f"{path}.name", name)]
+            if name in names
+            else each(f"{path}.name", name, port_name(name))
+        )
         names.add(name)
     if port.get("protocol") not in ("TCP", "UDP", "SCTP"):
         out.append(unsupported(f"{path}.protocol", port.get("protocol"), ["SCTP", "TCP", "UDP"]))
@@ -277,13 +270,13 @@ def _resource_name(name: str, path: str) -> list[Cause]:
         return [] if ok else [invalid(path, name, "must be a standard resource for containers")]
     problems = qualified_name(name)
     if problems:
-        return _each(path, name, problems)
+        return each(path, name, problems)
     return []
 
 
 def overcommits(name: str) -> bool:
     """Native resources may be requested below their limit; extended ones may not."""
-    return "/" not in name or name.split("/")[0].endswith("kubernetes.io")
+    return "/" not in name or name.split("/", maxsplit=1)[0].endswith("kubernetes.io")
 
 
 def resources(res: Mapping[str, Any], path: str) -> list[Cause]:
@@ -305,71 +298,19 @@ def resources(res: Mapping[str, Any], path: str) -> list[Cause]:
         if name in limits:
             asked, cap = kube_quantity.value_of(amount), kube_quantity.value_of(limits[name])
             if not overcommits(name) and asked != cap:
-                out.append(invalid(here, amount, f"must be equal to {name} limit of {limits[name]}"))  # fmt: skip
+                out.append(
+                    invalid(here, amount, f"must be equal to {name} limit of {limits[name]}")
+                )
             elif asked > cap:
-                out.append(invalid(here, amount, f"must be less than or equal to {name} limit of {limits[name]}"))  # fmt: skip
+                out.append(
+                    invalid(
+                        here,
+                        amount,
+                        f"must be less than or equal to {name} limit of {limits[name]}",
+                    )
+                )
         elif not overcommits(name):
-            out.append(required(f"{path}.limits", "Limit must be set for non overcommitable resources"))  # fmt: skip
-    return out
-
-
-def tolerations(given: list[Mapping[str, Any]], path: str) -> list[Cause]:
-    out: list[Cause] = []
-    for i, toleration in enumerate(given):
-        here = f"{path}[{i}]"
-        key, operator = toleration.get("key") or "", toleration.get("operator") or "Equal"
-        if key:
-            out += _each(f"{here}.key", key, qualified_name(key))
-        elif operator != "Exists":
-            out.append(invalid(f"{here}.operator", operator, 'operator must be Exists when `key` is empty, which means "match all values and all keys"'))  # fmt: skip
-        if operator == "Exists" and toleration.get("value"):
-            out.append(invalid(f"{here}.operator", toleration, "value must be empty when `operator` is 'Exists'"))  # fmt: skip
-        elif operator not in ("Equal", "Exists"):
-            out.append(unsupported(f"{here}.operator", operator, ["Equal", "Exists"]))
-        effect = toleration.get("effect") or ""
-        if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-            out.append(unsupported(f"{here}.effect", effect, ["NoSchedule", "PreferNoSchedule", "NoExecute"]))  # fmt: skip
-        if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
-            out.append(invalid(f"{here}.effect", effect, "effect must be 'NoExecute' when `tolerationSeconds` is set"))  # fmt: skip
-    return out
-
-
-def node_affinity(affinity: Mapping[str, Any] | None, path: str) -> list[Cause]:
-    """Required node selector terms: at least one, each requirement well formed."""
-    out: list[Cause] = []
-    required_terms = (affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required_terms is None:
-        return out
-    terms_path = f"{path}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
-    terms = required_terms.get("nodeSelectorTerms") or []
-    if not terms:
-        out.append(required(terms_path, "must have at least one node selector term"))
-    for i, term in enumerate(terms):
-        for j, expression in enumerate(term.get("matchExpressions") or ()):
-            out += _requirement(expression, f"{terms_path}[{i}].matchExpressions[{j}]", fields=False)  # fmt: skip
-        for j, expression in enumerate(term.get("matchFields") or ()):
-            out += _requirement(expression, f"{terms_path}[{i}].matchFields[{j}]", fields=True)
-    return out
-
-
-def _requirement(expression: Mapping[str, Any], path: str, fields: bool) -> list[Cause]:
-    operator, values = expression.get("operator"), expression.get("values") or []
-    out: list[Cause] = []
-    if fields and expression.get("key") != "metadata.name":
-        out.append(invalid(f"{path}.key", expression.get("key"), "not a valid field selector key"))
-    elif not fields:
-        out += _each(f"{path}.key", str(expression.get("key")), qualified_name(str(expression.get("key"))))  # fmt: skip
-    if operator in ("In", "NotIn"):
-        if not values:
-            out.append(required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'"))  # fmt: skip
-        elif fields and len(values) != 1:
-            out.append(required(f"{path}.values", "must be only one value when `operator` is 'In' or 'NotIn' for node field selector"))  # fmt: skip
-    elif operator in ("Exists", "DoesNotExist") and not fields:
-        if values:
-            out.append(forbidden(f"{path}.values", "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"))  # fmt: skip
-    elif operator in ("Gt", "Lt") and not fields:
-        if len(values) != 1:
-            out.append(required(f"{path}.values", "must be specified single value when `operator` is 'Lt' or 'Gt'"))  # fmt: skip
-    else:
-        out.append(unsupported(f"{path}.operator", operator, ["In", "NotIn"] if fields else ["DoesNotExist", "Exists", "Gt", "In", "Lt", "NotIn"]))  # fmt: skip
+            out.append(
+                required(f"{path}.limits", "Limit must be set for non overcommitable resources")
+            )
     return out

@@ -55,7 +55,7 @@ def pod_update(new: Mapping[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     new_spec, old_spec = new.get("spec") or {}, old.get("spec") or {}
     for kind in ("containers", "initContainers"):
         if len(new_spec.get(kind) or ()) != len(old_spec.get(kind) or ()):
-            return [*out, forbidden(f"spec.{kind}", "pod updates may not add or remove containers")]  # fmt: skip
+            return [*out, forbidden(f"spec.{kind}", "pod updates may not add or remove containers")]
     munged = copy.deepcopy(dict(new_spec))
     for kind in ("containers", "initContainers"):
         for mine, theirs in zip(munged.get(kind) or (), old_spec.get(kind) or (), strict=True):
@@ -77,9 +77,21 @@ def _deadline(munged: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     new_value, old_value = munged.get("activeDeadlineSeconds"), old.get("activeDeadlineSeconds")
     out: list[Cause] = []
     if old_value is not None and new_value is None:
-        out.append(invalid("spec.activeDeadlineSeconds", None, "must not update from a positive integer to nil value"))  # fmt: skip
+        out.append(
+            invalid(
+                "spec.activeDeadlineSeconds",
+                None,
+                "must not update from a positive integer to nil value",
+            )
+        )
     elif old_value is not None and new_value is not None and new_value > old_value:
-        out.append(invalid("spec.activeDeadlineSeconds", new_value, "must be less than or equal to previous value"))  # fmt: skip
+        out.append(
+            invalid(
+                "spec.activeDeadlineSeconds",
+                new_value,
+                "must be less than or equal to previous value",
+            )
+        )
     munged["activeDeadlineSeconds"] = old_value
     return out
 
@@ -93,7 +105,12 @@ def _tolerations(munged: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     munged["tolerations"] = old.get("tolerations")
     for toleration in old.get("tolerations") or ():
         if _without_seconds(toleration) not in new_set:
-            return [forbidden("spec.tolerations", "existing toleration can not be modified except its tolerationSeconds")]  # fmt: skip
+            return [
+                forbidden(
+                    "spec.tolerations",
+                    "existing toleration can not be modified except its tolerationSeconds",
+                )
+            ]
     return []
 
 
@@ -103,13 +120,24 @@ def _gates(munged: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     old_gates = {g.get("name") for g in old.get("schedulingGates") or ()}
     for i, gate in enumerate(munged.get("schedulingGates") or ()):
         if gate.get("name") not in old_gates:
-            out.append(forbidden(f"spec.schedulingGates[{i}].name", f"only deletion is allowed, but found new scheduling gate '{gate.get('name')}'"))  # fmt: skip
+            out.append(
+                forbidden(
+                    f"spec.schedulingGates[{i}].name",
+                    f"only deletion is allowed, but found new scheduling gate '{gate.get('name')}'",
+                )
+            )
     munged["schedulingGates"] = old.get("schedulingGates")
     if not old_gates:
         return out
     selector, old_selector = munged.get("nodeSelector") or {}, old.get("nodeSelector") or {}
     if any(selector.get(k) != v for k, v in old_selector.items()):
-        out.append(invalid("spec.nodeSelector", selector, "only additions to spec.nodeSelector are allowed (no mutations or deletions)"))  # fmt: skip
+        out.append(
+            invalid(
+                "spec.nodeSelector",
+                selector,
+                "only additions to spec.nodeSelector are allowed (no mutations or deletions)",
+            )
+        )
     munged["nodeSelector"] = old.get("nodeSelector")
     out += _affinity(munged, old)
     return out
@@ -123,11 +151,23 @@ def _affinity(munged: dict[str, Any], old: Mapping[str, Any]) -> list[Cause]:
     new_terms = (new_node.get(_TERMS) or {}).get("nodeSelectorTerms") or []
     out: list[Cause] = []
     if old_terms and len(old_terms) != len(new_terms):
-        out.append(invalid(path, new_terms, "no additions/deletions to non-empty NodeSelectorTerms list are allowed"))  # fmt: skip
+        out.append(
+            invalid(
+                path,
+                new_terms,
+                "no additions/deletions to non-empty NodeSelectorTerms list are allowed",
+            )
+        )
     elif old_terms:
         for i, (mine, theirs) in enumerate(zip(new_terms, old_terms, strict=True)):
             if not _only_additions(mine, theirs):
-                out.append(invalid(f"{path}[{i}]", mine, "only additions are allowed (no mutations or deletions)"))  # fmt: skip
+                out.append(
+                    invalid(
+                        f"{path}[{i}]",
+                        mine,
+                        "only additions are allowed (no mutations or deletions)",
+                    )
+                )
     affinity = dict(munged.get("affinity") or {})
     if old.get("affinity", {}).get("nodeAffinity") is None:
         affinity.pop("nodeAffinity", None)

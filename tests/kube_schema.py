@@ -46,10 +46,22 @@ _SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
 _REF = "#/$defs/"
 QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
-_JSON_TYPE = {bool: "bool", int: "number", float: "number", str: "string", list: "array",
-              dict: "object"}  # fmt: skip
-_GO_TYPE = {"string": "string", "integer": "int64", "number": "float64", "boolean": "bool",
-            "array": "[]", "object": "map"}  # fmt: skip
+_JSON_TYPE = {
+    bool: "bool",
+    int: "number",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
+_GO_TYPE = {
+    "string": "string",
+    "integer": "int64",
+    "number": "float64",
+    "boolean": "bool",
+    "array": "[]",
+    "object": "map",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +91,11 @@ def forbidden(path: str, detail: str) -> Cause:
 
 def unsupported(path: str, value: object, supported: list[str]) -> Cause:
     listed = ", ".join(json.dumps(s) for s in supported)
-    return Cause(path, "FieldValueNotSupported",
-                 f"Unsupported value: {_shown(value)}: supported values: {listed}")  # fmt: skip
+    return Cause(
+        path,
+        "FieldValueNotSupported",
+        f"Unsupported value: {_shown(value)}: supported values: {listed}",
+    )
 
 
 def duplicate(path: str, value: object) -> Cause:
@@ -246,7 +261,9 @@ def _custom(
 ) -> Any:
     if schema.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, int | str):
-            out.causes.append(invalid(path, value, f"{path} in body must be of type integer or string"))  # fmt: skip
+            out.causes.append(
+                invalid(path, value, f"{path} in body must be of type integer or string")
+            )
         elif isinstance(value, str):
             _scalar(value, schema, path, out)
         return value
@@ -301,9 +318,17 @@ def _bounds(
     size: int, schema: Mapping[str, Any], low: str, high: str, path: str, out: Decoded, what: str
 ) -> None:
     if low in schema and size < schema[low]:
-        out.causes.append(invalid(path, size, f"{path} in body should have at least {schema[low]} {what}"))  # fmt: skip
+        out.causes.append(
+            invalid(path, size, f"{path} in body should have at least {schema[low]} {what}")
+        )
     if high in schema and size > schema[high]:
-        out.causes.append(Cause(path, "FieldValueTooMany", f"Too many: {size}: must have at most {schema[high]} {what}"))  # fmt: skip
+        out.causes.append(
+            Cause(
+                path,
+                "FieldValueTooMany",
+                f"Too many: {size}: must have at most {schema[high]} {what}",
+            )
+        )
 
 
 def _scalar(value: Any, schema: Mapping[str, Any], path: str, out: Decoded) -> None:
@@ -318,8 +343,14 @@ def _scalar(value: Any, schema: Mapping[str, Any], path: str, out: Decoded) -> N
     elif isinstance(value, int | float) and not isinstance(value, bool):
         low, high = schema.get("minimum"), schema.get("maximum")
         if low is not None and (value < low or (schema.get("exclusiveMinimum") and value == low)):
-            out.causes.append(invalid(path, value, f"{path} in body should be greater than or equal to {low}"))  # fmt: skip
-        if high is not None and (value > high or (schema.get("exclusiveMaximum") and value == high)):  # fmt: skip
-            out.causes.append(invalid(path, value, f"{path} in body should be less than or equal to {high}"))  # fmt: skip
+            out.causes.append(
+                invalid(path, value, f"{path} in body should be greater than or equal to {low}")
+            )
+        if high is not None and (
+            value > high or (schema.get("exclusiveMaximum") and value == high)
+        ):
+            out.causes.append(
+                invalid(path, value, f"{path} in body should be less than or equal to {high}")
+            )
         if schema.get("format") == "int32" and not -(2**31) <= value < 2**31:
             out.causes.append(invalid(path, value, f"{path} in body must be of type int32"))

@@ -127,8 +127,8 @@ async def test_each_kind_is_created_dressed_and_valid(
         want_notes = {"note": "kept"} if user else {}
         if kind == "Job":  # the API server's selector labels (manualSelector unset)
             uid = obj["metadata"]["uid"]
-            want_labels |= {"job-name": JOB, "batch.kubernetes.io/job-name": JOB,
-                            "controller-uid": uid, "batch.kubernetes.io/controller-uid": uid}  # fmt: skip
+            want_labels |= {"job-name": JOB, "batch.kubernetes.io/job-name": JOB}
+            want_labels |= {"controller-uid": uid, "batch.kubernetes.io/controller-uid": uid}
         if mode == "pin":
             assert pod_spec["schedulingGates"] == [{"name": GATE}]
             # none sent: a Job's template is defaulted by the API server, a CRD's is not

@@ -23,17 +23,32 @@ Edit = Callable[[dict[str, Any]], object]
 
 
 def pod(**spec: Any) -> dict[str, Any]:
-    container = {"name": "main", "image": "busybox:stable",
-                 "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}}  # fmt: skip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"containers": [container], **spec}}  # fmt: skip
+    container = {
+        "name": "main",
+        "image": "busybox:stable",
+        "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [container], **spec},
+    }
 
 
 def job(**spec: Any) -> dict[str, Any]:
-    template = {"spec": {"restartPolicy": "Never",
-                         "containers": [{"name": "main", "image": "busybox:stable"}]}}  # fmt: skip
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "ns"},
-            "spec": {"template": template, **spec}}  # fmt: skip
+    template = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox:stable"}],
+        }
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"template": template, **spec},
+    }
 
 
 def c0(p: dict[str, Any]) -> dict[str, Any]:
@@ -52,54 +67,308 @@ def edited(body: dict[str, Any], edit: Edit) -> dict[str, Any]:
 
 # (case, kind, body, HTTP status, the field the server names -- for a 400: in its message)
 REFUSED: list[tuple[str, Kind, dict[str, Any], int, str]] = [
-    ("pod name not a DNS subdomain", POD, edited(pod(), lambda p: p["metadata"].update(name="Train_0")), 422, "metadata.name"),
-    ("pod without a name", POD, edited(pod(), lambda p: p["metadata"].pop("name")), 422, "metadata.name"),
-    ("label key with two slashes", POD, edited(pod(), lambda p: p["metadata"].update(labels={"a/b/c": "x"})), 422, "metadata.labels[a/b/c]"),
-    ("label value too long", POD, edited(pod(), lambda p: p["metadata"].update(labels={"team": "x" * 64})), 422, "metadata.labels[team]"),
-    ("label value with a space", POD, edited(pod(), lambda p: p["metadata"].update(labels={"team": "a b"})), 422, "metadata.labels[team]"),
-    ("annotation key not a qualified name", POD, edited(pod(), lambda p: p["metadata"].update(annotations={"bad key": "x"})), 422, "metadata.annotations"),
-    ("annotations over 256 KiB", POD, edited(pod(), lambda p: p["metadata"].update(annotations={"big": "x" * 262142})), 422, "metadata.annotations"),
+    (
+        "pod name not a DNS subdomain",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(name="Train_0")),
+        422,
+        "metadata.name",
+    ),
+    (
+        "pod without a name",
+        POD,
+        edited(pod(), lambda p: p["metadata"].pop("name")),
+        422,
+        "metadata.name",
+    ),
+    (
+        "label key with two slashes",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(labels={"a/b/c": "x"})),
+        422,
+        "metadata.labels[a/b/c]",
+    ),
+    (
+        "label value too long",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(labels={"team": "x" * 64})),
+        422,
+        "metadata.labels[team]",
+    ),
+    (
+        "label value with a space",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(labels={"team": "a b"})),
+        422,
+        "metadata.labels[team]",
+    ),
+    (
+        "annotation key not a qualified name",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(annotations={"bad key": "x"})),
+        422,
+        "metadata.annotations",
+    ),
+    (
+        "annotations over 256 KiB",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(annotations={"big": "x" * 262142})),
+        422,
+        "metadata.annotations",
+    ),
     ("no containers", POD, pod(containers=[]), 422, "spec.containers"),
-    ("container name not a DNS label", POD, edited(pod(), lambda p: c0(p).update(name="Main")), 422, "spec.containers[0].name"),
-    ("container name twice", POD, edited(pod(), lambda p: p["spec"].update(initContainers=[{"name": "main", "image": "i"}])), 422, "spec.containers[0].name"),
-    ("container without image", POD, edited(pod(), lambda p: c0(p).pop("image")), 422, "spec.containers[0].image"),
-    ("quantity that does not parse", POD, edited(pod(), lambda p: c0(p)["resources"]["limits"].update(cpu="one")), 400, "spec.containers.resources.limits"),
-    ("negative quantity", POD, edited(pod(), lambda p: c0(p)["resources"]["limits"].update(cpu="-1")), 422, "spec.containers[0].resources.limits[cpu]"),
-    ("request above limit", POD, edited(pod(), lambda p: c0(p)["resources"].update(requests={"cpu": "2"})), 422, "spec.containers[0].resources.requests[cpu]"),
-    ("GPU request below its limit", POD, edited(pod(), lambda p: c0(p)["resources"]["requests"].update({"nvidia.com/gpu": "0"}) if c0(p)["resources"].setdefault("requests", {}) is not None else None), 422, "spec.containers[0].resources.requests[nvidia.com/gpu]"),
-    ("fractional GPU", POD, edited(pod(), lambda p: c0(p)["resources"]["limits"].update({"nvidia.com/gpu": "0.5"})), 422, "spec.containers[0].resources.limits[nvidia.com/gpu]"),
-    ("GPU requested without a limit", POD, edited(pod(), lambda p: c0(p).update(resources={"requests": {"nvidia.com/gpu": "1"}})), 422, "spec.containers[0].resources.limits"),
-    ("resource name without a domain", POD, edited(pod(), lambda p: c0(p)["resources"]["limits"].update(gpu="1")), 422, "spec.containers[0].resources.limits[gpu]"),
+    (
+        "container name not a DNS label",
+        POD,
+        edited(pod(), lambda p: c0(p).update(name="Main")),
+        422,
+        "spec.containers[0].name",
+    ),
+    (
+        "container name twice",
+        POD,
+        edited(pod(), lambda p: p["spec"].update(initContainers=[{"name": "main", "image": "i"}])),
+        422,
+        "spec.containers[0].name",
+    ),
+    (
+        "container without image",
+        POD,
+        edited(pod(), lambda p: c0(p).pop("image")),
+        422,
+        "spec.containers[0].image",
+    ),
+    (
+        "quantity that does not parse",
+        POD,
+        edited(pod(), lambda p: c0(p)["resources"]["limits"].update(cpu="one")),
+        400,
+        "spec.containers.resources.limits",
+    ),
+    (
+        "negative quantity",
+        POD,
+        edited(pod(), lambda p: c0(p)["resources"]["limits"].update(cpu="-1")),
+        422,
+        "spec.containers[0].resources.limits[cpu]",
+    ),
+    (
+        "request above limit",
+        POD,
+        edited(pod(), lambda p: c0(p)["resources"].update(requests={"cpu": "2"})),
+        422,
+        "spec.containers[0].resources.requests[cpu]",
+    ),
+    (
+        "GPU request below its limit",
+        POD,
+        edited(
+            pod(),
+            lambda p: (
+                c0(p)["resources"]["requests"].update({"nvidia.com/gpu": "0"})
+                if c0(p)["resources"].setdefault("requests", {}) is not None
+                else None
+            ),
+        ),
+        422,
+        "spec.containers[0].resources.requests[nvidia.com/gpu]",
+    ),
+    (
+        "fractional GPU",
+        POD,
+        edited(pod(), lambda p: c0(p)["resources"]["limits"].update({"nvidia.com/gpu": "0.5"})),
+        422,
+        "spec.containers[0].resources.limits[nvidia.com/gpu]",
+    ),
+    (
+        "GPU requested without a limit",
+        POD,
+        edited(pod(), lambda p: c0(p).update(resources={"requests": {"nvidia.com/gpu": "1"}})),
+        422,
+        "spec.containers[0].resources.limits",
+    ),
+    (
+        "resource name without a domain",
+        POD,
+        edited(pod(), lambda p: c0(p)["resources"]["limits"].update(gpu="1")),
+        422,
+        "spec.containers[0].resources.limits[gpu]",
+    ),
     ("restartPolicy unknown", POD, pod(restartPolicy="Sometimes"), 422, "spec.restartPolicy"),
-    ("env name with '='", POD, edited(pod(), lambda p: c0(p).update(env=[{"name": "A=B", "value": "x"}])), 422, "spec.containers[0].env[0].name"),
-    ("containerPort zero", POD, edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": 0}])), 422, "spec.containers[0].ports[0].containerPort"),
-    ("containerPort above 65535", POD, edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": 70000}])), 422, "spec.containers[0].ports[0].containerPort"),
-    ("containerPort a name", POD, edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": "http"}])), 400, "spec.containers.ports.containerPort"),
-    ("port name too long", POD, edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": 80, "name": "a-very-long-port-name"}])), 422, "spec.containers[0].ports[0].name"),
-    ("terminationGracePeriodSeconds a string", POD, pod(terminationGracePeriodSeconds="30"), 400, "spec.terminationGracePeriodSeconds"),
-    ("scheduling gate twice", POD, pod(schedulingGates=[{"name": "a.io/g"}, {"name": "a.io/g"}]), 422, "spec.schedulingGates[1].name"),
-    ("scheduling gate not a qualified name", POD, pod(schedulingGates=[{"name": "a b"}]), 422, "spec.schedulingGates[0].name"),
-    ("nodeName beside a gate", POD, pod(nodeName="n1", schedulingGates=[{"name": "a.io/g"}]), 422, "spec.nodeName"),
-    ("ephemeral container on create", POD, pod(ephemeralContainers=[{"name": "dbg", "image": "i"}]), 422, "spec.ephemeralContainers"),
+    (
+        "env name with '='",
+        POD,
+        edited(pod(), lambda p: c0(p).update(env=[{"name": "A=B", "value": "x"}])),
+        422,
+        "spec.containers[0].env[0].name",
+    ),
+    (
+        "containerPort zero",
+        POD,
+        edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": 0}])),
+        422,
+        "spec.containers[0].ports[0].containerPort",
+    ),
+    (
+        "containerPort above 65535",
+        POD,
+        edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": 70000}])),
+        422,
+        "spec.containers[0].ports[0].containerPort",
+    ),
+    (
+        "containerPort a name",
+        POD,
+        edited(pod(), lambda p: c0(p).update(ports=[{"containerPort": "http"}])),
+        400,
+        "spec.containers.ports.containerPort",
+    ),
+    (
+        "port name too long",
+        POD,
+        edited(
+            pod(),
+            lambda p: c0(p).update(ports=[{"containerPort": 80, "name": "a-very-long-port-name"}]),
+        ),
+        422,
+        "spec.containers[0].ports[0].name",
+    ),
+    (
+        "terminationGracePeriodSeconds a string",
+        POD,
+        pod(terminationGracePeriodSeconds="30"),
+        400,
+        "spec.terminationGracePeriodSeconds",
+    ),
+    (
+        "scheduling gate twice",
+        POD,
+        pod(schedulingGates=[{"name": "a.io/g"}, {"name": "a.io/g"}]),
+        422,
+        "spec.schedulingGates[1].name",
+    ),
+    (
+        "scheduling gate not a qualified name",
+        POD,
+        pod(schedulingGates=[{"name": "a b"}]),
+        422,
+        "spec.schedulingGates[0].name",
+    ),
+    (
+        "nodeName beside a gate",
+        POD,
+        pod(nodeName="n1", schedulingGates=[{"name": "a.io/g"}]),
+        422,
+        "spec.nodeName",
+    ),
+    (
+        "ephemeral container on create",
+        POD,
+        pod(ephemeralContainers=[{"name": "dbg", "image": "i"}]),
+        422,
+        "spec.ephemeralContainers",
+    ),
     ("hostname not a DNS label", POD, pod(hostname="Rank_0"), 422, "spec.hostname"),
-    ("toleration Exists with a value", POD, pod(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]), 422, "spec.tolerations[0].operator"),
-    ("node field selector of two nodes", POD, pod(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}]}}}), 422, "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values"),
-    ("mount of no volume", POD, edited(pod(), lambda p: c0(p).update(volumeMounts=[{"name": "data", "mountPath": "/d"}])), 422, "spec.containers[0].volumeMounts[0].name"),
-    ("namespace other than the URL's", POD, edited(pod(), lambda p: p["metadata"].update(namespace="other")), 400, "namespace"),
-    ("Job template restartPolicy defaulted to Always", JOB, edited(job(), lambda j: j["spec"]["template"]["spec"].pop("restartPolicy")), 422, "spec.template.spec.restartPolicy"),
-    ("Job Indexed without completions", JOB, job(completionMode="Indexed", parallelism=2), 422, "spec.completions"),
-    ("Job Indexed of 100,001", JOB, job(completionMode="Indexed", completions=100_001), 422, "spec.completions"),
+    (
+        "toleration Exists with a value",
+        POD,
+        pod(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+        422,
+        "spec.tolerations[0].operator",
+    ),
+    (
+        "node field selector of two nodes",
+        POD,
+        pod(
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {"key": "metadata.name", "operator": "In", "values": ["a", "b"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        ),
+        422,
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values",
+    ),
+    (
+        "mount of no volume",
+        POD,
+        edited(pod(), lambda p: c0(p).update(volumeMounts=[{"name": "data", "mountPath": "/d"}])),
+        422,
+        "spec.containers[0].volumeMounts[0].name",
+    ),
+    (
+        "namespace other than the URL's",
+        POD,
+        edited(pod(), lambda p: p["metadata"].update(namespace="other")),
+        400,
+        "namespace",
+    ),
+    (
+        "Job template restartPolicy defaulted to Always",
+        JOB,
+        edited(job(), lambda j: j["spec"]["template"]["spec"].pop("restartPolicy")),
+        422,
+        "spec.template.spec.restartPolicy",
+    ),
+    (
+        "Job Indexed without completions",
+        JOB,
+        job(completionMode="Indexed", parallelism=2),
+        422,
+        "spec.completions",
+    ),
+    (
+        "Job Indexed of 100,001",
+        JOB,
+        job(completionMode="Indexed", completions=100_001),
+        422,
+        "spec.completions",
+    ),
     ("Job completionMode unknown", JOB, job(completionMode="Ordered"), 422, "spec.completionMode"),
     ("Job negative backoffLimit", JOB, job(backoffLimit=-1), 422, "spec.backoffLimit"),
     ("Job negative parallelism", JOB, job(parallelism=-1), 422, "spec.parallelism"),
-    ("Job name too long for its job-name label", JOB, edited(job(), lambda j: j["metadata"].update(name="j" * 64)), 422, "spec.template.metadata.labels[job-name]"),
-    ("Job selector not matching its template", JOB, job(manualSelector=True, selector={"matchLabels": {"app": "x"}}), 422, "spec.template.metadata.labels"),
-    ("Job template containerPort a name", JOB, edited(job(), lambda j: jc0(j).update(ports=[{"containerPort": "http"}])), 400, "spec.template.spec.containers.ports.containerPort"),
-    ("Job template container name not a DNS label", JOB, edited(job(), lambda j: jc0(j).update(name="Main")), 422, "spec.template.spec.containers[0].name"),
-]  # fmt: skip
+    (
+        "Job name too long for its job-name label",
+        JOB,
+        edited(job(), lambda j: j["metadata"].update(name="j" * 64)),
+        422,
+        "spec.template.metadata.labels[job-name]",
+    ),
+    (
+        "Job selector not matching its template",
+        JOB,
+        job(manualSelector=True, selector={"matchLabels": {"app": "x"}}),
+        422,
+        "spec.template.metadata.labels",
+    ),
+    (
+        "Job template containerPort a name",
+        JOB,
+        edited(job(), lambda j: jc0(j).update(ports=[{"containerPort": "http"}])),
+        400,
+        "spec.template.spec.containers.ports.containerPort",
+    ),
+    (
+        "Job template container name not a DNS label",
+        JOB,
+        edited(job(), lambda j: jc0(j).update(name="Main")),
+        422,
+        "spec.template.spec.containers[0].name",
+    ),
+]
 
 
-@pytest.mark.parametrize(("case", "kind", "body", "code", "where"), REFUSED, ids=[r[0] for r in REFUSED])  # fmt: skip
+@pytest.mark.parametrize(
+    ("case", "kind", "body", "code", "where"), REFUSED, ids=[r[0] for r in REFUSED]
+)
 def test_the_member_refuses_what_the_api_server_refuses(
     case: str, kind: Kind, body: dict[str, Any], code: int, where: str
 ) -> None:
@@ -116,19 +385,56 @@ def test_the_member_refuses_what_the_api_server_refuses(
 
 
 JOBSET_BODY: dict[str, Any] = {
-    "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+    "apiVersion": "jobset.x-k8s.io/v1alpha2",
+    "kind": "JobSet",
     "metadata": {"name": "js", "namespace": "ns"},
-    "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": {"template": {
-        "spec": {"containers": [{"name": "c", "image": "i",
-                                 "resources": {"limits": {"cpu": 1}}}]}}}}}]},
-}  # fmt: skip
+    "spec": {
+        "replicatedJobs": [
+            {
+                "name": "w",
+                "replicas": 1,
+                "template": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "containers": [
+                                    {"name": "c", "image": "i", "resources": {"limits": {"cpu": 1}}}
+                                ]
+                            }
+                        }
+                    }
+                },
+            }
+        ]
+    },
+}
 CRD_REFUSED: list[tuple[str, Edit, str]] = [
-    ("replicas a string", lambda b: b["spec"]["replicatedJobs"][0].update(replicas="2"), "spec.replicatedJobs[0].replicas"),
-    ("replicatedJob without a name", lambda b: b["spec"]["replicatedJobs"][0].pop("name"), "spec.replicatedJobs[0].name"),
-    ("a fractional quantity in a CRD's template", lambda b: b["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(cpu=0.5), "spec.replicatedJobs[0].template.spec.template.spec.containers[0].resources.limits[cpu]"),
-    ("a quantity string that is none", lambda b: b["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(cpu="one"), "spec.replicatedJobs[0].template.spec.template.spec.containers[0].resources.limits[cpu]"),
+    (
+        "replicas a string",
+        lambda b: b["spec"]["replicatedJobs"][0].update(replicas="2"),
+        "spec.replicatedJobs[0].replicas",
+    ),
+    (
+        "replicatedJob without a name",
+        lambda b: b["spec"]["replicatedJobs"][0].pop("name"),
+        "spec.replicatedJobs[0].name",
+    ),
+    (
+        "a fractional quantity in a CRD's template",
+        lambda b: b["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["resources"]["limits"].update(cpu=0.5),
+        "spec.replicatedJobs[0].template.spec.template.spec.containers[0].resources.limits[cpu]",
+    ),
+    (
+        "a quantity string that is none",
+        lambda b: b["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["resources"]["limits"].update(cpu="one"),
+        "spec.replicatedJobs[0].template.spec.template.spec.containers[0].resources.limits[cpu]",
+    ),
     ("JobSet name not a DNS subdomain", lambda b: b["metadata"].update(name="JS"), "metadata.name"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("case", "edit", "where"), CRD_REFUSED, ids=[r[0] for r in CRD_REFUSED])
@@ -152,8 +458,12 @@ def test_unknown_fields_are_pruned_and_recorded_numbers_kept_in_a_crd() -> None:
 
 
 def test_a_pod_is_stored_defaulted_with_canonical_quantities_and_unknown_fields_dropped() -> None:
-    body = edited(pod(), lambda p: c0(p)["resources"].update(
-        limits={"nvidia.com/gpu": 1, "cpu": 0.5, "memory": "1.5Gi"}, colour="red"))  # fmt: skip
+    body = edited(
+        pod(),
+        lambda p: c0(p)["resources"].update(
+            limits={"nvidia.com/gpu": 1, "cpu": 0.5, "memory": "1.5Gi"}, colour="red"
+        ),
+    )
     review = create(POD, "ns", body)
     assert review.obj is not None, review.status
     assert review.pruned == ["spec.containers[0].resources.colour"]
@@ -179,10 +489,25 @@ def test_a_job_is_defaulted_and_selects_its_pods_by_uid() -> None:
     assert labels["controller-uid"] == uid
 
 
-GATED = pod(schedulingGates=[{"name": "fedbroker.io/placement"}],
-            affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}})  # fmt: skip
-TERM = ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")  # fmt: skip
+GATED = pod(
+    schedulingGates=[{"name": "fedbroker.io/placement"}],
+    affinity={
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    },
+)
+TERM = (
+    "spec",
+    "affinity",
+    "nodeAffinity",
+    "requiredDuringSchedulingIgnoredDuringExecution",
+    "nodeSelectorTerms",
+)
 
 
 def _term(p: dict[str, Any]) -> dict[str, Any]:
@@ -195,23 +520,95 @@ def _term(p: dict[str, Any]) -> dict[str, Any]:
 PIN = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
 # (case, stored pod, edit of it, refused field or None when allowed)
 UPDATES: list[tuple[str, dict[str, Any], Edit, str | None]] = [
-    ("labels and annotations change", pod(), lambda p: p["metadata"].update(labels={"a": "b"}, annotations={"c": "d"}), None),
+    (
+        "labels and annotations change",
+        pod(),
+        lambda p: p["metadata"].update(labels={"a": "b"}, annotations={"c": "d"}),
+        None,
+    ),
     ("image changes", pod(), lambda p: c0(p).update(image="busybox:1"), None),
-    ("a toleration is added", pod(), lambda p: p["spec"].update(tolerations=[{"key": "k", "operator": "Exists"}]), None),
-    ("gated: the gate removed and the affinity narrowed", GATED, lambda p: (p["spec"].pop("schedulingGates"), _term(p).update(matchFields=[PIN])), None),
-    ("gated: a nodeSelector added", GATED, lambda p: p["spec"].update(nodeSelector={"zone": "a"}), None),
-    ("gated: a term's requirement replaced", GATED, lambda p: _term(p).update(matchExpressions=[{"key": "zone", "operator": "In", "values": ["b"]}]), "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"),
-    ("gated: a term added", GATED, lambda p: p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].append({"matchFields": [PIN]}), "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"),
-    ("ungated: the affinity narrowed", pod(), lambda p: p["spec"].update(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchFields": [PIN]}]}}}), "spec"),
-    ("a gate added", pod(), lambda p: p["spec"].update(schedulingGates=[{"name": "a.io/g"}]), "spec.schedulingGates[0].name"),
+    (
+        "a toleration is added",
+        pod(),
+        lambda p: p["spec"].update(tolerations=[{"key": "k", "operator": "Exists"}]),
+        None,
+    ),
+    (
+        "gated: the gate removed and the affinity narrowed",
+        GATED,
+        lambda p: (p["spec"].pop("schedulingGates"), _term(p).update(matchFields=[PIN])),
+        None,
+    ),
+    (
+        "gated: a nodeSelector added",
+        GATED,
+        lambda p: p["spec"].update(nodeSelector={"zone": "a"}),
+        None,
+    ),
+    (
+        "gated: a term's requirement replaced",
+        GATED,
+        lambda p: _term(p).update(
+            matchExpressions=[{"key": "zone", "operator": "In", "values": ["b"]}]
+        ),
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]",
+    ),
+    (
+        "gated: a term added",
+        GATED,
+        lambda p: p["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"].append({"matchFields": [PIN]}),
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
+    ),
+    (
+        "ungated: the affinity narrowed",
+        pod(),
+        lambda p: p["spec"].update(
+            affinity={
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": [PIN]}]
+                    }
+                }
+            }
+        ),
+        "spec",
+    ),
+    (
+        "a gate added",
+        pod(),
+        lambda p: p["spec"].update(schedulingGates=[{"name": "a.io/g"}]),
+        "spec.schedulingGates[0].name",
+    ),
     ("nodeName set by a patch", pod(), lambda p: p["spec"].update(nodeName="n1"), "spec"),
     ("resources changed", pod(), lambda p: c0(p)["resources"]["limits"].update(cpu="2"), "spec"),
-    ("a container added", pod(), lambda p: p["spec"]["containers"].append({"name": "b", "image": "i"}), "spec.containers"),
-    ("a toleration removed", pod(tolerations=[{"key": "k", "operator": "Exists"}]), lambda p: p["spec"].pop("tolerations"), "spec.tolerations"),
-    ("activeDeadlineSeconds raised", pod(activeDeadlineSeconds=10), lambda p: p["spec"].update(activeDeadlineSeconds=20), "spec.activeDeadlineSeconds"),
-    ("terminationGracePeriodSeconds changed", pod(), lambda p: p["spec"].update(terminationGracePeriodSeconds=5), "spec"),
+    (
+        "a container added",
+        pod(),
+        lambda p: p["spec"]["containers"].append({"name": "b", "image": "i"}),
+        "spec.containers",
+    ),
+    (
+        "a toleration removed",
+        pod(tolerations=[{"key": "k", "operator": "Exists"}]),
+        lambda p: p["spec"].pop("tolerations"),
+        "spec.tolerations",
+    ),
+    (
+        "activeDeadlineSeconds raised",
+        pod(activeDeadlineSeconds=10),
+        lambda p: p["spec"].update(activeDeadlineSeconds=20),
+        "spec.activeDeadlineSeconds",
+    ),
+    (
+        "terminationGracePeriodSeconds changed",
+        pod(),
+        lambda p: p["spec"].update(terminationGracePeriodSeconds=5),
+        "spec",
+    ),
     ("name changed", pod(), lambda p: p["metadata"].update(name="q"), "metadata.name"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("case", "stored", "edit", "where"), UPDATES, ids=[u[0] for u in UPDATES])
@@ -243,9 +640,13 @@ async def test_a_refusal_reaches_the_client_as_the_servers_status(kmock: Any) ->
     assert body["message"].startswith('Pod "p" is invalid: spec.containers[0].name: Invalid value')
     assert [r.fields for r in k8s.take_refusals()] == [["spec.containers[0].name"]]
     assert (PODS, "ns", "p") not in k8s.objects or k8s.objects[PODS, "ns", "p"].deleted
-    async with k8s.post("/api/v1/namespaces/ns/pods", json=pod(schedulingGates=[{"name": "a.io/g"}])) as r:  # fmt: skip
+    async with k8s.post(
+        "/api/v1/namespaces/ns/pods", json=pod(schedulingGates=[{"name": "a.io/g"}])
+    ) as r:
         assert r.status == 200
-    async with k8s.post("/api/v1/namespaces/ns/pods/p/binding", json={"target": {"name": "n1"}}) as r:  # fmt: skip
+    async with k8s.post(
+        "/api/v1/namespaces/ns/pods/p/binding", json={"target": {"name": "n1"}}
+    ) as r:
         assert r.status == 409  # a gated pod is not bound
     assert len(k8s.take_refusals()) == 1
     await k8s.patch_pod("ns", "p", {"spec": {"schedulingGates": None}})

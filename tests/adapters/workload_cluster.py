@@ -64,7 +64,8 @@ def _job_t(template: Obj) -> Obj:
 # which asserts every kind's derived pod sets, init containers and overhead included).
 WORKLOADS: Mapping[str, Obj] = {
     "Job": batch_job(_job_t(INIT), parallelism=3, completions=3, completionMode="Indexed"),
-    "JobSet": jobset(rj("driver", _job_t(CPU)), rj("workers", _job_t(INIT), replicas=2, parallelism=2)),
+    "JobSet": jobset(rj("driver", _job_t(CPU)),
+                     rj("workers", _job_t(INIT), replicas=2, parallelism=2)),
     "PyTorchJob": pytorch(
         Master={"replicas": 1, "template": _t(INIT)},
         Worker={"replicas": 2, "template": _t(GPU8)},
