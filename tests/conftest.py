@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kmock_namespaces import LIVE, member_problems
 
 from broker.sim.traces import traces_dir
 
@@ -28,3 +29,16 @@ def trace_file() -> Callable[[str], Path]:
         pytest.skip(f"trace file {path} not found (set FEDBROKER_TRACES)")
 
     return find
+
+
+@pytest.fixture(autouse=True)
+def member_refuses_what_a_real_server_refuses() -> Iterator[None]:
+    """Fail a test whose Kubernetes member (tests/kmock_namespaces.py) refused a write or
+    pruned a field that the test did not take as expected: a real API server would have
+    refused or dropped what the broker (or a controller the test plays) sent."""
+    LIVE.clear()
+    yield
+    problems = member_problems()
+    LIVE.clear()
+    if problems:
+        pytest.fail("the member refused or pruned what the broker sent:\n" + "\n".join(problems))

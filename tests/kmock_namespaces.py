@@ -12,20 +12,64 @@ there. Everything else is kmock's. Select it with ``pytestmark = pytest.mark.kmo
 ``namespace_calls`` records each request as ``(method, name)``; ``refused`` the paths of
 creates refused for a missing namespace; ``racing`` names namespaces that another client
 creates between our GET (404) and our POST (so the POST answers 409).
+
+It is also a kube-apiserver where it matters to the broker: every create and patch of a
+Pod, a batch/v1 Job, a workload custom resource or a PodGroup goes through
+``kube_admission`` (decoding, defaults, the server's validation, the CRDs' schemas with
+structural pruning) and is stored as the server stores it or refused as the server refuses
+it (400 ``BadRequest``, 422 ``Invalid`` with ``details.causes``). Pods are bound through
+their ``binding`` subresource (409 when already bound or still gated) and their status
+changes through ``/status``, as a scheduler and a kubelet do (``bind_pod``,
+``patch_pod_status``; ``patch_pod`` and ``run_pods`` split their patch that way); a
+controller the test plays creates through ``controller_create``. Every refusal goes to
+``refusals`` and every field the server dropped to ``pruned``; tests/conftest.py fails a
+test that leaves either non-empty (a test expecting them takes them: ``take_refusals``,
+``take_pruned``).
 """
 
 from __future__ import annotations
 
+import copy
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp.web
 import kmock as kmocklib
+import kube_admission
+from kmock._internal import dicts as kmock_dicts
+from kube_admission import Kind, Review
 
 NAMESPACES = kmocklib.resource("", "v1", "namespaces")
 PODS = kmocklib.resource("", "v1", "pods")
 _PATH = re.compile(r"/api/v1/namespaces(?:/([^/]+))?/?")
 _NAMESPACED_COLLECTION = re.compile(r"/(?:api/v1|apis/[^/]+/[^/]+)/namespaces/([^/]+)/[^/]+/?")
+
+
+# Every NamespacedEmulator of the running test, for tests/conftest.py's check.
+LIVE: list[NamespacedEmulator] = []
+
+
+def member_problems() -> list[str]:
+    """What the members of the running test refused or pruned and no test took (what
+    tests/conftest.py fails a test for)."""
+    return [line for member in LIVE for line in member.unexpected()]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One write the member refused: its method and path, and the ``Status`` answered."""
+
+    method: str
+    path: str
+    status: dict[str, Any]
+
+    @property
+    def fields(self) -> list[str]:
+        return [c["field"] for c in (self.status.get("details") or {}).get("causes") or ()]
+
+    def line(self) -> str:
+        return f"{self.method} {self.path}: {self.status['code']} {self.status['message']}"
 
 
 def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
@@ -42,6 +86,23 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         self.namespace_calls: list[tuple[str, str]] = []
         self.racing: set[str] = set()
         self.refused: list[str] = []
+        self.refusals: list[Refusal] = []
+        self.pruned: list[str] = []
+        LIVE.append(self)
+
+    def take_refusals(self) -> list[Refusal]:
+        """The refusals so far, which the test expected (they no longer fail it)."""
+        taken, self.refusals = self.refusals, []
+        return taken
+
+    def take_pruned(self) -> list[str]:
+        """The pruned fields so far, which the test expected (they no longer fail it)."""
+        taken, self.pruned = self.pruned, []
+        return taken
+
+    def unexpected(self) -> list[str]:
+        """What a real server would have refused or dropped, and no test took."""
+        return [r.line() for r in self.refusals] + [f"pruned {p}" for p in self.pruned]
 
     def stored_namespace(self, name: str) -> dict[str, Any] | None:
         """The stored Namespace ``name`` (None when absent or deleted)."""
@@ -51,18 +112,49 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         return None
 
     async def run_pods(self, node: str, phase: str = "Running", only: str | None = None) -> None:
-        """The kubelet: every stored pod (or the one named ``only``) bound to ``node`` in
-        ``phase``, through the API as a kubelet's status update goes, so that watches hear
-        it (a change made to ``objects`` directly is seen by lists only)."""
+        """The scheduler and kubelet: every stored pod (or the one named ``only``) bound to
+        ``node`` in ``phase``, through the API as their binding and status updates go, so
+        that watches hear it (a change made to ``objects`` directly is seen by lists only)."""
         for (res, namespace, name), obj in list(self.objects.items()):
             if res == PODS and not obj.deleted and (only is None or name == only):
                 await self.patch_pod(str(namespace), name, {"spec": {"nodeName": node},
                                                       "status": {"phase": phase}})  # fmt: skip
 
     async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """A merge patch of one pod through the API (a watch hears it)."""
-        async with self.patch(f"/api/v1/namespaces/{namespace}/pods/{name}", json=patch) as r:
-            assert r.status < 300, f"PATCH pod {namespace}/{name}: {r.status}"
+        """One pod changed through the API (a watch hears it), each part as upstream
+        changes it: ``spec.nodeName`` by a binding (the scheduler; skipped when the pod is
+        already on that node), ``status`` through ``/status`` (the kubelet), the rest by a
+        merge patch of the pod."""
+        rest = copy.deepcopy(patch)
+        node = (rest.get("spec") or {}).pop("nodeName", None)
+        pod_status = rest.pop("status", None)
+        if not rest.get("spec"):
+            rest.pop("spec", None)
+        if node is not None:
+            found = self.objects[PODS, namespace, name]
+            if found.deleted or found.raw.get("spec", {}).get("nodeName") != node:
+                await self.bind_pod(namespace, name, node)
+        if pod_status is not None:
+            await self.patch_pod_status(namespace, name, pod_status)
+        if rest:
+            await self._patch_ok(f"/api/v1/namespaces/{namespace}/pods/{name}", rest)
+
+    async def bind_pod(self, namespace: str, name: str, node: str) -> None:
+        """The scheduler's binding of one pod to ``node`` (``pods/<name>/binding``)."""
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        async with self.post(path, json=body) as r:
+            assert r.status < 300, f"POST {path}: {r.status} {await r.text()}"
+
+    async def patch_pod_status(self, namespace: str, name: str, pod_status: dict[str, Any]) -> None:
+        """The kubelet's status update of one pod (``pods/<name>/status``)."""
+        await self._patch_ok(f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                             {"status": pod_status})  # fmt: skip
+
+    async def _patch_ok(self, path: str, patch: dict[str, Any]) -> None:
+        async with self.patch(path, json=patch) as r:
+            assert r.status < 300, f"PATCH {path}: {r.status} {await r.text()}"
 
     def calls(self, method: str) -> list[str]:
         """The namespaces named by each request of ``method`` so far, in order."""
@@ -102,3 +194,104 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
             return _status(409, "AlreadyExists", f'namespaces "{name}" already exists')
         self.objects[NAMESPACES, None, name] = {**body, "status": {"phase": "Active"}}
         return aiohttp.web.json_response(self.stored_namespace(name), status=201)
+
+    # -- the API server's admission of writes ------------------------------------------------
+
+    def controller_create(self, resource: Any, namespace: str, body: dict[str, Any]) -> str:
+        """Store ``body`` as a create by a controller the test plays would (validated,
+        defaulted; no watch event); a refusal is recorded, and fails the test at once:
+        the controller of a real cluster could never make the object. Returns its name."""
+        kind = Kind(resource.group, resource.version, resource.plural)
+        review = kube_admission.create(kind, namespace, body)
+        name = str((body.get("metadata") or {}).get("name"))
+        self._record(kind, namespace, name, review, "POST", f"(controller) {resource.plural}")
+        assert review.obj is not None, self.refusals[-1].line()
+        self.objects[resource, namespace, name] = review.obj
+        return name
+
+    def _record(self, kind: Kind, namespace: str | None, name: str, review: Review,
+                method: str, path: str) -> None:  # fmt: skip
+        self.pruned += [f"{kind.plural} {namespace}/{name}: {p}" for p in review.pruned]
+        if review.status is not None:
+            self.refusals.append(Refusal(method, path, review.status))
+
+    async def _handle(self, request: kmocklib.Request) -> aiohttp.web.StreamResponse:
+        """kmock's step between parsing and storage: writes of the kinds the member
+        validates go through ``kube_admission`` first (see the module's docstring)."""
+        res = request.resource
+        kind = None if res is None else Kind(res.group or "", res.version or "", res.plural or "")
+        if kind is None or not kind.validated:
+            return await super()._handle(request)
+        if kind.plural == "pods" and request.subresource == "binding":
+            return await self._bind(request)
+        old: dict[str, Any] | None = None
+        if request.action == kmocklib.action.CREATE and request.subresource is None:
+            review = kube_admission.create(kind, request.namespace, request.data)
+            name = str(((request.data or {}).get("metadata") or {}).get("name"))
+        elif request.action == kmocklib.action.UPDATE and request.subresource in (None, "status"):
+            found = self.objects[res, request.namespace, str(request.name)]  # type: ignore[index]
+            if found.deleted:
+                return await super()._handle(request)
+            old = copy.deepcopy(found.raw)
+            merged = kmock_dicts.patch_dict(copy.deepcopy(old), request.data)
+            review = kube_admission.update(kind, old, merged, request.subresource)
+            name = str(request.name)
+        else:
+            return await super()._handle(request)
+        method = str(request.method.value)
+        self._record(kind, request.namespace, name, review, method, request.url.path)
+        if review.obj is None:
+            return aiohttp.web.json_response(review.status, status=review.code)
+        # kmock stores the request's data and serves only the requests it recorded: the
+        # recorded request carries what the server stores instead of what was sent
+        if old is None:
+            object.__setattr__(request, "data", review.obj)
+            return await super()._handle(request)
+        data = kube_admission.merge_patch_from(old, review.obj)
+        if request.subresource is None:
+            object.__setattr__(request, "data", data)
+            return await super()._handle(request)
+        # kmock serves no subresource: store the status update as it stores an update
+        return aiohttp.web.json_response(await self._store(request, data))
+
+    async def _store(self, request: kmocklib.Request, patch: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``patch`` to the request's object as kmock stores an update: a new version
+        and a MODIFIED watch event."""
+        assert request.resource is not None
+        found = self.objects[request.resource, request.namespace, str(request.name)]
+        async with self._lock:
+            found.patch(patch)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": found.raw})
+        return found.raw
+
+    async def _bind(self, request: kmocklib.Request) -> aiohttp.web.StreamResponse:
+        """``POST pods/<name>/binding`` (``pkg/registry/core/pod/storage``: a pod already
+        on a node, or still gated, cannot be bound)."""
+        found = self.objects[PODS, request.namespace, str(request.name)]
+        if found.deleted:
+            return _status(404, "NotFound", f'pods "{request.name}" not found')
+        spec = found.raw.get("spec") or {}
+        node = ((request.data or {}).get("target") or {}).get("name")
+        problem = (
+            f'pod {request.name} is already assigned to node "{spec["nodeName"]}"'
+            if spec.get("nodeName")
+            else f"pod {request.name} has non-empty .spec.schedulingGates"
+            if spec.get("schedulingGates")
+            else None
+        )
+        if problem is not None:
+            message = f'Operation cannot be fulfilled on pods/binding "{request.name}": {problem}'
+            body = kube_admission.status(409, "Conflict", message)
+            self.refusals.append(Refusal("POST", request.url.path, body))
+            return aiohttp.web.json_response(body, status=409)
+        scheduled = {"type": "PodScheduled", "status": "True"}
+        given = (found.raw.get("status") or {}).get("conditions") or ()
+        conditions = [c for c in given if c.get("type") != "PodScheduled"]
+        bound = {"spec": {"nodeName": node}, "status": {"conditions": [*conditions, scheduled]}}
+        await self._store(request, bound)
+        return _status_ok()
+
+
+def _status_ok() -> aiohttp.web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 201}
+    return aiohttp.web.json_response(body, status=201)

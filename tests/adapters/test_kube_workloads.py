@@ -125,9 +125,14 @@ async def test_each_kind_is_created_dressed_and_valid(
         user = {} if pod_set == "submitter" else {"app": "trainer"}  # KubeRay's default one
         want_labels = {**user, **OURS, LABEL_POD_SET: pod_set}
         want_notes = {"note": "kept"} if user else {}
+        if kind == "Job":  # the API server's selector labels (manualSelector unset)
+            uid = obj["metadata"]["uid"]
+            want_labels |= {"job-name": JOB, "batch.kubernetes.io/job-name": JOB}
+            want_labels |= {"controller-uid": uid, "batch.kubernetes.io/controller-uid": uid}
         if mode == "pin":
             assert pod_spec["schedulingGates"] == [{"name": GATE}]
-            assert "schedulerName" not in pod_spec
+            # none sent: a Job's template is defaulted by the API server, a CRD's is not
+            assert pod_spec.get("schedulerName") == ("default-scheduler" if kind == "Job" else None)
         elif flavor == "coscheduling":
             want_labels[COSCHEDULING_LABEL] = JOB
             assert pod_spec["schedulerName"] == SCHEDULER

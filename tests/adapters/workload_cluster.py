@@ -53,11 +53,19 @@ def _t(template: Obj) -> Obj:
     return {**template, **LABELLED}
 
 
+def _job_t(template: Obj) -> Obj:
+    """``_t`` for a batch Job's template (a JobSet's are Job templates too): the Job API
+    takes only restartPolicy OnFailure or Never, and the default is Always."""
+    out = _t(template)
+    return {**out, "spec": {**out["spec"], "restartPolicy": "Never"}}
+
+
 # One real manifest's workload per kind (the builders of tests/config/test_workloads.py,
 # which asserts every kind's derived pod sets, init containers and overhead included).
 WORKLOADS: Mapping[str, Obj] = {
-    "Job": batch_job(_t(INIT), parallelism=3, completions=3, completionMode="Indexed"),
-    "JobSet": jobset(rj("driver", _t(CPU)), rj("workers", _t(INIT), replicas=2, parallelism=2)),
+    "Job": batch_job(_job_t(INIT), parallelism=3, completions=3, completionMode="Indexed"),
+    "JobSet": jobset(rj("driver", _job_t(CPU)),
+                     rj("workers", _job_t(INIT), replicas=2, parallelism=2)),
     "PyTorchJob": pytorch(
         Master={"replicas": 1, "template": _t(INIT)},
         Worker={"replicas": 2, "template": _t(GPU8)},
@@ -206,17 +214,17 @@ class Cluster:
         assert obj is not None, "the controller needs its workload"
         path = dict(self.spec.workload.pod_sets)[pod_set]
         template = json.loads(json.dumps(template_at(obj, path)))
-        _quantities_as_strings(template["spec"])
         name = f"{base}-{next(self.counter):05d}"
         meta = template.get("metadata") or {}
-        self.k8s.objects[PODS, NS, name] = {
+        # Through the member's rules, as the controller's create goes: a template that
+        # cannot become a pod fails the test here.
+        return self.k8s.controller_create(PODS, NS, {
             "apiVersion": "v1", "kind": "Pod", "spec": template["spec"],
             "metadata": {**meta, "name": name, "namespace": NS, "uid": f"uid-{name}",
                          "resourceVersion": "1",
                          "creationTimestamp": f"2026-01-01T00:00:{len(self.pods()):02d}Z",
                          "labels": {**meta.get("labels", {}), **labels}},
-        }  # fmt: skip
-        return name
+        })  # fmt: skip
 
     def control(self, limit: int | None = None) -> None:
         """Make the workload's pods (``extra`` more in its last pod set), at most ``limit``
@@ -261,15 +269,6 @@ class Cluster:
         self.bounded()
         self.control()
         self.schedule()
-
-
-def _quantities_as_strings(pod_spec: Obj) -> None:
-    """As the API server stores a pod: every quantity a string (the client insists)."""
-    maps = [c.get("resources", {}).get(part) or {}
-            for c in [*pod_spec["containers"], *pod_spec.get("initContainers", ())]
-            for part in ("requests", "limits")]  # fmt: skip
-    for amounts in [*maps, pod_spec.get("overhead") or {}]:
-        amounts.update({k: str(v) for k, v in amounts.items()})
 
 
 def _gpus(pod: Obj) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import kmock as kmocklib
@@ -148,7 +148,8 @@ def controller_pods(k8s: kmock.KubernetesEmulator, kind: str, job: str, attempt:
         name = f"{prefix}{index}-a{attempt}x{index}q"
         labels = {**template["metadata"]["labels"], **extra,
                   "batch.kubernetes.io/job-completion-index": str(index)}  # fmt: skip
-        k8s.objects[PODS, NS, name] = {
+        # through the member's rules, as the controller's create goes
+        cast(NamespacedEmulator, k8s).controller_create(PODS, NS, {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
@@ -157,20 +158,10 @@ def controller_pods(k8s: kmock.KubernetesEmulator, kind: str, job: str, attempt:
                 "ownerReferences": [{"apiVersion": obj["apiVersion"], "kind": kind,
                                      "name": job, "uid": f"uid-{job}", "controller": True}],
             },
-            "spec": quantities_as_strings(copy.deepcopy(template["spec"])),
-            "status": {"phase": "Pending"},
-        }  # fmt: skip
+            "spec": copy.deepcopy(template["spec"]),
+        })  # fmt: skip
         names.append(name)
     return names
-
-
-def quantities_as_strings(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    """As the API server stores them: ``limits: {nvidia.com/gpu: 4}`` (a number, as the
-    examples write it and kmock keeps it) becomes "4" in the pods the controller makes."""
-    for container in pod_spec["containers"]:
-        for group in container.get("resources", {}).values():
-            group.update({k: str(v) for k, v in group.items()})
-    return pod_spec
 
 
 def pinned_node(pod: dict[str, Any]) -> str | None:
