@@ -3,7 +3,9 @@ schema (pure): what decides whether the create the launcher will send can succee
 
 Read from kubernetes/kubernetes ``pkg/apis/core/validation/validation.go``
 (``ValidatePodTemplateSpec``, ``validateContainers``, ``validateEnv``,
-``ValidateResourceRequirements``, ``validateTolerations``, ``validateVolumes``) and
+``ValidateResourceRequirements``, ``validateTolerations``, ``validateVolumes``), its
+RuntimeClass admission (``plugin/pkg/admission/runtimeclass``: a pod's ``overhead`` comes
+from its RuntimeClass, one set otherwise is refused), and
 ``pkg/apis/batch/validation/validation.go`` (``validateJobSpec``) for the Kubernetes version
 the schemas are generated for (``broker.manifest.schemas``), and the label and name rules
 of apimachinery's ``util/validation``. A template reaching these checks has passed its
@@ -168,6 +170,10 @@ def _pod_fields(spec: Mapping[str, Any], at: Path) -> list[Violation]:
     deadline = _int(spec, "activeDeadlineSeconds")
     if deadline is not None and deadline < 1:
         found.append(Violation((*at, "activeDeadlineSeconds"), "must be >= 1"))
+    if spec.get("overhead"):
+        found.append(Violation((*at, "overhead"), "set by the member's RuntimeClass admission "
+                               "from the pod's RuntimeClass: a pod that sets it itself is "
+                               "refused"))  # fmt: skip
     grace = _int(spec, "terminationGracePeriodSeconds")
     if grace is not None and grace < 0:
         found.append(Violation((*at, "terminationGracePeriodSeconds"), "must be >= 0"))

@@ -44,8 +44,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("a pod-level limit alone: its request", {
         "resources": {"limits": {"cpu": "6", "memory": "12Gi"}},
         "containers": [container("main", limits=GPU2), container("side")]}),
-    ("decimal memory for the whole pod, overhead on top", {
-        "resources": {"requests": {"memory": "1G"}}, "overhead": {"memory": "64Mi", "cpu": "1"},
+    # No overhead: a pod's comes from its RuntimeClass, and one set by the pod is refused.
+    ("decimal memory for the whole pod, cpu from the container", {
+        "resources": {"requests": {"memory": "1G"}},
         "containers": [container("main", {"cpu": "250m", "memory": "100M"}, GPU2)]}),
     ("init containers and a sidecar under a pod-level request", {
         "resources": {"requests": {"cpu": "12"}, "limits": {"cpu": "16"}},

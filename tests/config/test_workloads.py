@@ -47,12 +47,12 @@ def pod(*containers: Obj, init: tuple[Obj, ...] = (), overhead: Obj | None = Non
 
 
 GPU8 = pod(container("main", {"nvidia.com/gpu": 8, "cpu": "32", "memory": "256Gi"}))
-# init 16 CPUs > running 4 + sidecar 2 (init peak: 2 + 16 = 18) and overhead 1 CPU, 1Gi
+# init 16 CPUs > running 4 + sidecar 2 (init peak: 2 + 16 = 18); no overhead: a member's
+# RuntimeClass sets it, and refuses a pod that sets its own
 INIT = pod(
     container("main", {"nvidia.com/gpu": 1, "cpu": "4", "memory": "8Gi"}),
     init=(container("log", requests={"cpu": "2", "memory": "1Gi"}) | {"restartPolicy": "Always"},
           container("fetch", requests={"cpu": "16", "memory": "2Gi"})),
-    overhead={"cpu": "1", "memory": "1Gi"},
 )  # fmt: skip
 CPU = pod(container("head", requests={"cpu": "4", "memory": "16Gi"}))
 
@@ -137,8 +137,8 @@ RCPU = Resources(cpu_milli=4000, memory_mib=16 * 1024)
 RSUB = Resources(cpu_milli=500, memory_mib=200)
 SPEC_T = ("spec", "template")
 # INIT by hand: running = main 4 + sidecar 2 = 6 CPU, 8Gi + 1Gi = 9Gi; init peaks: log 2 CPU
-# 1Gi, fetch 2 + 16 = 18 CPU, 1 + 2 = 3Gi; max -> 18 CPU, 9Gi; + overhead -> 19 CPU, 10Gi.
-RINIT = Resources(gpus=1, cpu_milli=19_000, memory_mib=10 * 1024)
+# 1Gi, fetch 2 + 16 = 18 CPU, 1 + 2 = 3Gi; max -> 18 CPU, 9Gi.
+RINIT = Resources(gpus=1, cpu_milli=18_000, memory_mib=9 * 1024)
 
 # (id, workload, [(pod set, count, per-pod resources, template path in the object)])
 KINDS: list[tuple[str, Obj, list[tuple[str, int, Resources, tuple[str | int, ...]]]]] = [

@@ -156,6 +156,9 @@ REFUSED: list[tuple[str, Obj, str, str]] = [
         restartPolicy="Always")), f"{C0}.restartPolicy", "init container"),
     ("dnsPolicy unknown", edited(pod_sets(), lambda b: b["spec"]["podSets"][0]["template"][
         "spec"].update(dnsPolicy="Foo")), f"{T}.spec.dnsPolicy", "is not one of"),
+    ("an overhead of the pod's own", edited(pod_sets(), lambda b: b["spec"]["podSets"][0][
+        "template"]["spec"].update(overhead={"cpu": "250m"})),
+     f"{T}.spec.overhead", "RuntimeClass admission"),
     ("Exists with a value", edited(pod_sets(), lambda b: b["spec"]["podSets"][0]["template"][
         "spec"].update(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}])),
      f"{T}.spec.tolerations[0].value", "must be empty"),

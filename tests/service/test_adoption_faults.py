@@ -82,7 +82,9 @@ async def test_a_restored_workload_whose_status_cannot_be_read_is_rolled_back(
         assert launch is not None and launch.running  # restored from its pods, followed
         assert not books(second, member)
         clock.now = T0 + 30
-        live(member, JOBS)["train"].patch({"status": "not an object"})  # unreadable
+        job = live(member, JOBS)["train"]
+        job.patch({"status": None})  # the server's defaulted status removed, then
+        job.patch({"status": "not an object"})  # one the broker cannot read
         await until(lambda: failures(second, "error", stage="follow") == 1)
         await second.runs_done(timeout=30)
         record = await second.get("team-a", "train")
