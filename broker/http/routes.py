@@ -225,16 +225,22 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 
 async def explain_job(request: web.Request) -> web.Response:
-    owner = owner_of(request, await authenticate(request))
+    """The per-cluster rows are a dry run: counted against the caller's tenant (an admin's
+    or a viewer's for another tenant's job too), 429 beyond its bounds."""
+    principal = await authenticate(request)
+    owner = owner_of(request, principal)
     await require(request, "read", tenant=owner)
-    return web.json_response(await request.app[SERVICE].explain(owner, request.match_info["name"]))
+    name = request.match_info["name"]
+    doc = await request.app[SERVICE].explain(owner, name, caller=principal.tenant)
+    return web.json_response(doc)
 
 
 async def plan(request: web.Request) -> web.Response:
-    """A dry run stores nothing: reading the federation is enough to ask it."""
+    """A dry run stores nothing: reading the federation is enough to ask it. It runs off
+    the event loop, bounded per tenant and on a time budget (429 beyond)."""
     principal = await require(request, "read")
     manifest = await _manifest(request)
-    return web.json_response(request.app[SERVICE].plan(principal.tenant, manifest))
+    return web.json_response(await request.app[SERVICE].plan(principal.tenant, manifest))
 
 
 async def clusters(request: web.Request) -> web.Response:

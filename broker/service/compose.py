@@ -144,6 +144,7 @@ class Options(TypedDict, total=False):
     run_seconds: Callable[[Placement], float | None] | None  # simulated run times
     elector: Elector | None  # default: from the config (elector_for)
     identity: str | None  # this replica's name in the election
+    plan_clock: Callable[[], float]  # the dry runs' budgets (default: time.monotonic)
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:
