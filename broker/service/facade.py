@@ -26,7 +26,6 @@ State changes run under one lock (``Shared.lock``). The clock is injected; tests
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import Any, Unpack
@@ -34,9 +33,8 @@ from typing import Any, Unpack
 from broker.config import Config
 from broker.core.queue import Pending
 from broker.manifest import FederatedJob, ManifestError
-from broker.model import Job
 from broker.service.compose import Options, build
-from broker.service.explain import Plan, plan_of, what_next
+from broker.service.explain import explain_work, plan_work, what_next
 from broker.service.leader import default_identity
 from broker.service.planner import Planner
 from broker.service.pods import JobPods
@@ -155,34 +153,24 @@ class Service:
 
     # -- reads ------------------------------------------------------------------------------
 
-    async def _plan(self, caller: str, job: Job) -> Plan:
-        """``plan_of`` for ``job`` in the planner's thread (bounded per ``caller``'s tenant,
-        on a time budget): on the ledger's snapshot, with a policy instance of its own."""
-        policy = self.shared.policies.fresh(Pending(job, 0, 0.0))
-        return await self.planner.run(
-            caller, self.ledger.snapshot(), functools.partial(plan_of, job, policy)
-        )
-
     async def explain(self, tenant: str, name: str, caller: str | None = None) -> dict[str, Any]:
         """Per cluster: does the queued job fit now, why not, the largest gang it could take;
         then its place in the queues and its burst option (null when not queued here).
-        ``caller``: whose dry runs the per-cluster rows count as (default ``tenant``)."""
+        Computed in the planner's thread as ``caller``'s dry run (default ``tenant``)."""
         record: JobRecord = await self.get(tenant, name)
-        key = f"{tenant}/{name}"
-        pending = self.queue.get(key)
-        clusters = []
-        if pending is not None:
-            plan = await self._plan(caller or tenant, pending.job)
-            clusters = [r.as_json() for r in plan.clusters]
-            pending = self.queue.get(key)  # the rows took a while: is it still waiting?
         doc: dict[str, Any] = {
             "job": name, "state": record.state, "cluster": record.cluster,
-            "reason": record.reason, "clusters": clusters, "position": None, "burst": None,
+            "reason": record.reason, "clusters": [], "position": None, "burst": None,
         }  # fmt: skip
-        if pending is not None:
-            snapshot, controller = self.ledger.snapshot(), self.pools.controller
-            doc |= what_next(pending.job, self.queue, controller, snapshot, self.shared.clock())
-        return doc
+        pending = self.queue.get(f"{tenant}/{name}")
+        if pending is None:
+            return doc
+        job, now = pending.job, self.shared.clock()
+        policy = self.shared.policies.fresh(Pending(job, 0, 0.0))
+        work = explain_work(job, policy, self.queue, self.ledger.snapshot(), now)
+        explained = await self.planner.run(caller or tenant, work)
+        doc["clusters"] = [r.as_json() for r in explained.clusters]
+        return doc | what_next(explained, job, self.pools.controller, now)
 
     def waiting(self, tenant: str, name: str) -> str | None:
         """Why a queued job waited at the last cycle that looked at it, in one line (None:
@@ -203,7 +191,8 @@ class Service:
                 "api.plans.maxPods)",
                 "spec",
             )
-        plan = await self._plan(tenant, job)
+        policy = self.shared.policies.fresh(Pending(job, 0, 0.0))
+        plan = await self.planner.run(tenant, plan_work(job, policy, self.ledger.snapshot()))
         placement = plan.placement
         return {
             "job": job.name, "queue": job.queue, "fits": placement is not None,

@@ -8,9 +8,10 @@ maximum-size gang that fits nowhere, tried pod by pod on every node) last second
 thread, the loop keeps serving everyone else while it runs. It is safe because the worker
 reads only what nobody changes: the ledger's snapshot (its cluster views are frozen when
 the snapshot is taken on the loop, and the ledger copies a view before its next write to
-it), the Job (a frozen dataclass) and a policy instance made for this dry run alone (the
-scheduler's own keep memos and a random generator the cycle uses on the loop). The
-``compute`` a caller hands over must read nothing else. One worker only: pure-Python work
+it), the Job (a frozen dataclass), a policy instance made for this dry run alone (the
+scheduler's own keep memos and a random generator the cycle uses on the loop) and, for
+explain, copies of the queue's heaps and maps (``JobQueue.position_frame``). The ``work``
+a caller hands over must read nothing else. One worker only: pure-Python work
 holds the GIL, so a second thread would add no throughput and take the interpreter from
 the loop more often; with one, the loop waits at most one switch interval for it (1 ms
 under ``fedbroker serve``, ``broker.process``).
@@ -35,8 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from broker.config import PlanLimits
-from broker.model import CapacitySnapshot
-from broker.service.budget import Budget, PlanRefused, budgeted
+from broker.service.budget import Budget, PlanRefused
 
 T = TypeVar("T")
 
@@ -63,16 +63,15 @@ class Planner:
         """Dry runs waiting or running now."""
         return len(self._budgets)
 
-    async def run(
-        self, caller: str, snapshot: CapacitySnapshot, compute: Callable[[CapacitySnapshot], T]
-    ) -> T:
-        """``compute(snapshot)`` in the worker thread, the snapshot checking the budget as
-        the policy reads it; raises PlanBusy at once when the bounds are reached, and
-        OverBudget when the budget runs out. ``compute`` must read only immutable data."""
+    async def run(self, caller: str, work: Callable[[Budget], T]) -> T:
+        """``work(budget)`` in the worker thread, the budget started as it starts (``work``
+        checks it, e.g. through ``budgeted`` snapshots); raises PlanBusy at once when the
+        bounds are reached, OverBudget when the budget runs out. ``work`` must read only
+        data nobody changes meanwhile."""
         budget = Budget(self.limits.budget_seconds, self._clock)
         self._admit(caller, budget)
         try:
-            future = self._executor.submit(_work, budget, snapshot, compute)
+            future = self._executor.submit(_work, budget, work)
         except BaseException:
             self._release(caller, budget)
             raise
@@ -120,13 +119,11 @@ class Planner:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _work(
-    budget: Budget, snapshot: CapacitySnapshot, compute: Callable[[CapacitySnapshot], T]
-) -> T:
+def _work(budget: Budget, work: Callable[[Budget], T]) -> T:
     """In the worker thread: the budget starts when the work does, not while it waits."""
     budget.check()  # abandoned while waiting
     budget.start()
-    return compute(budgeted(snapshot, budget))
+    return work(budget)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, release: Callable[[], None]) -> None:

@@ -23,7 +23,7 @@ from broker.config import PlanLimits
 from broker.core.ledger import Ledger
 from broker.model import CapacitySnapshot, Job
 from broker.service.budget import Abandoned, Budget, OverBudget, budgeted
-from broker.service.explain import Plan, plan_of
+from broker.service.explain import Plan, plan_of, plan_work
 from broker.service.planner import PlanBusy, Planner
 from policies import POLICY_NAMES, make_policy
 
@@ -105,8 +105,8 @@ def test_an_abandoned_budget_stops_at_the_next_check() -> None:
 
 
 class Held:
-    """A computation the worker runs only as far as the test lets it: it says when it has
-    started, then waits for ``go`` (and can see whether its caller gave up)."""
+    """Work the worker runs only as far as the test lets it: it says when it has started,
+    then waits for ``go`` (and sees, at its budget check, whether its caller gave up)."""
 
     def __init__(self, result: str = "done") -> None:
         self.started = threading.Event()
@@ -114,12 +114,11 @@ class Held:
         self.result = result
         self.outcome: str | None = None
 
-    def __call__(self, snapshot: CapacitySnapshot) -> str:
+    def __call__(self, budget: Budget) -> str:
         self.started.set()
         assert self.go.wait(GATE_SECONDS)
         try:
-            for view in snapshot.clusters.values():
-                view.groups()  # a budget check, as a policy makes them
+            budget.check()
         except Abandoned:
             self.outcome = "abandoned"
             raise
@@ -132,21 +131,20 @@ class Held:
 
 async def test_admitted_dry_runs_are_bounded_per_tenant_and_in_all() -> None:
     planner = Planner(limits(perTenant=2, maxWaiting=1))
-    snapshot = two_clusters().snapshot()
     first, second = Held("first"), Held("second")
     try:
-        running = asyncio.create_task(planner.run("team-a", snapshot, first))
+        running = asyncio.create_task(planner.run("team-a", first))
         await first.running()
-        waiting = asyncio.create_task(planner.run("team-a", snapshot, second))
+        waiting = asyncio.create_task(planner.run("team-a", second))
         await asyncio.sleep(0)  # the task runs up to its await: admitted, waiting
         assert planner.admitted == 2
 
         with pytest.raises(PlanBusy) as own:  # team-a has its two
-            await planner.run("team-a", snapshot, Held())
+            await planner.run("team-a", Held())
         assert "tenant 'team-a' has 2 dry runs (plan, explain) under way" in str(own.value)
         assert own.value.retry_after == 1
         with pytest.raises(PlanBusy) as everyone:  # one running, one waiting: the bound
-            await planner.run("team-b", snapshot, Held())
+            await planner.run("team-b", Held())
         assert "1 dry runs are waiting for the planner (api.plans.maxWaiting)" in str(
             everyone.value
         )
@@ -156,19 +154,18 @@ async def test_admitted_dry_runs_are_bounded_per_tenant_and_in_all() -> None:
         second.go.set()
         assert (await running, await waiting) == ("first", "second")
         assert planner.admitted == 0
-        assert await planner.run("team-b", snapshot, lambda s: "free again") == "free again"
+        assert await planner.run("team-b", lambda budget: "free again") == "free again"
     finally:
         planner.close()
 
 
 async def test_a_caller_that_goes_away_frees_its_slot_once_the_worker_is_done() -> None:
     planner = Planner(limits(perTenant=2, maxWaiting=4))
-    snapshot = two_clusters().snapshot()
     running, waiting = Held(), Held()
     try:
-        first = asyncio.create_task(planner.run("team-a", snapshot, running))
+        first = asyncio.create_task(planner.run("team-a", running))
         await running.running()
-        second = asyncio.create_task(planner.run("team-a", snapshot, waiting))
+        second = asyncio.create_task(planner.run("team-a", waiting))
         await asyncio.sleep(0)
         first.cancel()
         second.cancel()
@@ -180,7 +177,7 @@ async def test_a_caller_that_goes_away_frees_its_slot_once_the_worker_is_done() 
         assert planner.admitted == 1
         running.go.set()
         # One worker, in order: this runs once the abandoned one has stopped.
-        assert await planner.run("team-b", snapshot, lambda s: "next") == "next"
+        assert await planner.run("team-b", lambda budget: "next") == "next"
         assert (running.outcome, waiting.outcome) == ("abandoned", None)
         assert not waiting.started.is_set()
         assert planner.admitted == 0
@@ -193,20 +190,21 @@ async def test_the_worker_reads_the_snapshot_as_it_was_taken() -> None:
     ledger = two_clusters()
     job = gang("train", pods=6, gpus=8)  # exactly cluster a's six nodes
     held = Held()
+    work = plan_work(job, make_policy("gang"), ledger.snapshot())
 
-    def compute(snapshot: CapacitySnapshot) -> Plan:
-        held(snapshot)
-        return plan(job, "gang")(snapshot)
+    def after_hold(budget: Budget) -> Plan:
+        held(budget)
+        return work(budget)
 
     try:
-        task = asyncio.create_task(planner.run("team-a", ledger.snapshot(), compute))
+        task = asyncio.create_task(planner.run("team-a", after_hold))
         await held.running()
         for i in range(6):  # the live ledger fills cluster a while the worker reads
             occupy(ledger, "a", f"a-{i}", range(8))
         held.go.set()
         then = await task
         assert then.placement is not None and then.placement.cluster == "a"
-        now = await planner.run("team-a", ledger.snapshot(), plan(job, "gang"))
+        now = await planner.run("team-a", plan_work(job, make_policy("gang"), ledger.snapshot()))
         assert now.placement is None
         assert [(r.cluster, r.largest_fit) for r in now.clusters] == [("a", 0), ("b", 0)]
     finally:
@@ -216,7 +214,7 @@ async def test_the_worker_reads_the_snapshot_as_it_was_taken() -> None:
 async def test_a_closed_planner_stops_its_running_dry_run() -> None:
     planner = Planner(limits())
     held = Held()
-    task = asyncio.create_task(planner.run("team-a", two_clusters().snapshot(), held))
+    task = asyncio.create_task(planner.run("team-a", held))
     await held.running()
     planner.close()
     held.go.set()
