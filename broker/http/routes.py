@@ -163,7 +163,10 @@ def _job_filter(name: str | None, selector: str | None) -> Callable[[JobRecord],
         wanted = parse_selector(selector) if selector is not None else ()
     except SelectorError as exc:
         raise web.HTTPBadRequest(reason=f"selector: {exc}") from None
-    named = name_matcher(name) if name is not None else None
+    try:
+        named = name_matcher(name) if name is not None else None
+    except SelectorError as exc:
+        raise web.HTTPBadRequest(reason=f"name: {exc}") from None
 
     def keep(record: JobRecord) -> bool:
         if named is not None and not named(record.name):
