@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,39 @@ async def test_parser_errors_are_one_line_json(
     error = json.loads(body)["error"]
     assert fragment in error and "\n" not in error
     assert CANARY not in body.decode()
+
+
+# Malformed raw requests as aiohttp's parser refuses them: the log line each one gets.
+LOGGED: list[tuple[str, bytes, str]] = [
+    ("Content-Length and Transfer-Encoding together",
+     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\n0\r\n\r\n", "request: malformed HTTP request"),
+    ("1,000 headers",
+     b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+     + b"".join(b"X-H%d: v\r\n" % i for i in range(1000)) + b"\r\n",
+     "request: malformed HTTP request"),
+    ("an over-long line", b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+     "headers: a request line or header is too long"),
+    ("bad header bytes",
+     b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CANARY.encode()
+     + b"\x01\r\n\r\n", "request: malformed HTTP request"),
+    ("a bad chunk", b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\nabc\r\n0\r\n\r\n", "request: malformed HTTP request"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("request_bytes", "message"), [r[1:] for r in LOGGED],
+                         ids=[r[0] for r in LOGGED])  # fmt: skip
+async def test_a_malformed_request_is_one_warning_line_without_traceback(
+    harness: Harness, caplog: pytest.LogCaptureFixture, request_bytes: bytes, message: str
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        status, _, body = await _raw(harness, request_bytes)
+    assert status == 400 and json.loads(body) == {"error": message}
+    [line] = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage() == f"malformed request from 127.0.0.1: {message} (400)"
+    assert line.exc_info is None and line.exc_text is None and line.stack_info is None
 
 
 @pytest.mark.parametrize(
