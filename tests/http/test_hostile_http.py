@@ -170,3 +170,21 @@ async def test_hostile_bodies_are_400_and_store_nothing(
     assert resp.status == 400, await resp.text()
     assert fragment in (await resp.json())["error"]
     assert await service.store.list_jobs() == []
+
+
+async def test_a_yaml_key_given_twice_is_400_naming_it_and_stores_nothing(
+    harness: Harness,
+) -> None:
+    client, service, _ = harness
+    text = (
+        "apiVersion: fedbroker.io/v1alpha1\nkind: FederatedJob\nmetadata: {name: twice}\n"
+        "spec:\n  podSets:\n  - name: w\n    count: 1\n    count: 64\n"
+    )
+    resp = await client.post(
+        "/v1/jobs", data=text, headers={**A, "Content-Type": "application/yaml"}
+    )
+    assert resp.status == 400
+    assert (await resp.json())["error"] == (
+        'spec.podSets[0]: duplicate key "count" in a YAML mapping (lines 7 and 8)'
+    )
+    assert await service.store.list_jobs() == []
