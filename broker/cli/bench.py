@@ -67,7 +67,7 @@ def add_bench_command(sub: Any) -> None:
     )  # fmt: skip
     cmd.add_argument(
         "--reads", type=positive("--reads"), default=1000,
-        help="plans: reads of /v1/clusters in each phase",
+        help="plans: reads of /v1/clusters in each phase, at 200/s",
     )  # fmt: skip
 
 

@@ -43,3 +43,4 @@ def test_reads_are_measured_alone_and_with_plans(capsys: pytest.CaptureFixture[s
     sent = doc["plans_answered"] + doc["plans_refused_busy"] + doc["plans_refused_budget"]
     assert sent >= PLANNERS
     assert doc["plans_other"] == 0
+    assert doc["reads_failed"] == 0
