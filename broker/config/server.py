@@ -95,7 +95,7 @@ class PlanLimits(Section):
     # A dry run must answer for any job that may be submitted (MAX_PODS); lower it to
     # refuse larger dry runs with a 400.
     max_pods: int = Field(default=MAX_PODS, ge=1, le=MAX_PODS)
-    budget_seconds: float = Field(default=2.0, gt=0, le=60)
+    budget_seconds: float = Field(default=5.0, gt=0, le=60)
     per_tenant: int = Field(default=2, ge=1, le=64)  # waiting or running, per caller's tenant
     max_waiting: int = Field(default=8, ge=0, le=1024)  # behind the running one, all tenants
 
