@@ -40,7 +40,8 @@ from broker.service.budget import Budget, PlanRefused
 
 T = TypeVar("T")
 
-# A refused dry run may ask again this soon: the running one is at most a budget away.
+# A busy refusal's Retry-After: most dry runs take well under a second (the budget bounds
+# the rest), and a client asking again sooner than that is refused as cheaply again.
 BUSY_RETRY_AFTER_SECONDS = 1
 
 
