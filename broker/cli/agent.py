@@ -20,7 +20,8 @@ Reports are queued with ``Publisher.publish`` (waits for room, never dropped); a
 messages gets the whole state back.
 
 The MQTT password is read from the environment (``FEDBROKER_MQTT_PASSWORD``), never from
-the command line, and never logged. SIGTERM/SIGINT: publish ``offline`` and exit 0.
+the command line, and never logged: it and the kubeconfig's secrets are given to the log
+redactor. SIGTERM/SIGINT: publish ``offline`` and exit 0.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from adapters.kube.translate import DEFAULT_GPU, GpuConfig
 from adapters.kube.watch import ClusterWatcher
 from adapters.mqtt.publisher import MqttSettings, Publisher
 from adapters.mqtt.reports import CapacityState
+from broker.cli.logs import kubeconfig_secrets
 from broker.cli.runtime import configure_logging, supervise
 from broker.model import CapacityEvent
 from broker.ports import KubeconfigError
@@ -217,7 +219,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
     if problem is not None:
         sys.stderr.write(f"fedbroker: error: {problem}\n")
         return EXIT_USAGE
-    configure_logging()
+    password = os.environ.get(PASSWORD_ENV)
+    configure_logging(secrets=[*kubeconfig_secrets(args.kubeconfig), *filter(None, [password])])
     return run_loop(agent_main(args))
 
 

@@ -1,6 +1,7 @@
 """``fedbroker bench``: its flags, and which benchmark of broker.bench a run means
 (placement decisions per second, ``--e2e`` through HTTP and the service, ``--soak`` with
-jobs that end, ``--cycle``, ``--restart``: time to ready after ``kill -9``)."""
+jobs that end, ``--cycle``, ``--restart``: time to ready after ``kill -9``, ``--plans``: a
+tenant's reads while others ask for dry runs)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ def add_bench_command(sub: Any) -> None:
     cmd = sub.add_parser("bench", help="measure placement decisions per second of the core")
     cmd.add_argument(
         "--clusters", type=positive("--clusters"), default=None,
-        help="member clusters (default 20; 100 with --cycle)",
+        help="member clusters (default 20; 100 with --cycle; 2 with --plans)",
     )  # fmt: skip
-    cmd.add_argument("--nodes-per-cluster", type=positive("--nodes-per-cluster"), default=500,
-                     help="nodes in each simulated cluster")  # fmt: skip
+    cmd.add_argument(
+        "--nodes-per-cluster", type=positive("--nodes-per-cluster"), default=None,
+        help="nodes in each simulated cluster (default 500; 100 with --plans)",
+    )  # fmt: skip
     cmd.add_argument("--decisions", type=positive("--decisions"), default=5000,
                      help="placement decisions to time")  # fmt: skip
     cmd.add_argument(
@@ -57,6 +60,15 @@ def add_bench_command(sub: Any) -> None:
         "dropped afterwards (default: SQLite in a temp dir)",
     )  # fmt: skip
     _add_cycle_and_restart(cmd)
+    cmd.add_argument(
+        "--plans", action="store_true",
+        help="one tenant's read latency, alone and while 4 clients of another (read-only "
+        "token) send maximum-size dry runs (POST /v1/plan)",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--reads", type=positive("--reads"), default=1000,
+        help="plans: reads of /v1/clusters in each phase, at 200/s",
+    )  # fmt: skip
 
 
 def _add_cycle_and_restart(cmd: Any) -> None:
@@ -82,7 +94,13 @@ def _add_cycle_and_restart(cmd: Any) -> None:
 
 def run_bench_command(args: argparse.Namespace) -> int:
     if args.clusters is None:
-        args.clusters = 100 if args.cycle else 20
+        args.clusters = 100 if args.cycle else 2 if args.plans else 20
+    if args.nodes_per_cluster is None:
+        args.nodes_per_cluster = 100 if args.plans else 500
+    if args.plans:
+        from broker.bench.plans import main_plans
+
+        return main_plans(args)
     if args.restart:
         from broker.bench.restart import main_restart
 

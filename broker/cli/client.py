@@ -60,6 +60,9 @@ from broker.cli.retrying import (
 )
 from broker.cli.watching import watch
 from broker.cli.wrap import WrapError, is_plain_object, wrap
+from broker.manifest import ManifestError
+from broker.manifest.documents import DuplicateKey, duplicate_keys_refused
+from broker.manifest.parsing import load_yaml
 
 EXIT_ERROR = 1
 
@@ -324,9 +327,18 @@ def _labelled(args: argparse.Namespace, body: bytes) -> bytes | None:
     """The manifest to send as JSON: a plain workload object wrapped in a FederatedJob
     (``wrap``), and a FederatedJob labelled with who submitted it (``--mine``); None for
     what does not parse as either (sent as it is: the broker names what is wrong)."""
+    # A key given twice is refused here as the broker would: sent on as JSON, the second
+    # value would silently win.
     try:
-        doc = yaml.safe_load(body)
-    except yaml.YAMLError:
+        if args.file.suffix == ".json":
+            doc: Any = json.loads(body, object_pairs_hook=duplicate_keys_refused)
+        else:
+            doc = load_yaml(body)
+    except DuplicateKey as exc:
+        raise ClientError(f"{args.file}: {exc.message('manifest')}") from None
+    except ManifestError as exc:  # JSON's duplicate key
+        raise ClientError(f"{args.file}: {exc}") from None
+    except (yaml.YAMLError, ValueError, RecursionError):
         return None
     if is_plain_object(doc):
         try:

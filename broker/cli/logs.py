@@ -13,18 +13,22 @@ and passwords) wherever they appear, and anything after ``Bearer ``/``Basic `` o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
 from pydantic import BaseModel, SecretStr
 
-from broker.config import Config
+from broker.config import Config, KubeconfigRef
 
 MASK = "***"
 # Secrets shorter than this are not searched for (they would blank ordinary words); longer
@@ -170,14 +174,19 @@ def configure_logging(
 
 
 def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
-    """Every secret the config holds or names: inline values (SecretStr), the environment
-    variables a ``{env, value}`` reference reads, and the store URL's password."""
+    """Every secret the config holds or names: inline values (SecretStr: static tokens, the
+    MQTT password), the environment variables a ``{env, value}`` reference reads, the store
+    URL's password, what the kubeconfigs of members and Cluster API pools hold for their
+    users (``kubeconfig_secrets``) and the API's TLS key. (The OIDC issuer needs no secret:
+    tokens are checked against its public keys.)"""
     environ = os.environ if environ is None else environ
     found: list[str] = []
 
     def walk(node: object) -> None:
         if isinstance(node, SecretStr):
             found.append(node.get_secret_value())
+        elif isinstance(node, KubeconfigRef):
+            found.extend(kubeconfig_secrets(node.kubeconfig_source()))
         elif isinstance(node, BaseModel):
             fields = type(node).model_fields
             env = getattr(node, "env", None)
@@ -196,7 +205,79 @@ def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list
     password = urlsplit(config.store.url).password
     if password:
         found.append(password)
+    if config.mqtt_password is not None:  # resolved from the environment at load
+        found.append(config.mqtt_password.get_secret_value())
+    if config.api.tls is not None:
+        found.extend(_key_material(_read(Path(config.api.tls.key_file))))
     return found
+
+
+# What a kubeconfig's user may hold that is secret, by client-go's names: a bearer token, a
+# basic-auth password, a client key (PEM, base64-encoded), an auth provider's tokens and
+# client secret, the environment an exec plugin is given; and files whose content is one.
+_USER_SECRETS = ("token", "password", "client-key-data")
+_PROVIDER_SECRETS = ("id-token", "refresh-token", "access-token", "client-secret")
+_USER_FILES = ("tokenFile", "client-key")
+
+
+def kubeconfig_secrets(source: Path | str | Mapping[str, Any]) -> list[str]:
+    """The secrets of a kubeconfig (a file, or inline as YAML text or a mapping): see
+    ``_USER_SECRETS``. Nothing for one that cannot be read: the member reports that."""
+    if isinstance(source, Path):
+        base, doc = source.parent, _yaml(_read(source))
+    else:
+        base, doc = Path.cwd(), _yaml(source) if isinstance(source, str) else source
+    users = doc.get("users") if isinstance(doc, Mapping) else None
+    found: list[str] = []
+    for entry in users if isinstance(users, list) else ():
+        user = entry.get("user") if isinstance(entry, Mapping) else None
+        if not isinstance(user, Mapping):
+            continue
+        found.extend(v for k in _USER_SECRETS if isinstance(v := user.get(k), str))
+        key = user.get("client-key-data")
+        if isinstance(key, str):
+            found.extend(_key_material(_decoded(key)))
+        for name in _USER_FILES:
+            if isinstance(path := user.get(name), str):
+                found.extend(_key_material(_read(base / path)))
+        provider = user.get("auth-provider")
+        config = provider.get("config") if isinstance(provider, Mapping) else None
+        if isinstance(config, Mapping):
+            found.extend(v for k in _PROVIDER_SECRETS if isinstance(v := config.get(k), str))
+        plugin = user.get("exec")
+        env = plugin.get("env") if isinstance(plugin, Mapping) else None
+        for var in env if isinstance(env, list) else ():
+            if isinstance(var, Mapping) and isinstance(value := var.get("value"), str):
+                found.append(value)
+    return found
+
+
+def _key_material(text: str) -> list[str]:
+    """A secret file's or PEM block's text, whole and by line (a log may show a piece)."""
+    text = text.strip()
+    lines = [line.strip() for line in text.splitlines()]
+    return [text, *(line for line in lines if len(line) >= 16 and not line.startswith("-----"))]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _yaml(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def _decoded(data: str) -> str:
+    try:
+        return base64.b64decode(data, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return ""
 
 
 def remember_secrets(config: Config) -> None:
@@ -211,6 +292,6 @@ def remember_secrets(config: Config) -> None:
 
 
 __all__ = [
-    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "remember_secrets",
-    "secrets_of",
+    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "kubeconfig_secrets",
+    "remember_secrets", "secrets_of",
 ]  # fmt: skip

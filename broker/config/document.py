@@ -32,6 +32,8 @@ from broker.manifest import (
     field_path,
     first_error,
 )
+from broker.manifest.documents import DuplicateKey
+from broker.manifest.parsing import load_yaml
 
 
 class Config(Section):
@@ -177,10 +179,13 @@ def _oidc_mapping(config: Config) -> None:
 
 
 def parse_config(text: str, source_name: str, environ: Mapping[str, str] | None = None) -> Config:
-    """Validate a YAML config; ``source_name`` (the file) starts every error message.
+    """Validate a YAML config (a key given twice in a mapping refused, naming its path);
+    ``source_name`` (the file) starts every error message.
     Token environment variables are read from ``environ`` (default: os.environ)."""
     try:
-        data: object = yaml.safe_load(text)
+        data: object = load_yaml(text)
+    except DuplicateKey as exc:  # an operator's mistake that would silently win
+        raise ConfigError(f"{source_name}: {exc.message(None)}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

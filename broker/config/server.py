@@ -12,6 +12,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 
 from broker.config.section import Section, TokenRef
 from broker.manifest import FieldError
+from broker.manifest.fields import MAX_PODS
 from broker.store import sqlite_path, sqlite_url
 
 DEFAULT_STORE_URL = sqlite_url("data/fedbroker.db")  # relative to the working directory
@@ -86,6 +87,19 @@ class TlsConfig(Section):
         return None if path is None else _existing_file(path)
 
 
+class PlanLimits(Section):
+    """Dry runs, ``POST /v1/plan`` and explain's per-cluster rows (broker/service/planner.py):
+    one at a time in a worker thread, each on a time budget, a few admitted per tenant and
+    a few waiting in all; beyond, 429 with Retry-After."""
+
+    # A dry run must answer for any job that may be submitted (MAX_PODS); lower it to
+    # refuse larger dry runs with a 400.
+    max_pods: int = Field(default=MAX_PODS, ge=1, le=MAX_PODS)
+    budget_seconds: float = Field(default=5.0, gt=0, le=60)
+    per_tenant: int = Field(default=2, ge=1, le=64)  # waiting or running, per caller's tenant
+    max_waiting: int = Field(default=8, ge=0, le=1024)  # behind the running one, all tenants
+
+
 class ApiConfig(Section):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8080, ge=0, le=65_535)  # 0: any free port (tests)
@@ -99,6 +113,7 @@ class ApiConfig(Section):
     tls: TlsConfig | None = None
     # The bytes of one log answer (GET /v1/jobs/{name}/logs); past it, a last line says so.
     log_limit_bytes: int = Field(default=10 << 20, ge=1024, le=1 << 30)
+    plans: PlanLimits = PlanLimits()
 
 
 class RetentionConfig(Section):

@@ -23,7 +23,7 @@ reports read (each queue's sums, the fitting shapes waiting) is kept the same wa
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,66 @@ def _competes(job: Job, other: Job) -> bool:
 _Entry = tuple[int, int, int, str]
 
 
+@dataclass(frozen=True, slots=True)
+class PositionFrame:
+    """A waiting job's place, to be walked from copies of the queue taken at one moment
+    (``JobQueue.position_frame``): every queue's eligible jobs merged in the cycles' order,
+    each job ahead taken as placed in turn and charged to its queue's fair share (on its
+    GPU type, when it names one), as the cycles that place them one after another will do:
+    queues take turns as they will. The Pending objects are the queue's own; a job
+    requeued meanwhile (its backoff set again) is read as it is then."""
+
+    key: str
+    now: float
+    heaps: dict[str, list[_Entry]]
+    tokens: dict[str, int]
+    pending: dict[str, Pending]
+    queues: dict[str, tuple[QueueSpec, dict[str, int]]]  # spec, admitted GPU milli by type
+
+    def walk(
+        self, capacity: Mapping[str, int], check: Callable[[], None] = lambda: None
+    ) -> QueuePosition:
+        """O(n log n) for n waiting jobs; ``check`` is called as it goes (a dry run's
+        budget: it may raise to stop the walk)."""
+        tokens, pending, now = self.tokens, self.pending, self.now
+        target = pending[self.key]
+        name = target.job.queue
+        heaps: dict[str, list[_Entry]] = {}
+        for queue, heap in self.heaps.items():
+            live = [e for e in heap if tokens.get(e[3]) == e[2] and pending[e[3]].not_before <= now]
+            heapq.heapify(live)
+            heaps[queue] = live
+        waiting, queue_waiting = sum(map(len, heaps.values())), len(heaps[name])
+        usage = {queue: dict(used) for queue, (_, used) in self.queues.items()}
+        heads: list[tuple[int, int, float, int, int, str, str]] = []
+
+        def advance(queue: str) -> None:
+            if heaps[queue]:
+                prio, seq, token, job = heapq.heappop(heaps[queue])
+                spec = self.queues[queue][0]
+                share = fair_share(usage[queue], capacity, spec.weight)
+                heapq.heappush(heads, (prio, -spec.priority, share, seq, token, job, queue))
+
+        for queue in heaps:
+            advance(queue)
+        ahead = in_queue = same_type = 0
+        while heads:
+            check()
+            *_, job_key, queue = heapq.heappop(heads)
+            if job_key == self.key:
+                break
+            job = pending[job_key].job
+            ahead += 1
+            in_queue += queue == name
+            same_type += _competes(job, target.job)
+            if len(job.gpu_types) == 1:
+                [gpu_type] = job.gpu_types
+                used = usage[queue]
+                used[gpu_type] = used.get(gpu_type, 0) + job.gpu_request_milli
+            advance(queue)
+        return QueuePosition(name, ahead + 1, waiting, in_queue + 1, queue_waiting, same_type)
+
+
 class JobQueue:
     def __init__(self, queues: Iterable[QueueSpec]) -> None:
         self._queues = {q.name: _QueueState(q) for q in queues}
@@ -247,51 +307,27 @@ class JobQueue:
 
     def position(self, key: str, now: float, capacity: Mapping[str, int]) -> QueuePosition | None:
         """Where the queued job ``key`` stands in the order the next cycles try jobs in
-        (None: not queued). The order is ``ordering``'s, with each job ahead taken as placed
-        in turn and charged to its queue's fair share (on its GPU type, when it names one),
-        as the cycles that place them one after another will do: queues take turns as they
-        will. O(n) for n waiting jobs, for one explain (never per listed job)."""
+        (None: not queued): ``position_frame`` walked at once. O(n) for n waiting jobs, for
+        one explain (never per listed job)."""
+        frame = self.position_frame(key, now)
+        return frame.walk(capacity) if isinstance(frame, PositionFrame) else frame
+
+    def position_frame(self, key: str, now: float) -> PositionFrame | QueuePosition | None:
+        """What ``position`` reads of the queue, copied now (None: ``key`` is not queued; a
+        job backing off has no place: its QueuePosition at once). The copies are of the
+        heaps and maps themselves (C-speed, no walk), so the O(n log n) walk can run in
+        another thread while the queue moves on."""
         target = self._pending.get(key)
         if target is None:
             return None
-        name = target.job.queue
         if target.not_before > now:
-            return QueuePosition(name, backoff_until=target.not_before)
+            return QueuePosition(target.job.queue, backoff_until=target.not_before)
         self._release(now)
-        tokens, pending = self._token, self._pending
-        heaps: dict[str, list[_Entry]] = {}
-        for queue, heap in self._ready.items():
-            live = [e for e in heap if tokens.get(e[3]) == e[2] and pending[e[3]].not_before <= now]
-            heapq.heapify(live)
-            heaps[queue] = live
-        waiting, queue_waiting = sum(map(len, heaps.values())), len(heaps[name])
-        usage = {queue: dict(state.usage) for queue, state in self._queues.items()}
-        heads: list[tuple[int, int, float, int, int, str, str]] = []
-
-        def advance(queue: str) -> None:
-            if heaps[queue]:
-                prio, seq, token, job = heapq.heappop(heaps[queue])
-                spec = self._queues[queue].spec
-                share = fair_share(usage[queue], capacity, spec.weight)
-                heapq.heappush(heads, (prio, -spec.priority, share, seq, token, job, queue))
-
-        for queue in heaps:
-            advance(queue)
-        ahead = in_queue = same_type = 0
-        while heads:
-            *_, job_key, queue = heapq.heappop(heads)
-            if job_key == key:
-                break
-            job = pending[job_key].job
-            ahead += 1
-            in_queue += queue == name
-            same_type += _competes(job, target.job)
-            if len(job.gpu_types) == 1:
-                [gpu_type] = job.gpu_types
-                used = usage[queue]
-                used[gpu_type] = used.get(gpu_type, 0) + job.gpu_request_milli
-            advance(queue)
-        return QueuePosition(name, ahead + 1, waiting, in_queue + 1, queue_waiting, same_type)
+        return PositionFrame(
+            key, now, {queue: list(heap) for queue, heap in self._ready.items()},
+            dict(self._token), dict(self._pending),
+            {queue: (state.spec, dict(state.usage)) for queue, state in self._queues.items()},
+        )  # fmt: skip
 
     # -- fair share and quota -------------------------------------------------------------------
 

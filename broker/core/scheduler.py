@@ -91,14 +91,21 @@ class PolicyBook:
         self._seed = seed
         self._made: dict[str, Policy] = {}
 
-    def for_job(self, pending: Pending) -> Policy:
+    def name_for(self, pending: Pending) -> str:
         name: str = pending.job.policy
-        if name == "auto":
-            name = self._queue.spec(pending.job.queue).policy
+        return self._queue.spec(pending.job.queue).policy if name == "auto" else name
+
+    def for_job(self, pending: Pending) -> Policy:
+        name = self.name_for(pending)
         policy = self._made.get(name)
         if policy is None:
             policy = self._made[name] = make_policy(name, self._seed)
         return policy
+
+    def fresh(self, pending: Pending) -> Policy:
+        """A new instance of the policy ``for_job`` gives, sharing no memo and no random
+        generator with the cycle's: for a dry run in another thread."""
+        return make_policy(self.name_for(pending), self._seed)
 
 
 def federation_capacity(snapshot: CapacitySnapshot) -> tuple[dict[str, int], dict[str, int]]:

@@ -5,8 +5,10 @@ and an ``X-Request-Id`` on every answer.
 The ``audit`` middleware is the outermost one: it runs around the error middleware, so it
 sees the final status of every request (HTTP exceptions and errors included) and writes
 exactly one line for an audited one. The line holds who (the principal authentication
-stored on the request, else ``anonymous``), what (the action, the job, its tenant and
-queue), the result code, the source address and the request id: the client's
+stored on the request, else ``anonymous``, and its tenant, also as ``tenant``: the caller's,
+whatever it acted on), on whom (``targetTenant``: another tenant an admin or a viewer
+acted on, else null), what (the action, the job and its queue), the result code, the
+source address and the request id: the client's
 ``X-Request-Id`` when it is short and of safe characters, else a new one. It never holds a
 header, a body or a token. Where the line goes is the process's business (``audit.file``).
 """
@@ -24,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker.http.auth import sees_all
 from broker.http.errors import Handler
 from broker.http.principal import principal_of
 from broker.http.state import route_template
@@ -104,23 +107,35 @@ def audit_line(
     shown = request.method in WRITE_METHODS
     name, owner, queue = _answered_job(response) if shown else (None, None, None)
     name = name or request.match_info.get("name")
-    if principal is not None:
-        owner = owner or request.query.get("tenant") or principal.tenant
+    caller = principal.tenant if principal is not None else None
     return {
         "ts": rfc3339(now),
         "actor": {
             "subject": principal.subject if principal is not None else "anonymous",
-            "tenant": principal.tenant if principal is not None else None,
+            "tenant": caller,
         },
+        "tenant": caller,
+        "targetTenant": _target(request, owner, caller),
         "roles": sorted(principal.roles) if principal is not None else [],
         "action": action_of(request.method, route),
         "job": name,
-        "jobTenant": owner if name is not None else None,
         "queue": queue,
         "result": status,
         "source": request.remote,
         "requestId": request.get(REQUEST_ID),
     }
+
+
+def _target(request: web.Request, answered: Any, caller: str | None) -> str | None:
+    """Another tenant the request acted on (None: the caller's own, or no tenant): the
+    answered job's, or the ``tenant`` query of an admin or a viewer, the only callers whose
+    ``?tenant=`` the routes follow (``auth.owner_of``); anyone else's names nothing."""
+    principal = principal_of(request)
+    if principal is None:
+        return None
+    asked = request.query.get("tenant") if sees_all(principal) else None
+    target = answered if isinstance(answered, str) else asked
+    return target if target and target != caller else None
 
 
 @web.middleware

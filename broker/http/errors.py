@@ -13,6 +13,7 @@ from broker.http.forwarding import forward
 from broker.http.state import CONFIG, route_template
 from broker.manifest import ManifestError
 from broker.service.admission import Conflict, Forbidden, NotFound, NotLeader
+from broker.service.budget import PlanRefused
 from broker.store import LeaseLost, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await _not_leader(request, exc)
     except (LeaseLost, StoreUnavailable) as exc:
         return _store_refused(request, exc)
+    except PlanRefused as exc:  # the dry runs' bounds: busy, or over the time budget
+        return error(429, str(exc), **{"Retry-After": str(exc.retry_after)})
     except Exception:
         # A bug, not the caller's fault; the path only (no headers: they hold the token).
         log.exception("internal error on %s %s", request.method, route_template(request))

@@ -6,12 +6,15 @@ bad method, a header too long or with control characters) as the API's one-line 
 aiohttp answers those parser errors itself, in plain text, before any middleware runs
 (aio-libs/aiohttp#3287 asks for a hook; there is none), so ``json_parser_errors`` wraps
 ``RequestHandler.handle_error``. The answer never repeats what the client sent: a
-malformed header may carry a token.
+malformed header may carry a token. Nor does the log: aiohttp logs each parser error
+with its traceback at error level (the exception holds the raw line); here it is one
+line at warning naming the peer and the problem in the API's words.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from aiohttp import http_exceptions, web, web_protocol
@@ -54,10 +57,13 @@ def _json_handle_error(
     exc: BaseException | None = None,
     message: str | None = None,
 ) -> web.StreamResponse:
-    # aiohttp's own first: it logs and refuses when a response is already on its way.
-    plain = _plain_handle_error(self, request, status, exc, message)
-    body = json.dumps({"error": parser_error_message(status, exc)})
-    response = web.Response(status=plain.status, text=body, content_type="application/json")
+    text = parser_error_message(status, exc)
+    if isinstance(exc, http_exceptions.HttpProcessingError):
+        _log_malformed(self, request, status, exc, text)
+    else:  # a handler's bug (500) or timeout (504): aiohttp's own log, with the traceback
+        status = _plain_handle_error(self, request, status, exc, message).status
+    body = json.dumps({"error": text})
+    response = web.Response(status=status, text=body, content_type="application/json")
     response.headers.update(_COMMON)
     response.headers["Cache-Control"] = "no-store"
     response.force_close()
@@ -65,6 +71,23 @@ def _json_handle_error(
 
 
 _COMMON = {"Server": SERVER, "X-Content-Type-Options": "nosniff"}
+
+
+def _log_malformed(
+    handler: web_protocol.RequestHandler,
+    request: Any,
+    status: int,
+    exc: http_exceptions.HttpProcessingError,
+    text: str,
+) -> None:
+    """A client's malformed request: one line, no traceback (it is no fault of ours, and
+    the exception would repeat the raw input); what aiohttp logs at debug stays there (a
+    first request whose method is not HTTP: a scanner, or TLS sent to a plain port)."""
+    quiet = handler._request_count == 1 and isinstance(exc, http_exceptions.BadHttpMethod)
+    level = logging.DEBUG if quiet else logging.WARNING
+    handler.logger.log(level, "malformed request from %s: %s (%d)", request.remote, text, status)
+    if request.writer.output_size > 0:  # as aiohttp: an answer was on its way already
+        raise ConnectionError("Response is sent already, cannot send another one")
 
 
 def json_parser_errors() -> None:

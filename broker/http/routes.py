@@ -163,7 +163,10 @@ def _job_filter(name: str | None, selector: str | None) -> Callable[[JobRecord],
         wanted = parse_selector(selector) if selector is not None else ()
     except SelectorError as exc:
         raise web.HTTPBadRequest(reason=f"selector: {exc}") from None
-    named = name_matcher(name) if name is not None else None
+    try:
+        named = name_matcher(name) if name is not None else None
+    except SelectorError as exc:
+        raise web.HTTPBadRequest(reason=f"name: {exc}") from None
 
     def keep(record: JobRecord) -> bool:
         if named is not None and not named(record.name):
@@ -225,16 +228,22 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 
 async def explain_job(request: web.Request) -> web.Response:
-    owner = owner_of(request, await authenticate(request))
+    """The per-cluster rows are a dry run: counted against the caller's tenant (an admin's
+    or a viewer's for another tenant's job too), 429 beyond its bounds."""
+    principal = await authenticate(request)
+    owner = owner_of(request, principal)
     await require(request, "read", tenant=owner)
-    return web.json_response(await request.app[SERVICE].explain(owner, request.match_info["name"]))
+    name = request.match_info["name"]
+    doc = await request.app[SERVICE].explain(owner, name, caller=principal.tenant)
+    return web.json_response(doc)
 
 
 async def plan(request: web.Request) -> web.Response:
-    """A dry run stores nothing: reading the federation is enough to ask it."""
+    """A dry run stores nothing: reading the federation is enough to ask it. It runs off
+    the event loop, bounded per tenant and on a time budget (429 beyond)."""
     principal = await require(request, "read")
     manifest = await _manifest(request)
-    return web.json_response(request.app[SERVICE].plan(principal.tenant, manifest))
+    return web.json_response(await request.app[SERVICE].plan(principal.tenant, manifest))
 
 
 async def clusters(request: web.Request) -> web.Response:

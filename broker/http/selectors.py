@@ -4,16 +4,26 @@
 (``train-*``). ``selector`` is a kubectl-style equality-based label selector: requirements
 joined by commas, each ``k=v`` (or ``k==v``), ``k!=v`` (true also when the label is absent,
 as in Kubernetes), ``k`` (has the label) or ``!k`` (has not). Set-based requirements
-(``in``, ``notin``) are refused with a 400 naming them.
+(``in``, ``notin``) are refused with a 400 naming them. Both are bounded (a pattern's
+length, a selector's requirements) and so is the cache of compiled globs.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+# Every stored job a list reads is checked against these (up to ten pages of a thousand
+# per request), so their size is bounded: a job has at most 32 labels, and its name is a
+# DNS label of at most 63 characters, which a glob of 128 can spell out with room for
+# wildcards and a few character classes.
+MAX_REQUIREMENTS = 32
+MAX_NAME_PATTERN = 128
+# Compiled globs kept, the least recently used dropped first.
+GLOB_CACHE_SIZE = 256
 _KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
@@ -41,9 +51,13 @@ class Requirement:
 
 
 def parse_selector(text: str) -> tuple[Requirement, ...]:
-    """``k=v,k2!=v2,k3,!k4`` as requirements (all must hold); SelectorError if malformed."""
+    """``k=v,k2!=v2,k3,!k4`` as requirements (all must hold); SelectorError if malformed
+    or past MAX_REQUIREMENTS."""
     out = []
-    for raw in text.split(","):
+    items = text.split(",")
+    if len(items) > MAX_REQUIREMENTS:
+        raise SelectorError(f"at most {MAX_REQUIREMENTS} requirements (got {len(items)})")
+    for raw in items:
         item = raw.strip()
         if not item:
             raise SelectorError(f"empty requirement in {text!r}")
@@ -71,10 +85,23 @@ def _checked(req: Requirement) -> Requirement:
 
 
 def name_matcher(pattern: str) -> Callable[[str], bool]:
-    """A glob when ``pattern`` has ``*``, ``?`` or ``[``; a substring otherwise."""
+    """A glob when ``pattern`` has ``*``, ``?`` or ``[``; a substring otherwise.
+    SelectorError past MAX_NAME_PATTERN characters."""
+    if len(pattern) > MAX_NAME_PATTERN:
+        raise SelectorError(f"at most {MAX_NAME_PATTERN} characters (got {len(pattern)})")
     if any(c in pattern for c in "*?["):
-        return lambda name: fnmatch.fnmatchcase(name, pattern)
+        return _glob(pattern)
     return lambda name: pattern in name
 
 
-__all__ = ["Requirement", "SelectorError", "name_matcher", "parse_selector"]
+@functools.lru_cache(maxsize=GLOB_CACHE_SIZE)
+def _glob(pattern: str) -> Callable[[str], bool]:
+    # Not fnmatch.fnmatchcase: its cache keeps 32,768 compiled patterns of any length.
+    match = re.compile(fnmatch.translate(pattern)).match
+    return lambda name: match(name) is not None
+
+
+__all__ = [
+    "GLOB_CACHE_SIZE", "MAX_NAME_PATTERN", "MAX_REQUIREMENTS", "Requirement", "SelectorError",
+    "name_matcher", "parse_selector",
+]  # fmt: skip

@@ -1,6 +1,7 @@
 """Reading a submitted FederatedJob: JSON or YAML by content type (or sniffed), YAML
-without aliases, and validation into the wire models; every failure is ONE ManifestError
-line naming the field path."""
+without aliases, neither with a key given twice, and validation into the wire models;
+every failure is ONE ManifestError line naming the field path. ``load_yaml``: safe_load
+refusing duplicate keys, for the broker's other YAML readers (the config, the CLI)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from broker.manifest.documents import check_document, duplicate_keys_refused
-from broker.manifest.errors import ManifestError, first_error, kind_of, reason
+from broker.manifest.documents import (
+    DuplicateKey,
+    DuplicateKeyError,
+    RefusesDuplicateKeys,
+    check_document,
+    duplicate_keys_refused,
+)
+from broker.manifest.errors import ManifestError, field_path, first_error, kind_of, reason
 from broker.manifest.models import FederatedJob
 
 
-class _NoAliasLoader(yaml.SafeLoader):
+class _NoAliasLoader(RefusesDuplicateKeys, yaml.SafeLoader):
     """safe_load without anchors/aliases: nested aliases expand exponentially ("billion
-    laughs") once the manifest is validated, stored or echoed; a manifest never needs them."""
+    laughs") once the manifest is validated, stored or echoed; a manifest never needs them.
+    Nor duplicate keys, as JSON's (``RefusesDuplicateKeys``)."""
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -55,10 +63,12 @@ def parse_manifest(body: bytes, content_type: str | None) -> FederatedJob:
                 raise json_error from None
             try:
                 data = _load_yaml(text)  # a YAML flow mapping also starts with '{'
+            except DuplicateKeyError:
+                raise
             except ManifestError:
                 raise json_error from None
         except ManifestError:
-            raise  # a duplicate key
+            raise  # a duplicate key (JSON's, or YAML's when a flow mapping is tried as YAML)
         except (ValueError, RecursionError) as exc:
             raise ManifestError(f"manifest: invalid JSON: {reason(exc)}") from None
     else:
@@ -87,7 +97,19 @@ def stored_manifest(data: dict[str, Any]) -> FederatedJob:
 
 # libyaml's C loader when the wheel has it: the pure-Python one costs about 2 ms per
 # manifest, the largest share of a submission.
-_FAST_LOADER: Any = getattr(yaml, "CSafeLoader", None)
+_C_LOADER: Any = getattr(yaml, "CSafeLoader", None)
+_FAST_LOADER: Any = (
+    None if _C_LOADER is None else type("_FastLoader", (RefusesDuplicateKeys, _C_LOADER), {})
+)
+# safe_load's own (pure-Python) loader, refusing duplicate keys: for the config file and
+# the CLI's reads of the user's files, small and read once, whose YAML errors read as ever.
+_SAFE_LOADER: Any = type("_SafeLoader", (RefusesDuplicateKeys, yaml.SafeLoader), {})
+
+
+def load_yaml(text: str | bytes) -> object:
+    """``yaml.safe_load`` that refuses a key given twice in a mapping (DuplicateKey, with
+    the mapping's path and both lines); yaml.YAMLError as safe_load."""
+    return yaml.load(text, Loader=_SAFE_LOADER)
 
 
 def _no_aliases(text: str) -> None:
@@ -107,6 +129,9 @@ def _load_yaml(text: str) -> object:
             return yaml.load(text, Loader=_NoAliasLoader)
         _no_aliases(text)
         return yaml.load(text, Loader=_FAST_LOADER)
+    except DuplicateKey as exc:
+        where = field_path(exc.path) or "manifest"
+        raise DuplicateKeyError(exc.message("manifest"), where) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -152,6 +152,7 @@ class Options(TypedDict, total=False):
     identity: str | None  # this replica's name in the election
     pool_retry: PoolRetry | None  # default: PoolRetry() (reading unreadable Cluster API pools)
     member_retry_wait: wait_base | None  # between Kubernetes members' request retries
+    plan_clock: Callable[[], float]  # the dry runs' budgets (default: time.monotonic)
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:

@@ -7,25 +7,30 @@ cluster is asked about alone, so its reasons and largest gang are its own.
 
 For a job waiting in the queue, explain also says what happens next (``what_next``): its
 place in the order the next cycles try jobs in (the queue's own order,
-``JobQueue.position``) and the burst controller's next step for it (its own planner,
+``JobQueue.position_frame``) and the burst controller's next step for it (its own planner,
 ``BurstController.option``): the pool it will grow, by how many nodes, at what cost and
 from when, or why no pool can take it; a Cluster API pool that cannot be read yet is
 named as unavailable (``with_unavailable``), never silently left out.
+
+The API's dry runs are computed in the planner's thread (``broker.service.planner``):
+``plan_work`` and ``explain_work`` are what it runs, everything they read taken on the
+loop first and checked against the dry run's budget as it goes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from broker.core import views
 from broker.core.burst import BurstController
 from broker.core.burst_option import BurstOption, PoolRefusal
-from broker.core.queue import JobQueue
+from broker.core.queue import JobQueue, PositionFrame, QueuePosition
 from broker.core.scheduler import federation_capacity
 from broker.model import CapacitySnapshot, Job, Placement, Reason, Unplaceable
+from broker.service.budget import Budget, budgeted
 from broker.service.pool_reading import Availability
 from policies.framework import Policy, largest_fit
 
@@ -83,18 +88,48 @@ def plan_of(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> Plan:
     return Plan(job, policy.decide(job, snapshot), explain_rows(job, policy, snapshot))
 
 
+def plan_work(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> Callable[[Budget], Plan]:
+    """``plan_of`` as the planner's thread runs it: on ``snapshot`` checking the budget."""
+    return lambda budget: plan_of(job, policy, budgeted(snapshot, budget))
+
+
+@dataclass(frozen=True, slots=True)
+class Explained:
+    """What explain computes in the planner's thread: the per-cluster rows and the job's
+    place in the queues (None: not in them)."""
+
+    clusters: tuple[ExplainRow, ...]
+    position: QueuePosition | None
+
+
+def explain_work(
+    job: Job, policy: Policy, queue: JobQueue, snapshot: CapacitySnapshot, now: float
+) -> Callable[[Budget], Explained]:
+    """A waiting job's rows and place, to be computed in the planner's thread: what they
+    read of the live queue is copied here, on the loop (``position_frame``); the fair
+    shares are over the capacity the cycle uses."""
+    frame = queue.position_frame(job.key, now)
+    capacity = federation_capacity(snapshot)[0]
+
+    def work(budget: Budget) -> Explained:
+        rows = explain_rows(job, policy, budgeted(snapshot, budget))
+        place = frame.walk(capacity, budget.check) if isinstance(frame, PositionFrame) else frame
+        return Explained(rows, place)
+
+    return work
+
+
 def what_next(
+    explained: Explained,
     job: Job,
-    queue: JobQueue,
     bursting: BurstController,
-    snapshot: CapacitySnapshot,
     now: float,
     unavailable: Sequence[Availability] = (),
 ) -> dict[str, Any]:
     """A waiting job's place in the queues and its burst option, as explain answers them
-    (``position`` and ``burst``). The fair shares are over the capacity the cycle uses.
-    ``unavailable``: the pools not read yet, which the controller does not know of."""
-    position = queue.position(job.key, now, federation_capacity(snapshot)[0])
+    (``position`` and ``burst``). ``unavailable``: the pools not read yet, which the
+    controller does not know of."""
+    position = explained.position
     option = with_unavailable(bursting.option(now, job), unavailable)
     return {
         "position": position.as_json() if position is not None else None,
@@ -123,4 +158,7 @@ def with_unavailable(option: BurstOption, unavailable: Sequence[Availability]) -
     return dataclasses.replace(option, refusals=refusals)
 
 
-__all__ = ["ExplainRow", "Plan", "explain_rows", "plan_of", "what_next", "with_unavailable"]
+__all__ = [
+    "ExplainRow", "Explained", "Plan", "explain_rows", "explain_work", "plan_of", "plan_work",
+    "what_next", "with_unavailable",
+]  # fmt: skip

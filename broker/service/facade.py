@@ -13,7 +13,9 @@ delegates to (built once by ``broker.service.compose``):
 - ``recovery``: on winning the lease every active job of the store goes back into the
   queue (or gets its reservation back from the pods read back from Kubernetes); on losing
   it placing stops at once and that state is dropped; Kubernetes garbage collection;
-- ``view``: the typed read model; ``explain``/``plan`` through ``broker.service.explain``;
+- ``view``: the typed read model; ``explain``/``plan`` through ``broker.service.explain``,
+  computed by ``planner`` (``broker.service.planner``: one worker thread, bounded, on a
+  time budget);
 - ``job_pods``: a placed job's pods and logs from its member (``broker.service.pods``).
 
 State changes run under one lock (``Shared.lock``). The clock is injected; tests drive
@@ -25,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Unpack
 
 from broker.config import Config
 from broker.core.queue import Pending
-from broker.manifest import FederatedJob
-from broker.model import Job
+from broker.manifest import FederatedJob, ManifestError
 from broker.service.compose import Options, build
-from broker.service.explain import plan_of, what_next
+from broker.service.explain import explain_work, plan_work, what_next
 from broker.service.leader import default_identity
+from broker.service.planner import Planner
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
 from broker.service.waiting import waiting_summary
@@ -68,6 +71,7 @@ class Service:
         self.schedule_once, self.run = parts.cycles.schedule_once, parts.cycles.run
         self.launches_done, self.runs_done = parts.binding.launches_done, parts.binding.runs_done
         self.job_pods = JobPods(s, admission)
+        self.planner = Planner(config.api.plans, options.get("plan_clock", time.monotonic))
         self.pods, self.logs = self.job_pods.pods, self.job_pods.logs
 
     @property
@@ -132,6 +136,7 @@ class Service:
                     await self.leadership.elector.release()
             except Exception as exc:  # it expires on its own
                 log.warning("could not release the leader lease: %s", type(exc).__name__)
+        self.planner.close()
         self.binding.drop()  # run watches too: a timer or poll must not outlive the store
         tasks = self.tasks.cancel()
         # The clients first: closing their connections ends the watch streams, whose reads
@@ -149,27 +154,25 @@ class Service:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def _explain_rows(self, job: Job) -> list[dict[str, Any]]:
-        policy = self.shared.policies.for_job(Pending(job, 0, 0.0))
-        return [r.as_json() for r in plan_of(job, policy, self.ledger.snapshot()).clusters]
-
-    async def explain(self, tenant: str, name: str) -> dict[str, Any]:
+    async def explain(self, tenant: str, name: str, caller: str | None = None) -> dict[str, Any]:
         """Per cluster: does the queued job fit now, why not, the largest gang it could take;
-        then its place in the queues and its burst option (null when not queued here)."""
+        then its place in the queues and its burst option (null when not queued here).
+        Computed in the planner's thread as ``caller``'s dry run (default ``tenant``)."""
         record: JobRecord = await self.get(tenant, name)
-        pending = self.queue.get(f"{tenant}/{name}")
-        clusters = self._explain_rows(pending.job) if pending is not None else []
         doc: dict[str, Any] = {
             "job": name, "state": record.state, "cluster": record.cluster,
-            "reason": record.reason, "clusters": clusters, "position": None, "burst": None,
+            "reason": record.reason, "clusters": [], "position": None, "burst": None,
         }  # fmt: skip
-        if pending is not None:
-            snapshot, controller = self.ledger.snapshot(), self.pools.controller
-            doc |= what_next(
-                pending.job, self.queue, controller, snapshot, self.shared.clock(),
-                self.pools.unavailable(),
-            )  # fmt: skip
-        return doc
+        pending = self.queue.get(f"{tenant}/{name}")
+        if pending is None:
+            return doc
+        job, now = pending.job, self.shared.clock()
+        policy = self.shared.policies.fresh(Pending(job, 0, 0.0))
+        work = explain_work(job, policy, self.queue, self.ledger.snapshot(), now)
+        explained = await self.planner.run(caller or tenant, work)
+        doc["clusters"] = [r.as_json() for r in explained.clusters]
+        unavailable = self.pools.unavailable()
+        return doc | what_next(explained, job, self.pools.controller, now, unavailable)
 
     def waiting(self, tenant: str, name: str) -> str | None:
         """Why a queued job waited at the last cycle that looked at it, in one line (None:
@@ -179,11 +182,19 @@ class Service:
             return None
         return waiting_summary(pending.job, pending.waiting)
 
-    def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
-        """Dry run: where the manifest would go now. Nothing is stored or reserved."""
+    async def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:
+        """Dry run: where the manifest would go now. Nothing is stored or reserved.
+        ManifestError beyond ``api.plans.maxPods``; PlanRefused as the planner's ``run``."""
         job = self.admission.job_for(tenant, manifest)
-        policy = self.shared.policies.for_job(Pending(job, 0, 0.0))
-        plan = plan_of(job, policy, self.ledger.snapshot())
+        most = self.planner.limits.max_pods
+        if job.total_pods > most:
+            raise ManifestError(
+                f"spec: {job.total_pods} pods, more than a dry run may ask ({most}, "
+                "api.plans.maxPods)",
+                "spec",
+            )
+        policy = self.shared.policies.fresh(Pending(job, 0, 0.0))
+        plan = await self.planner.run(tenant, plan_work(job, policy, self.ledger.snapshot()))
         placement = plan.placement
         return {
             "job": job.name, "queue": job.queue, "fits": placement is not None,

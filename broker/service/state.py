@@ -174,6 +174,9 @@ class TenantPolicyBook(PolicyBook):
     def for_job(self, pending: Pending) -> Policy:
         return _TenantPods(super().for_job(pending))
 
+    def fresh(self, pending: Pending) -> Policy:
+        return _TenantPods(super().fresh(pending))
+
 
 def placement_json(placement: Placement) -> dict[str, Any]:
     return {

@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 from itertools import count
 
+import pytest
 from builders import federation, gang, node, occupy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core.queue import JobQueue, Pending, QueueSpec
+from broker.core.queue import JobQueue, Pending, PositionFrame, QueueSpec
 from broker.core.scheduler import PolicyBook, SchedulerSettings, federation_capacity, run_cycle
 from broker.model import PodDeleted
 
@@ -107,3 +108,37 @@ def test_a_job_backing_off_has_no_place_until_its_backoff_ends() -> None:
     after = queue.position("default/again", 200.0, {"A100": 8_000})
     assert after is not None and (after.position, after.waiting) == (2, 2)
     assert queue.position("default/nobody", 200.0, {}) is None
+
+
+def test_a_frame_walks_the_queue_as_it_was_when_copied() -> None:
+    queue = queued([("a", 0, 1), ("b", 0, 1), ("a", 0, 1), ("c", 0, 1), ("a", 0, 1)], {})
+    capacity = {"A100": 64_000}
+    before = queue.position("default/j4", 0.0, capacity)
+    frame = queue.position_frame("default/j4", 0.0)
+    assert isinstance(frame, PositionFrame)
+    # The live queue moves on: a job ahead leaves, two urgent ones arrive, usage is charged.
+    assert queue.remove("default/j0") is not None
+    for i in range(2):
+        urgent = dataclasses.replace(gang(f"urgent{i}", pods=1, gpus=GPUS), queue="a", priority=5)
+        queue.push(Pending(urgent, 99 + i, 0.0))
+    queue.charge("running-a", "a", {"A100": 16_000})
+    assert frame.walk(capacity) == before
+    now = queue.position("default/j4", 0.0, capacity)
+    assert before is not None and (before.position, before.waiting) == (5, 5)
+    assert now is not None and (now.position, now.waiting) == (6, 6)
+
+
+def test_the_walk_stops_where_its_check_raises() -> None:
+    queue = queued([("a", 0, 1)] * 8, {})
+    frame = queue.position_frame("default/j7", 0.0)
+    assert isinstance(frame, PositionFrame)
+    checks = count(1)
+
+    def check() -> None:
+        if next(checks) > 3:
+            raise TimeoutError
+
+    with pytest.raises(TimeoutError):
+        frame.walk({"A100": 64_000}, check)
+    at = frame.walk({"A100": 64_000})  # the frame itself is untouched by a stopped walk
+    assert at.position == 8

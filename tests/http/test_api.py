@@ -228,6 +228,13 @@ async def test_bad_list_params_are_400(harness: Harness) -> None:
         resp = await client.get(f"/v1/jobs?{query}", headers=A)
         assert resp.status == 400, query
         assert (await resp.json())["error"]
+    bounded = {
+        "name=" + "*a" * 3800: "name: at most 128 characters (got 7600)",
+        "selector=" + ",".join(["x"] * 33): "selector: at most 32 requirements (got 33)",
+    }
+    for query, message in bounded.items():
+        resp = await client.get(f"/v1/jobs?{query}", headers=A)
+        assert resp.status == 400 and (await resp.json())["error"] == message
 
 
 async def test_401_without_or_with_bad_token(harness: Harness) -> None:

@@ -25,8 +25,10 @@ from broker.service.facade import Service
 
 TOKEN_A = "audit-team-a-token-0123456789abcdef01"
 TOKEN_ADMIN = "audit-admin-token-0123456789abcdef012"
+TOKEN_VIEWER = "audit-viewer-token-0123456789abcdef01"
 A = {"Authorization": f"Bearer {TOKEN_A}"}
 ADMIN = {"Authorization": f"Bearer {TOKEN_ADMIN}"}
+VIEWER = {"Authorization": f"Bearer {TOKEN_VIEWER}"}
 CONFIG = f"""
 store: {{url: "sqlite:///{{db}}"}}
 api: {{rateLimitPerTenant: {{requestsPerSecond: 1, burst: 6}}}}
@@ -38,9 +40,11 @@ queues: [{{name: training}}, {{name: private}}]
 tenants:
 - {{name: team-a, defaultQueue: training, token: {{value: {TOKEN_A}}}}}
 - {{name: ops, defaultQueue: training, admin: true, token: {{value: {TOKEN_ADMIN}}}}}
+- {{name: watch, defaultQueue: training,
+   tokens: [{{name: viewer, value: {TOKEN_VIEWER}, roles: [viewer]}}]}}
 """
-FIELDS = {"ts", "actor", "roles", "action", "job", "jobTenant", "queue", "result", "source",
-          "requestId"}  # fmt: skip
+FIELDS = {"ts", "actor", "tenant", "targetTenant", "roles", "action", "job", "queue", "result",
+          "source", "requestId"}  # fmt: skip
 
 
 def job(name: str, queue: str = "training") -> dict[str, Any]:
@@ -115,9 +119,10 @@ async def test_submit_and_cancel_write_one_line_each_with_the_actor(
     line = only(audit_lines.take())
     assert line["actor"] == {"subject": "token:team-a", "tenant": "team-a"}
     assert "submit" in line["roles"]
-    assert (line["action"], line["job"], line["jobTenant"], line["queue"]) == (
-        "submit", "train", "team-a", "training",
+    assert (line["action"], line["job"], line["tenant"], line["targetTenant"]) == (
+        "submit", "train", "team-a", None,
     )  # fmt: skip
+    assert line["queue"] == "training"
     assert (line["result"], line["requestId"]) == (201, "r-1")
 
     assert (await client.post("/v1/jobs", json=job("train"), headers=A)).status == 200
@@ -173,9 +178,10 @@ async def test_admin_actions_are_audited(client: Client, audit_lines: Lines) -> 
     answer = await client.delete("/v1/jobs/theirs?tenant=team-a", headers=ADMIN)
     assert answer.status == 200
     line = only(audit_lines.take())
-    assert (line["action"], line["job"], line["jobTenant"], line["actor"]["tenant"]) == (
-        "cancel", "theirs", "team-a", "ops",
+    assert (line["action"], line["job"], line["tenant"], line["targetTenant"]) == (
+        "cancel", "theirs", "ops", "team-a",
     )  # fmt: skip
+    assert line["actor"]["tenant"] == "ops"
 
 
 async def test_every_answer_has_a_request_id(client: Client, audit_lines: Lines) -> None:
@@ -228,3 +234,49 @@ def test_actions_and_timestamps() -> None:
     assert action_of("PUT", "/v1/admin/thing") == "PUT /v1/admin/thing"
     assert rfc3339(0.0) == "1970-01-01T00:00:00.000Z"
     assert rfc3339(1_700_000_000.5) == "2023-11-14T22:13:20.500Z"
+
+
+# (who, method, path, status): the caller's tenant and the other tenant it acted on.
+TENANTS: list[tuple[str, dict[str, str], str, str, int, str | None, str | None]] = [
+    ("a tenant's own submit", A, "POST", "/v1/jobs", 201, "team-a", None),
+    ("a tenant's ?tenant= is ignored", A, "DELETE", "/v1/jobs/none?tenant=ops", 404,
+     "team-a", None),
+    ("an admin cancels another's job", ADMIN, "DELETE", "/v1/jobs/theirs?tenant=team-a", 200,
+     "ops", "team-a"),
+    ("an admin reads another's job", ADMIN, "GET", "/v1/jobs/theirs?tenant=team-a", 200,
+     "ops", "team-a"),
+    ("an admin explains another's job", ADMIN, "GET", "/v1/jobs/theirs/explain?tenant=team-a",
+     200, "ops", "team-a"),
+    ("an admin lists another's jobs", ADMIN, "GET", "/v1/jobs?tenant=team-a", 200,
+     "ops", "team-a"),
+    ("an admin lists every tenant's", ADMIN, "GET", "/v1/jobs", 200, "ops", None),
+    ("an admin names its own", ADMIN, "GET", "/v1/jobs?tenant=ops", 200, "ops", None),
+    ("a viewer's write, refused", VIEWER, "DELETE", "/v1/jobs/theirs?tenant=team-a", 403,
+     "watch", "team-a"),
+    ("anonymous", {}, "GET", "/v1/jobs/theirs?tenant=team-a", 401, None, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("headers", "method", "path", "status", "tenant", "target"),
+    [t[1:] for t in TENANTS], ids=[t[0] for t in TENANTS],
+)  # fmt: skip
+async def test_the_line_names_the_callers_tenant_and_the_other_one_it_acted_on(
+    client: Client,
+    audit_lines: Lines,
+    headers: dict[str, str],
+    method: str,
+    path: str,
+    status: int,
+    tenant: str | None,
+    target: str | None,
+) -> None:
+    assert (await client.post("/v1/jobs", json=job("theirs"), headers=A)).status == 201
+    audit_lines.take()
+    body = job("mine") if method == "POST" else None
+    answer = await client.request(method, path, json=body, headers=headers)
+    assert answer.status == status
+    line = only(audit_lines.take())
+    assert (line["tenant"], line["actor"]["tenant"], line["targetTenant"]) == (
+        tenant, tenant, target,
+    )  # fmt: skip

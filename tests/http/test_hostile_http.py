@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,39 @@ async def test_parser_errors_are_one_line_json(
     assert CANARY not in body.decode()
 
 
+# Malformed raw requests as aiohttp's parser refuses them: the log line each one gets.
+LOGGED: list[tuple[str, bytes, str]] = [
+    ("Content-Length and Transfer-Encoding together",
+     b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\n0\r\n\r\n", "request: malformed HTTP request"),
+    ("1,000 headers",
+     b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n"
+     + b"".join(b"X-H%d: v\r\n" % i for i in range(1000)) + b"\r\n",
+     "request: malformed HTTP request"),
+    ("an over-long line", b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+     "headers: a request line or header is too long"),
+    ("bad header bytes",
+     b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + CANARY.encode()
+     + b"\x01\r\n\r\n", "request: malformed HTTP request"),
+    ("a bad chunk", b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"zz\r\nabc\r\n0\r\n\r\n", "request: malformed HTTP request"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("request_bytes", "message"), [r[1:] for r in LOGGED],
+                         ids=[r[0] for r in LOGGED])  # fmt: skip
+async def test_a_malformed_request_is_one_warning_line_without_traceback(
+    harness: Harness, caplog: pytest.LogCaptureFixture, request_bytes: bytes, message: str
+) -> None:
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        status, _, body = await _raw(harness, request_bytes)
+    assert status == 400 and json.loads(body) == {"error": message}
+    [line] = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage() == f"malformed request from 127.0.0.1: {message} (400)"
+    assert line.exc_info is None and line.exc_text is None and line.stack_info is None
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "fragment"),
     [("GET", "/v2/nothing", 404, "path: no such resource"),
@@ -135,4 +169,22 @@ async def test_hostile_bodies_are_400_and_store_nothing(
     resp = await client.post("/v1/jobs", data=body, headers=headers)
     assert resp.status == 400, await resp.text()
     assert fragment in (await resp.json())["error"]
+    assert await service.store.list_jobs() == []
+
+
+async def test_a_yaml_key_given_twice_is_400_naming_it_and_stores_nothing(
+    harness: Harness,
+) -> None:
+    client, service, _ = harness
+    text = (
+        "apiVersion: fedbroker.io/v1alpha1\nkind: FederatedJob\nmetadata: {name: twice}\n"
+        "spec:\n  podSets:\n  - name: w\n    count: 1\n    count: 64\n"
+    )
+    resp = await client.post(
+        "/v1/jobs", data=text, headers={**A, "Content-Type": "application/yaml"}
+    )
+    assert resp.status == 400
+    assert (await resp.json())["error"] == (
+        'spec.podSets[0]: duplicate key "count" in a YAML mapping (lines 7 and 8)'
+    )
     assert await service.store.list_jobs() == []
