@@ -11,6 +11,8 @@ from kmock_namespaces import LIVE, member_problems
 
 from broker.sim.traces import traces_dir
 
+pytest_plugins = ("workload_fixtures",)
+
 
 @pytest.fixture
 def trace_file() -> Callable[[str], Path]:

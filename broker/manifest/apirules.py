@@ -180,17 +180,24 @@ def _pod_fields(spec: Mapping[str, Any], at: Path) -> list[Violation]:
     return found
 
 
+def _unique_label(
+    obj: Mapping[str, Any], at: Path, names: set[str], what: str, found: list[Violation]
+) -> None:
+    """``obj.name``: required, a DNS-1123 label, and not one of ``names`` (it joins them)."""
+    name = _text(obj, "name")
+    problem = name_problem(name, DNS1123_LABEL, 63, "a DNS-1123 label") if name else "required"
+    if problem is not None:
+        found.append(Violation((*at, "name"), problem))
+    elif name in names:
+        found.append(Violation((*at, "name"), f"{what} name {show(name)} is used twice"))
+    if name:
+        names.add(name)
+
+
 def _volumes(spec: Mapping[str, Any], at: Path, found: list[Violation]) -> set[str]:
     names: set[str] = set()
     for volume, where in _items(spec, "volumes", at):
-        name = _text(volume, "name")
-        problem = name_problem(name, DNS1123_LABEL, 63, "a DNS-1123 label") if name else "required"
-        if problem is not None:
-            found.append(Violation((*where, "name"), problem))
-        elif name in names:
-            found.append(Violation((*where, "name"), f"volume {show(name)} is named twice"))
-        if name:
-            names.add(name)
+        _unique_label(volume, where, names, "volume", found)
         sources = [k for k in volume if k != "name" and volume[k] is not None]
         if len(sources) > 1:
             found.append(Violation(where, "may not specify more than one volume type "
@@ -202,14 +209,7 @@ def _container(
     c: Mapping[str, Any], at: Path, kind: str, names: set[str], volumes: set[str]
 ) -> list[Violation]:
     found: list[Violation] = []
-    name = _text(c, "name")
-    problem = name_problem(name, DNS1123_LABEL, 63, "a DNS-1123 label") if name else "required"
-    if problem is not None:
-        found.append(Violation((*at, "name"), problem))
-    elif name in names:
-        found.append(Violation((*at, "name"), f"container name {show(name)} is used twice"))
-    if name:
-        names.add(name)
+    _unique_label(c, at, names, "container", found)
     if kind != "ephemeralContainers" and not _text(c, "image"):
         found.append(Violation((*at, "image"), "required"))
     found += _enum(c, "imagePullPolicy", at, _PULL_POLICIES)

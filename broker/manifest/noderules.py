@@ -14,11 +14,11 @@ counts: devices and scheduling (pure, no I/O; ``podpolicy`` runs them on every l
 * ``runtimeClassName`` only from the tenant's ``runtimeClassNames`` (none by default): a
   runtime class chooses the OCI runtime that starts the containers, and may add overhead,
   a node selector and tolerations the placement never sees.
-* ``tolerations`` as the API server accepts them (an operator of ``Equal`` or ``Exists``;
-  ``Exists`` with no value; a keyless one only with ``Exists``; a known effect), and none
-  that tolerates a taint the operator reserves (``reservedTaints``: by key, whatever its
-  value, with a blocking effect); a keyless ``Exists`` tolerates every taint, reserved
-  ones too. ``toleration_of`` reads one entry for the placement (``broker.taints``).
+* ``tolerations``: none that tolerates a taint the operator reserves (``reservedTaints``:
+  by key, whatever its value, with a blocking effect); a keyless ``Exists`` tolerates
+  every taint, reserved ones too. Their syntax is the API server's rule, refused before
+  this policy runs (``broker.manifest.apirules``). ``toleration_of`` reads one entry for
+  the placement (``broker.taints``).
 """
 
 from __future__ import annotations
@@ -128,25 +128,17 @@ def _given(value: Any) -> bool:
 
 
 def _toleration(item: Mapping[str, Any], path: Path, f: Fields, reserved: tuple[str, ...]) -> None:
+    """A toleration of a reserved taint is refused. Its syntax is the API server's rule,
+    checked before this policy runs (``broker.manifest.apirules``)."""
     key = f.string(item, "key", path) or ""
-    operator = f.string(item, "operator", path) or ""
-    value = f.string(item, "value", path) or ""
     effect = f.string(item, "effect", path) or ""
-    if operator not in _OPERATORS:
-        f.refuse((*path, "operator"), f"{show(operator)} is not Equal or Exists")
-    elif not key and _OPERATORS[operator] != "Exists":
-        f.refuse((*path, "operator"), "must be Exists when key is empty (it tolerates every "
-                 "taint then)")  # fmt: skip
-    elif value and _OPERATORS[operator] == "Exists":
-        f.refuse((*path, "value"), "must be empty when operator is Exists")
-    if effect not in _EFFECTS:
-        f.refuse((*path, "effect"), f"{show(effect)} is not NoSchedule, PreferNoSchedule or "
-                 "NoExecute")  # fmt: skip
     if effect and effect not in BLOCKING_EFFECTS:
         return  # tolerating PreferNoSchedule only steers the scheduler
     if key in reserved:
         f.refuse((*path, "key"), f"tolerates {key}, a taint the operator reserves")
-    elif not key and reserved:
+    elif (
+        not key and reserved and _OPERATORS.get(f.string(item, "operator", path) or "") == "Exists"
+    ):
         f.refuse((*path, "operator"), f"Exists without a key tolerates every taint, {reserved[0]} "
                  "(reserved by the operator) too: name the keys to tolerate")  # fmt: skip
 

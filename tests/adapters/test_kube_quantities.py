@@ -7,7 +7,7 @@ int-or-string quantity, refuse a float such as 0.5)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,8 +16,6 @@ from kubernetes.aio.client import ApiClient
 from workload_cluster import (
     PODS,
     Emulator,
-    client_config,
-    emulator,
     launcher,
     stored,
     workload,
@@ -34,17 +32,6 @@ pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 Obj = dict[str, Any]
 NUMBERS = {"nvidia.com/gpu": 1, "cpu": 0.5, "memory": 1073741824}
 WANT = {"nvidia.com/gpu": "1", "cpu": "500m", "memory": "1073741824"}
-
-
-@pytest.fixture
-async def k8s(kmock: Any) -> Emulator:
-    return await emulator(kmock)
-
-
-@pytest.fixture
-async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
-    async with ApiClient(client_config(k8s)) as client:
-        yield client
 
 
 def pod(container: str = "main") -> Obj:

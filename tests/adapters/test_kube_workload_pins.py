@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -30,9 +29,7 @@ from workload_cluster import (
     Cluster,
     Emulator,
     admitted,
-    client_config,
     cluster,
-    emulator,
     launcher,
     node_of,
     pod_set_label,
@@ -52,17 +49,6 @@ pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 
 Obj = dict[str, Any]
 INDEX = "batch.kubernetes.io/job-completion-index"
-
-
-@pytest.fixture
-async def k8s(kmock: Any) -> Emulator:
-    return await emulator(kmock)
-
-
-@pytest.fixture
-async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
-    async with ApiClient(client_config(k8s)) as client:
-        yield client
 
 
 def assert_pinned(member: Cluster, placement: Placement, granted: dict[str, Obj]) -> None:

@@ -8,7 +8,7 @@ tests/config/test_workloads.py, whose manifests these are."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
@@ -26,8 +26,6 @@ from workload_cluster import (
     WORKLOADS,
     Emulator,
     admitted,
-    client_config,
-    emulator,
     launcher,
     stored,
     workload,
@@ -61,17 +59,6 @@ GPU_NAMES = {"nvidia.com/gpu", "amd.com/gpu", "example.com/gpu"}
 
 class Stop(Exception):
     """The poll pause's bound: raised after the polls a test allows."""
-
-
-@pytest.fixture
-async def k8s(kmock: Any) -> Emulator:
-    return await emulator(kmock)
-
-
-@pytest.fixture
-async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
-    async with ApiClient(client_config(k8s)) as client:
-        yield client
 
 
 class Polls:

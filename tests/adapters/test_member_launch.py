@@ -9,29 +9,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kmock_namespaces import NamespacedEmulator, member_problems
 from kubernetes.aio.client import ApiClient
-from workload_cluster import JOB, Emulator, admitted, client_config, emulator, launcher, workload
+from workload_cluster import JOB, Emulator, admitted, launcher, workload
 
 from adapters.kube.objects import KubeLaunchError
 from broker.ports import LaunchSpec
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
-
-
-@pytest.fixture
-async def k8s(kmock: Any) -> Emulator:
-    return await emulator(kmock)
-
-
-@pytest.fixture
-async def api(k8s: Emulator) -> AsyncIterator[ApiClient]:
-    async with ApiClient(client_config(k8s)) as client:
-        yield client
 
 
 def with_main_container(spec: LaunchSpec, **fields: Any) -> LaunchSpec:

@@ -72,13 +72,6 @@ ROWS: list[tuple[str, dict[str, Any], NodeAccess, list[str]]] = [
     ("the operator's own reserved taint", template(tolerations=[
         {"key": "dedicated", "operator": "Equal", "value": "infra"}]), INFRA,
      ["spec.tolerations[0].key"]),
-    ("Exists with a value", template(tolerations=[{"key": "k", "operator": "Exists",
-                                                   "value": "v"}]), OPEN,
-     ["spec.tolerations[0].value"]),
-    ("an alpha operator", template(tolerations=[{"key": "k", "operator": "Gt", "value": "1"}]),
-     OPEN, ["spec.tolerations[0].operator"]),
-    ("an unknown effect", template(tolerations=[{"key": "k", "effect": "NoPlace"}]), OPEN,
-     ["spec.tolerations[0].effect"]),
     ("a toleration that is no mapping", template(tolerations=["k"]), OPEN,
      ["spec.tolerations[0]"]),
     ("tolerations that are no list", template(tolerations={"key": "k"}), OPEN,

@@ -12,12 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from builders import Clock
-
-from broker.config import parse_config
-from broker.http.app import make_app
-from broker.service.facade import Service
+from served import Client, served
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
@@ -31,22 +26,13 @@ tenants:
 - {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
-Client = TestClient[Any, Any]
 Obj = dict[str, Any]
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Client]:
-    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
-    service = Service(config, clock=Clock())
-    await service.start()
-    client: Client = TestClient(TestServer(make_app(service, config)))
-    await client.start_server()
-    try:
+    async with served(CONFIG, tmp_path) as (client, _):
         yield client
-    finally:
-        await client.close()
-        await service.close()
 
 
 def main(**extra: Any) -> Obj:
@@ -159,6 +145,12 @@ REFUSED: list[tuple[str, Obj, str, str]] = [
     ("an overhead of the pod's own", edited(pod_sets(), lambda b: b["spec"]["podSets"][0][
         "template"]["spec"].update(overhead={"cpu": "250m"})),
      f"{T}.spec.overhead", "RuntimeClass admission"),
+    ("an alpha toleration operator", edited(pod_sets(), lambda b: b["spec"]["podSets"][0][
+        "template"]["spec"].update(tolerations=[{"key": "k", "operator": "Gt", "value": "1"}])),
+     f"{T}.spec.tolerations[0].operator", "is not Equal or Exists"),
+    ("a toleration's unknown effect", edited(pod_sets(), lambda b: b["spec"]["podSets"][0][
+        "template"]["spec"].update(tolerations=[{"key": "k", "effect": "NoPlace"}])),
+     f"{T}.spec.tolerations[0].effect", "is not one of"),
     ("Exists with a value", edited(pod_sets(), lambda b: b["spec"]["podSets"][0]["template"][
         "spec"].update(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}])),
      f"{T}.spec.tolerations[0].value", "must be empty"),

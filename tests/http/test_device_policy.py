@@ -11,12 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from builders import Clock
-
-from broker.config import parse_config
-from broker.http.app import make_app
-from broker.service.facade import Service
+from served import Client, served
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
@@ -33,23 +28,14 @@ tenants:
 """
 A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
 K = {"Authorization": "Bearer tok-k-00000000000000000000000000"}
-Client = TestClient[Any, Any]
 T = "spec.podSets[0].template.spec"
 CONTROL = "node-role.kubernetes.io/control-plane"
 
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Client]:
-    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
-    service = Service(config, clock=Clock())
-    await service.start()
-    client: Client = TestClient(TestServer(make_app(service, config)))
-    await client.start_server()
-    try:
+    async with served(CONFIG, tmp_path) as (client, _):
         yield client
-    finally:
-        await client.close()
-        await service.close()
 
 
 def main(**extra: Any) -> dict[str, Any]:

@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from builders import Clock
+from served import Client, served
 
-from broker.config import parse_config
-from broker.http.app import make_app
 from broker.manifest import workload_spec
 from broker.service.facade import Service
 
@@ -30,7 +27,6 @@ tenants:
 - {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 """
 A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
-Client = TestClient[Any, Any]
 POD = {"spec": {"containers": [{"name": "m", "image": "t:1", "resources": {
     "limits": {"nvidia.com/gpu": 2, "cpu": "8", "memory": "32Gi"}}}]}}  # fmt: skip
 WORKERS = {"name": "workers", "replicas": 2,
@@ -42,17 +38,9 @@ STORED = json.loads(json.dumps(JOBSET).replace('"nvidia.com/gpu": 2', '"nvidia.c
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[Client, Service]]:
-    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
-    service = Service(config, clock=Clock())
-    await service.start()
-    client: Client = TestClient(TestServer(make_app(service, config)))
-    await client.start_server()
-    try:
-        yield client, service
-    finally:
-        await client.close()
-        await service.close()
+async def served_api(tmp_path: Path) -> AsyncIterator[tuple[Client, Service]]:
+    async with served(CONFIG, tmp_path) as both:
+        yield both
 
 
 def job(name: str, workload: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +69,9 @@ BAD: list[tuple[str, dict[str, Any], int, str]] = [
 @pytest.mark.parametrize(("workload", "status", "path"), [b[1:] for b in BAD],
                          ids=[b[0] for b in BAD])  # fmt: skip
 async def test_a_bad_workload_is_refused_naming_the_field_and_nothing_is_stored(
-    served: tuple[Client, Service], workload: dict[str, Any], status: int, path: str
+    served_api: tuple[Client, Service], workload: dict[str, Any], status: int, path: str
 ) -> None:
-    api, _ = served
+    api, _ = served_api
     response = await api.post("/v1/jobs", json=job("bad", workload), headers=A)
     assert response.status == status
     error = (await response.json())["error"]
@@ -94,9 +82,9 @@ async def test_a_bad_workload_is_refused_naming_the_field_and_nothing_is_stored(
 
 
 async def test_a_jobset_is_stored_placed_as_its_pod_sets_and_launched_as_itself(
-    served: tuple[Client, Service],
+    served_api: tuple[Client, Service],
 ) -> None:
-    api, service = served
+    api, service = served_api
     response = await api.post("/v1/jobs", json=job("js", JOBSET), headers=A)
     assert response.status == 201, await response.text()
     stored = await (await api.get("/v1/jobs/js", headers=A)).json()

@@ -12,12 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-from builders import Clock
-
-from broker.config import parse_config
-from broker.http.app import make_app
-from broker.service.facade import Service
+from served import Client, served
 
 CONFIG = """
 store: {{url: "sqlite:///{db}"}}
@@ -37,7 +32,6 @@ tenants:
 A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}  # baseline
 R = {"Authorization": "Bearer tok-r-00000000000000000000000000"}  # restricted
 P = {"Authorization": "Bearer tok-p-00000000000000000000000000"}  # privileged
-Client = TestClient[Any, Any]
 Obj = dict[str, Any]
 W = "spec.workload.spec"
 
@@ -227,16 +221,8 @@ REFUSED: list[tuple[str, Obj, dict[str, str], str]] = [
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Client]:
-    config = parse_config(CONFIG.format(db=tmp_path / "jobs.db"), "test config")
-    service = Service(config, clock=Clock())
-    await service.start()
-    client: Client = TestClient(TestServer(make_app(service, config)))
-    await client.start_server()
-    try:
+    async with served(CONFIG, tmp_path) as (client, _):
         yield client
-    finally:
-        await client.close()
-        await service.close()
 
 
 def job(name: str, workload: Obj) -> Obj:
