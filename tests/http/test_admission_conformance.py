@@ -12,20 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import Client, served
+from served import Client, bearer, federation, served
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-clusters:
-- name: small-a
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: training, policy: gang}}
-tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-"""
-A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+CONFIG = federation("a")
+A = bearer("a")
 Obj = dict[str, Any]
 
 

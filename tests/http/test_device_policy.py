@@ -11,23 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import Client, served
+from served import Client, bearer, federation, served
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-clusters:
-- name: small-a
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "600", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: training, policy: gang}}
-tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-- {{name: team-k, defaultQueue: training, runtimeClassNames: [kata],
-   token: {{value: tok-k-00000000000000000000000000}}}}
-"""
-A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
-K = {"Authorization": "Bearer tok-k-00000000000000000000000000"}
+CONFIG = federation("a", "k: runtimeClassNames: [kata]", cpu="600")
+A = bearer("a")
+K = bearer("k")
 T = "spec.podSets[0].template.spec"
 CONTROL = "node-role.kubernetes.io/control-plane"
 

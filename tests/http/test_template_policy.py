@@ -9,26 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import Client, served
+from served import Client, bearer, federation, served
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-clusters:
-- name: small-a
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: training, policy: gang}}
-tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-- {{name: team-r, defaultQueue: training, podSecurity: restricted,
-   token: {{value: tok-r-00000000000000000000000000}}}}
-- {{name: team-p, defaultQueue: training, podSecurity: privileged,
-   serviceAccounts: [default, trainer], token: {{value: tok-p-00000000000000000000000000}}}}
-"""
-A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
-R = {"Authorization": "Bearer tok-r-00000000000000000000000000"}
-P = {"Authorization": "Bearer tok-p-00000000000000000000000000"}
+CONFIG = federation(
+    "a",
+    "r: podSecurity: restricted",
+    "p: podSecurity: privileged, serviceAccounts: [default, trainer]",
+)
+A = bearer("a")
+R = bearer("r")
+P = bearer("p")
 ROOT = "spec.podSets[0].template.spec"
 
 

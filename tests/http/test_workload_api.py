@@ -10,23 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import Client, served
+from served import Client, bearer, federation, served
 
 from broker.manifest import workload_spec
 from broker.service.facade import Service
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-clusters:
-- name: small-a
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: training, policy: gang}}
-tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-"""
-A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}
+CONFIG = federation("a")
+A = bearer("a")
 POD = {"spec": {"containers": [{"name": "m", "image": "t:1", "resources": {
     "limits": {"nvidia.com/gpu": 2, "cpu": "8", "memory": "32Gi"}}}]}}  # fmt: skip
 WORKERS = {"name": "workers", "replicas": 2,

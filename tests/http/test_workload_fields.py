@@ -12,26 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from served import Client, served
+from served import Client, bearer, federation, served
 
-CONFIG = """
-store: {{url: "sqlite:///{db}"}}
-clusters:
-- name: small-a
-  source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 2}}]}}
-queues:
-- {{name: training, policy: gang}}
-tenants:
-- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-- {{name: team-r, defaultQueue: training, podSecurity: restricted,
-   token: {{value: tok-r-00000000000000000000000000}}}}
-- {{name: team-p, defaultQueue: training, podSecurity: privileged,
-   token: {{value: tok-p-00000000000000000000000000}}}}
-"""
-A = {"Authorization": "Bearer tok-a-00000000000000000000000000"}  # baseline
-R = {"Authorization": "Bearer tok-r-00000000000000000000000000"}  # restricted
-P = {"Authorization": "Bearer tok-p-00000000000000000000000000"}  # privileged
+CONFIG = federation("a", "r: podSecurity: restricted", "p: podSecurity: privileged")
+A = bearer("a")  # baseline
+R = bearer("r")  # restricted
+P = bearer("p")  # privileged
 Obj = dict[str, Any]
 W = "spec.workload.spec"
 
