@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,3 +45,15 @@ def member_refuses_what_a_real_server_refuses() -> Iterator[None]:
     LIVE.clear()
     if problems:
         pytest.fail("the member refused or pruned what the broker sent:\n" + "\n".join(problems))
+
+
+@pytest.fixture
+def real_logging() -> Iterator[None]:
+    """Restores what ``configure_logging`` changes on the root and the audit logger."""
+    root, audit = logging.getLogger(), logging.getLogger("fedbroker.audit")
+    saved = (root.handlers[:], root.level, audit.handlers[:], audit.level, audit.propagate)
+    yield
+    for handler in audit.handlers:
+        handler.close()
+    root.handlers[:], root.level = saved[0], saved[1]
+    audit.handlers[:], audit.level, audit.propagate = saved[2], saved[3], saved[4]

@@ -229,7 +229,8 @@ class Snapshot:
 
 
 class Filtered:
-    """A snapshot showing some of its clusters only; made by ``without`` or ``only``."""
+    """A snapshot of the given cluster views (some of a snapshot's only, made by ``without``
+    or ``only``; or wrapped, as the dry runs' budgeted views)."""
 
     __slots__ = ("_clusters", "_version")
 

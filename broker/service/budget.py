@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 
+from broker.core.views import Filtered
 from broker.model import (
     CapacitySnapshot,
     Cluster,
@@ -134,27 +135,10 @@ class _BudgetedView:
         return self._view.allocation()
 
 
-class _Budgeted:
-    """A snapshot whose cluster views check ``budget``."""
-
-    __slots__ = ("_clusters", "_version")
-
-    def __init__(self, snapshot: CapacitySnapshot, budget: Budget) -> None:
-        self._clusters = {n: _BudgetedView(v, budget) for n, v in snapshot.clusters.items()}
-        self._version = snapshot.version
-
-    @property
-    def clusters(self) -> Mapping[str, ClusterCapacity]:
-        return self._clusters
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-
 def budgeted(snapshot: CapacitySnapshot, budget: Budget) -> CapacitySnapshot:
     """``snapshot`` as policies read it, checking ``budget`` as they work (O(clusters))."""
-    return _Budgeted(snapshot, budget)
+    views = {n: _BudgetedView(v, budget) for n, v in snapshot.clusters.items()}
+    return Filtered(views, snapshot.version)
 
 
 __all__ = ["Abandoned", "Budget", "OverBudget", "PlanRefused", "budgeted"]

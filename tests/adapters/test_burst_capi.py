@@ -71,8 +71,9 @@ def a100_node(name: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@pytest.fixture
-def k8s(kmock: Emulator) -> Emulator:
+def capi_member(kmock: Emulator) -> Emulator:
+    """kmock as the member and management cluster: pods, nodes, a MachineDeployment pool of
+    no replicas (scale-from-zero annotations) with its /scale and Machines."""
     namespaced = kmocklib.ResourceInfo(namespaced=True)
     kmock.resources["v1/pods"] = namespaced
     kmock.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
@@ -81,6 +82,11 @@ def k8s(kmock: Emulator) -> Emulator:
     add_pool(kmock, replicas=0, annotations=ANNOTATIONS)
     serve_scale(kmock)
     return kmock
+
+
+@pytest.fixture
+def k8s(kmock: Emulator) -> Emulator:
+    return capi_member(kmock)
 
 
 async def test_gang_scales_the_machine_deployment_once_and_runs_on_its_nodes(

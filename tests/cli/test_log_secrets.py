@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -107,18 +107,6 @@ ROWS: list[tuple[str, Row]] = [
         f"api: {{tls: {{certFile: {in_file(t, 'tls.crt', 'cert')}, "
         f"keyFile: {in_file(t, 'tls.key', PEM)}}}}}")}, {})),
 ]  # fmt: skip
-
-
-@pytest.fixture
-def real_logging() -> Iterator[None]:
-    """Restores what ``configure_logging`` changes on the root and the audit logger."""
-    root, audit = logging.getLogger(), logging.getLogger("fedbroker.audit")
-    saved = (root.handlers[:], root.level, audit.handlers[:], audit.level, audit.propagate)
-    yield
-    for handler in audit.handlers:
-        handler.close()
-    root.handlers[:], root.level = saved[0], saved[1]
-    audit.handlers[:], audit.level, audit.propagate = saved[2], saved[3], saved[4]
 
 
 def _log_everywhere() -> None:

@@ -15,7 +15,6 @@ import json
 import logging
 import sys
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,18 +155,6 @@ def test_secrets_of_the_config_inline_and_from_the_environment(tmp_path: Path) -
         "test config", environ={"OTHER_TOKEN": OTHER},
     )  # fmt: skip
     assert "pg-pass-123" in secrets_of(pg, {"OTHER_TOKEN": OTHER})
-
-
-@pytest.fixture
-def real_logging() -> Iterator[None]:
-    """Restores what ``configure_logging`` changes on the root and the audit logger."""
-    root, audit = logging.getLogger(), logging.getLogger("fedbroker.audit")
-    saved = (root.handlers[:], root.level, audit.handlers[:], audit.level, audit.propagate)
-    yield
-    for handler in audit.handlers:
-        handler.close()
-    root.handlers[:], root.level = saved[0], saved[1]
-    audit.handlers[:], audit.level, audit.propagate = saved[2], saved[3], saved[4]
 
 
 def test_the_audit_trail_goes_to_its_file(tmp_path: Path, real_logging: None) -> None:

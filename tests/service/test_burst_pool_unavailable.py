@@ -23,8 +23,8 @@ from builders import Clock, until
 from kmock_namespaces import NamespacedEmulator
 from tcp_proxy import TcpProxy
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential, wait_none
-from test_burst_capi import ANNOTATIONS
-from test_capi import MD, NAME, NS, SCALE, UNAVAILABLE, add_pool, replicas, serve_scale
+from test_burst_capi import capi_member
+from test_capi import MD, NAME, NS, SCALE, UNAVAILABLE, replicas
 from test_kube_service import CANARY, kubeconfig_doc, manifest
 
 from broker.cli.render import render
@@ -86,14 +86,7 @@ class Pauses:
 
 @pytest.fixture
 def k8s(kmock: Emulator) -> Emulator:
-    namespaced = kmocklib.ResourceInfo(namespaced=True)
-    kmock.resources["v1/pods"] = namespaced
-    kmock.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
-    kmock.resources["cluster.x-k8s.io/v1beta1/machinedeployments"] = namespaced
-    kmock.resources["cluster.x-k8s.io/v1beta1/machines"] = namespaced
-    add_pool(kmock, replicas=0, annotations=ANNOTATIONS)
-    serve_scale(kmock)
-    return kmock
+    return capi_member(kmock)
 
 
 @dataclass
