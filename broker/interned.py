@@ -1,5 +1,5 @@
 """Interned values: one instance of equal immutable values that every job would otherwise
-hold its own copy of (issue 15: the heap per live job). Pure; the model's lowest layer."""
+hold its own copy of (the heap a live job costs). Pure; the model's lowest layer."""
 
 from __future__ import annotations
 

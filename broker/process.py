@@ -23,10 +23,9 @@ GC_YOUNG_THRESHOLD = 700
 
 # How long a thread waiting for the GIL lets the running one keep it (CPython's default is
 # 5 ms). The SQLite writer's thread hands the GIL back at every statement and row, and takes
-# it again after: with the event loop busy, each retake waited up to the whole interval. A
-# profile of the soak at 300 jobs/s (py-spy, 60 s, 2026-12-03 evening) found that thread
-# waiting for the GIL 38 % of the time, more than in SQLite and fsync together, while
-# holding the store's one write transaction, which every submission waits behind.
+# it again after: with the event loop busy, each retake waited up to the whole interval,
+# while it held the store's one write transaction, which every submission waits behind
+# (the soak's profile: docs/benchmarks.md).
 SWITCH_INTERVAL_S = 0.001
 
 

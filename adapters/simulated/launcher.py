@@ -71,7 +71,7 @@ class _Ends:
     """Every watched run's end in one heap by deadline, with one loop timer armed for the
     earliest. A watch is O(log n), an end O(log n); what it keeps per running job is its
     ``_Run`` and one heap entry (a call_later per job kept a timer handle, its context and
-    two closures: about 13 objects for the collector to walk per live job, issue 15). A
+    two closures: about 13 objects for the collector to walk per live job). A
     cancelled run stays in the heap until its deadline passes, so the heap holds at most the
     watches of the last longest run time."""
 

@@ -1,6 +1,6 @@
 """The broker's configuration file: its schema, its validation and the built-in demo.
 
-This package owns what an operator writes in YAML (issue 3, "Config"): the store URL, the
+This package owns what an operator writes in YAML: the store URL, the
 API listener and its limits, scheduler timings and leader election (``server``), member
 clusters and where their capacity comes from, and burst pools (``members``), queues with
 their quotas and tenants with their tokens (``tenancy``), the whole document with its

@@ -28,7 +28,7 @@ from broker.manifest import DnsLabel, FieldError
 if TYPE_CHECKING:
     from broker.config.tenancy import TenantConfig
 
-# Non-hashed tokens shorter than this are refused outside the demo (issue 13).
+# Non-hashed tokens shorter than this are refused outside the demo: guessable otherwise.
 MIN_TOKEN_LENGTH = 32
 VERBS = ("submit", "cancel", "read")
 # A verb on the whole tenant, a write on one of its queues ("submit:training"); viewer; admin.

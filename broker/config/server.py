@@ -103,7 +103,7 @@ class PlanLimits(Section):
 class ApiConfig(Section):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=253)
     port: int = Field(default=8080, ge=0, le=65_535)  # 0: any free port (tests)
-    # A manifest is a few KB; 256 KiB leaves room for large pod templates (issue 13).
+    # A manifest is a few KB; 256 KiB leaves room for large pod templates.
     body_limit_bytes: int = Field(default=256 << 10, ge=1024, le=64 << 20)
     rate_limit_per_tenant: RateLimit = RateLimit()
     # Requests without a valid token, per source address (a scan, a guessing client).

@@ -39,7 +39,7 @@ class QueueConfig(Section):
     )
     borrow: bool = False  # may use other queues' idle quota
     reclaimable: bool = False  # its jobs may be preempted, whole, by higher priority ones
-    # Failover (issue 14): a job Placed or Running on a Kubernetes member stale for this long
+    # Failover: a job Placed or Running on a Kubernetes member stale for this long
     # is requeued (attempts kept) and placed elsewhere. Off (None) by default.
     failover_after_seconds: float | None = Field(default=None, ge=30, le=86_400)
 
@@ -62,7 +62,7 @@ class TenantConfig(Section):
     # class picks the OCI runtime that starts the containers and may add overhead, a node
     # selector and tolerations the placement never sees: list only classes that add none.
     runtime_class_names: list[RuntimeClassName] = Field(default_factory=list, max_length=64)
-    # Caps (issue 13), so one tenant cannot fill the store or hold every connection: jobs
+    # Caps, so one tenant cannot fill the store or hold every connection: jobs
     # not yet finished (a submit beyond it: 403) and open /v1/events streams (beyond: 429).
     max_active_jobs: int = Field(default=10_000, ge=1, le=10_000_000)
     max_event_streams: int = Field(default=8, ge=1, le=10_000)

@@ -11,7 +11,7 @@ for good (invariant 9) is rolled back the same way, and fails the job at the
 The state machine is synchronous and takes ``now`` from its caller (an injected clock), so
 timeouts and backoff are tested without sleeping.
 
-What a cycle asks of it costs nothing per live job (issue 15): the gangs still starting sit
+What a cycle asks of it costs nothing per live job: the gangs still starting sit
 in a deadline heap (``expired``: O(k log n) for the k due, entries of launches that ran or
 ended dropped lazily when they come up), and the priorities of the launches preemption may
 reclaim are counted (``lowest_reclaimable``: O(distinct priorities); ``reclaimable``: the

@@ -10,7 +10,7 @@ or without borrowing idle capacity) are checked here against what each queue has
 
 Pure and synchronous: the clock is passed in.
 
-Kept in order as jobs come and go, not sorted per cycle (issue 15), as Kueue keeps a heap
+Kept in order as jobs come and go, not sorted per cycle, as Kueue keeps a heap
 per ClusterQueue: each queue's eligible jobs sit in a heap by (-priority, seq), jobs in
 backoff in one heap by ``not_before``; a cycle walks the queues' heads merged by the full
 order (``Ordering``), so taking the first k jobs costs O(q + k log n) for q queues and n

@@ -77,7 +77,7 @@ def audited(method: str, route: str, status: int, roles: frozenset[str]) -> bool
 
 
 def rfc3339(seconds: float) -> str:
-    """``2026-12-01T21:30:00.123Z``: RFC 3339, UTC, milliseconds."""
+    """``YYYY-MM-DDThh:mm:ss.sssZ``: RFC 3339, UTC, milliseconds."""
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 

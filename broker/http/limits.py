@@ -1,4 +1,4 @@
-"""The API's caps beyond the per-tenant rate limit (issue 13): requests without a valid
+"""The API's caps beyond the per-tenant rate limit: requests without a valid
 token limited per source address, and open ``/v1/events`` streams counted per tenant.
 
 A request that carries no ``Authorization`` header takes a token from its address's

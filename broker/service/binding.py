@@ -57,7 +57,7 @@ class _Unwatched:
 
 class _Ended:
     """A watched run's end callback: one small object per running job where a closure kept
-    six (its function and cells) for the collector to walk (issue 15). The end counts only
+    six (its function and cells) for the collector to walk. The end counts only
     while ``handle`` is still the job's watch (not stopped, not replaced meanwhile)."""
 
     __slots__ = ("binding", "handle", "placement")

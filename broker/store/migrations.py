@@ -172,7 +172,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         4,
         "job generations, retention and per-tenant caps",
         (
-            # A finished job's name may be submitted again (issue 13): the new submission is
+            # A finished job's name may be submitted again: the new submission is
             # the next generation of the name; the finished one moves to job_generations
             # (its record and history as JSON) and the live row is replaced.
             "ALTER TABLE jobs ADD COLUMN generation {int64} NOT NULL DEFAULT 1",

@@ -103,9 +103,8 @@ class SqliteStore:
         self._writer: GroupWriter | None = None
         self._reader: aiosqlite.Connection | None = None  # None for :memory:
         # Concurrent submissions and plain transitions leave as one statement each batch:
-        # one statement per write cost ~0.3 ms of CPU each (a statement's setup and its
-        # round trip), against ~0.02 ms per job in one statement of 300 (measured on
-        # 2026-12-03 afternoon's machine).
+        # a statement's setup and its round trip cost far more than one more row in a
+        # statement (docs/benchmarks.md).
         self._inserts, self._moves = coalescers(
             self._insert_batch, self._move_batch, COALESCED_SLOTS
         )
