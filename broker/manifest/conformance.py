@@ -37,6 +37,8 @@ def refusal(found: list[Violation]) -> ManifestError:
 
 
 _TEMPLATES_REMEMBERED = 2048  # distinct templates whose outcome is kept (jobs repeat them)
+# Only templates up to this size are remembered: 2,048 of a body's 256 KiB would hold 0.5 GiB.
+_REMEMBERED_TEXT = 16 << 10
 
 
 def pod_template(template: Mapping[str, Any], base: Path, *, pod_set: bool) -> dict[str, Any]:
@@ -44,7 +46,8 @@ def pod_template(template: Mapping[str, Any], base: Path, *, pod_set: bool) -> d
     (``pod_set``: a podSets template, which may leave its containers to the launcher).
     Teams submit the same templates over and over: each distinct one is checked once."""
     text = json.dumps(template, sort_keys=True, separators=(",", ":"))
-    normal, found = _checked(text, pod_set)
+    check = _checked if len(text) <= _REMEMBERED_TEXT else _checked.__wrapped__
+    normal, found = check(text, pod_set)
     if found:
         raise refusal([Violation((*base, *v.path), v.message) for v in found])
     return json.loads(normal)  # type: ignore[no-any-return]

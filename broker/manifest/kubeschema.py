@@ -53,24 +53,26 @@ def _defs() -> dict[str, Any]:
 
 
 @functools.cache
-def _validator(root: str) -> Any:
-    """The compiled validator of a Kubernetes definition, or of a CRD's spec
+def _document(root: str) -> dict[str, Any]:
+    """The JSON Schema document of a Kubernetes definition, or of a CRD's spec
     (``crd:<apiVersion>/<Kind>``)."""
     if root.startswith("crd:"):
         schema = schemas.crds()[root[4:]]["schema"]
-        document: dict[str, Any] = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                                    **schema}  # fmt: skip
-    else:
-        document = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                    "$ref": f"#/$defs/{root}", "$defs": _defs()}  # fmt: skip
-    return jsonschema_rs.validator_for(document)
+        return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": f"#/$defs/{root}", "$defs": _defs()}  # fmt: skip
+
+
+@functools.cache
+def _validator(root: str) -> Any:
+    return jsonschema_rs.validator_for(_document(root))
 
 
 def _kind_name(error: Any) -> str:
     return str(getattr(error.kind, "name", "") or "")
 
 
-def _message(error: Any) -> tuple[Path, str]:
+def _message(error: Any, root: str) -> tuple[Path, str]:
     """A validation error as (path below the validated object, message)."""
     path: Path = tuple(error.instance_path)
     kind = error.kind
@@ -84,8 +86,10 @@ def _message(error: Any) -> tuple[Path, str]:
     if name == "type":
         wanted = [t for t in _types(getattr(kind, "types", None)) if t != "null"]
         return path, f"must be {' or '.join(_ARTICLE.get(t, t) for t in wanted) or 'valid'}"
-    if name in ("oneOf", "anyOf") and _is_quantity_path(error):
+    if name in ("oneOf", "anyOf") and _refused_by(error, root).get(schemas.QUANTITY_MARK):
         return path, 'must be a quantity (a string such as "500m" or "16Gi", or a number)'
+    if name in ("oneOf", "anyOf"):  # the other one: IntOrString (a CRD's int-or-string)
+        return path, "must be an integer or a string"
     if name == "enum":
         options = ", ".join(json.dumps(o) for o in list(getattr(kind, "options", ()) or ())[:8])
         return path, f"must be one of {options}"
@@ -113,13 +117,12 @@ def _types(value: object) -> list[str]:
     return []
 
 
-def _is_quantity_path(error: Any) -> bool:
-    """A oneOf/anyOf refusal of a quantity: the schema path ends in the Quantity
-    definition or a CRD's int-or-string quantity."""
-    parts = [str(p) for p in error.schema_path]
-    return "io.k8s.apimachinery.pkg.api.resource.Quantity" in parts or (
-        not isinstance(error.instance, bool) and "anyOf" in parts[-1:]
-    )
+def _refused_by(error: Any, root: str) -> Mapping[str, Any]:
+    """The schema node whose ``oneOf``/``anyOf`` refused the value (its path's parent)."""
+    node: Any = _document(root)
+    for step in list(error.schema_path)[:-1]:
+        node = node[step]
+    return node if isinstance(node, Mapping) else {}
 
 
 def problems(obj: object, root: str, base: Path) -> list[Violation]:
@@ -128,7 +131,7 @@ def problems(obj: object, root: str, base: Path) -> list[Violation]:
     first, as that is where the fix is."""
     found = []
     for error in _validator(root).iter_errors(obj):
-        path, message = _message(error)
+        path, message = _message(error, root)
         found.append(Violation((*base, *path), message))
     found.sort(key=lambda v: -len(v.path))
     return found

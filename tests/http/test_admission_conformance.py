@@ -98,6 +98,9 @@ REFUSED: list[tuple[str, Obj, str, str]] = [
      f"{T}.spec.terminationGracePeriodSeconds", "must be an integer"),
     ("containerPort named", edited(pod_sets(), lambda b: c0(b).update(
         ports=[{"containerPort": "http"}])), f"{C0}.ports[0].containerPort", "must be an integer"),
+    ("a probe's port as a fraction", edited(pod_sets(), lambda b: c0(b).update(
+        livenessProbe={"httpGet": {"port": 1.5}})),
+     f"{C0}.livenessProbe.httpGet.port", "must be an integer or a string"),
     ("a misspelt field", edited(pod_sets(), lambda b: c0(b).update(resorces={})),
      f"{C0}.resorces", "unknown field"),
     ("int32 overflow", edited(pod_sets(), lambda b: c0(b).update(
