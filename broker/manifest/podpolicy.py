@@ -57,10 +57,9 @@ from broker.manifest.podrequests import (
     pod_requests,
 )
 from broker.manifest.podsecurity import Fields, Level, Pod, check
-from broker.manifest.workloads.allowlist import template_metadata
+from broker.manifest.workloads.allowlist import BROKER_DOMAIN, reserved_key, template_metadata
 from broker.quantity import parse_quantity
 
-BROKER_DOMAIN = "fedbroker.io"
 BROKER_SECRET_PREFIX = "fedbroker"
 _FIELDS = {GPU: "nvidia_gpu", AMD_GPU: "amd_gpu", GPU_MILLI: "gpu_milli", CPU: "cpu",
            MEMORY: "memory"}  # fmt: skip
@@ -184,18 +183,13 @@ def _workload_metadata(labels: Mapping[str, str], annotations: Mapping[str, str]
         Violation((*at, kind, key), f"{BROKER_DOMAIN} {kind} are the broker's")
         for kind, keys in (("labels", labels), ("annotations", annotations))
         for key in keys
-        if _reserved_key(key)
+        if reserved_key(key)
     ]
     if found:
         raise PolicyViolation(found)
 
 
 # -- the broker's rules ------------------------------------------------------------------
-
-
-def _reserved_key(key: object) -> bool:
-    prefix, slash, _ = key.partition("/") if isinstance(key, str) else ("", "", "")
-    return bool(slash) and (prefix == BROKER_DOMAIN or prefix.endswith("." + BROKER_DOMAIN))
 
 
 def _broker_secret(f: Fields, obj: object, key: str, path: Path) -> None:
@@ -212,7 +206,7 @@ def _broker_rules(pod: Pod, f: Fields, accounts: frozenset[str], access: NodeAcc
     _service_accounts(pod, f, accounts)
     for kind in ("labels", "annotations"):
         for key in f.mapping(pod.meta, kind, pod.meta_path) or {}:
-            if _reserved_key(key):
+            if reserved_key(key):
                 f.refuse((*pod.meta_path, kind, key), f"{BROKER_DOMAIN} {kind} are the broker's")
     for volume, path in f.mappings(spec, "volumes", at):
         _volume(volume, path, f)
