@@ -108,6 +108,37 @@ class WorkloadSpec:
         return str(self.object.get("kind", ""))
 
 
+class WorkloadKind(Protocol):
+    """What a launcher must know of one workload kind to run it as a gang: the runtime half
+    of a kind's integration (``broker.manifest.workloads``: one module per kind implements
+    this and admission's half; the composition hands the registry to the launcher, so no
+    adapter names a kind). Pure: every method reads the objects it is given.
+
+    ``pod_index``: the index of one of the kind's pods within its pod set (the slot it
+    takes, ``<podset>-<index>``), from the labels its controller writes, given the
+    workload object as created; None when the pod carries none. ``end``: how the workload
+    ended by its own status, with the controller's reason and message, or None while it
+    runs (a kind that runs until cancelled always answers None). ``late_pod_sets``: pod
+    sets whose pods its controller makes only once the others run (a RayJob's submitter):
+    left out of a delegated gang's minMember and of what "started" waits for."""
+
+    @property
+    def group(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def plural(self) -> str: ...
+    @property
+    def late_pod_sets(self) -> frozenset[str]: ...
+
+    def pod_index(self, workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
+        ...
+
+    def end(self, obj: Mapping[str, Any]) -> RunEnd | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a launch needs besides the placement (the shell knows it, the launcher asks).
