@@ -35,10 +35,13 @@ minMember, timeout, queue) comes in a ``broker.ports.LaunchSpec``: passed to ``l
 directly, or looked up by the constructor's ``spec_for`` callback so ``launch(placement)``
 keeps the port's signature. Without either, a spec is derived from the placement alone.
 
-A ``spec.workload`` job (batch Job, JobSet, PyTorchJob, RayJob, RayCluster) gets its
-workload object instead of pods and a Service: ``adapters.kube.workload_runs`` creates it,
-pins its controller's pods to the placement (pin mode: ``adapters.kube.slots``) and reads
-its end from the workload's own status.
+Behind the ports, two launchers built from one ``LaunchSettings`` (``adapters.kube.settings``)
+share the member's API calls, the creator of objects (``adapters.kube.creating``) and the
+launch mode, a strategy (``adapters.kube.modes``: ``Pin`` or ``Delegate``):
+``adapters.kube.gangs.PodGangLauncher`` for a ``podSets`` job's own pods, and
+``adapters.kube.workload_runs.WorkloadLauncher`` for a ``spec.workload`` job: it creates
+the workload object, the mode looks after its controller's pods (pin: slots,
+``adapters.kube.slots``) and its end is read from the workload's own status.
 
 The objects themselves are built by ``adapters.kube.objects`` and sent by
 ``adapters.kube.namespace``. Logs and errors name objects and HTTP statuses only, never the
@@ -49,93 +52,75 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from kubernetes.aio.client import ApiClient
-from kubernetes.aio.client.exceptions import ApiException
-from tenacity.wait import wait_base
 
+from adapters.kube.creating import Creator
+from adapters.kube.gangs import PodGangLauncher
+from adapters.kube.modes import launch_mode
 from adapters.kube.namespace import NamespaceApi
-from adapters.kube.objects import (
-    Flavor,
-    GangObjects,
-    KubeLaunchError,
-    Mode,
-    job_key,
-    namespace_of,
-    pod_group_name,
-)
+from adapters.kube.objects import KubeLaunchError, job_key, namespace_of
 from adapters.kube.our_pods import OurPods
 from adapters.kube.removal import GangRemoval
-from adapters.kube.rendezvous import Rendezvous
 from adapters.kube.run_watch import GangPods
+from adapters.kube.settings import LaunchSettings
 from adapters.kube.tenancy import TenantNamespaces
-from adapters.kube.workload_runs import WorkloadRuns
-from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe, refused
-from broker.model import Placement, PodBound, PodPlacement
+from adapters.kube.workload_runs import WorkloadLauncher
+from adapters.kubeapi.calls import ApiCalls, describe
+from broker.model import Placement, PodBound
 from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
 
 log = logging.getLogger(__name__)
 
-HTTP_CONFLICT = 409
-
 
 class KubeLauncher(Launcher, RunWatcher, GangRecovery):
-    """Launches, confirms, deletes and garbage-collects gangs in the tenant namespaces of a
-    cluster (``namespace_pattern``: ``{tenant}`` is replaced by the tenant's name).
+    """The ports of one member (see the module's docstring), over a pod-gang launcher and a
+    workload launcher that share its settings, API calls, creator and launch mode.
 
-    ``retry_wait`` (tenacity wait strategy) and ``sleep`` (the poll pause of
-    ``wait_running``) are injected so tests run without real delays."""
+    ``sleep`` (the poll pause) is injected so tests run without real delays, as is
+    ``settings.retry_wait`` (tenacity wait strategy)."""
 
     def __init__(
         self,
         api_client: ApiClient,
-        namespace_pattern: str,
-        mode: Mode,
-        podgroup_flavor: Flavor = "coscheduling",
-        origin: str = "fedbroker",
+        settings: LaunchSettings,
         *,
-        cluster: str = "",
         spec_for: Callable[[Placement], LaunchSpec] | None = None,
-        gpu_resource: str = "nvidia.com/gpu",
-        shared_gpu_resource: str | None = None,
-        scheduler_name: str | None = None,
-        volcano_queues: Mapping[str, str] | None = None,
-        default_image: str = "busybox:stable",
-        attempts: int = 5,
-        request_timeout: float = 30.0,
-        retry_wait: wait_base | None = None,
-        poll_seconds: float = 1.0,
-        run_poll_seconds: float = 5.0,
-        resync_seconds: float = 300.0,
-        watch_inactivity_seconds: float = 90.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.objects = GangObjects(
-            namespace_pattern, mode, podgroup_flavor, origin, cluster=cluster,
-            gpu_resource=gpu_resource, shared_gpu_resource=shared_gpu_resource,
-            scheduler_name=scheduler_name, default_image=default_image,
-            volcano_queues=volcano_queues,
-        )  # fmt: skip
-        calls = ApiCalls(attempts=attempts, error=KubeLaunchError, log=log, wait=retry_wait,
-                         timeout=request_timeout)  # fmt: skip
+        self.settings = settings
+        self.cluster = settings.cluster
+        self.objects = settings.objects()
+        calls = ApiCalls(attempts=settings.attempts, error=KubeLaunchError, log=log,
+                         wait=settings.retry_wait, timeout=settings.request_timeout)  # fmt: skip
         self.api = NamespaceApi(api_client, self.objects, calls)
-        self.namespaces = TenantNamespaces(self.api.core, calls, origin)
-        self.mode: Mode = mode
-        self.cluster = cluster
-        self.attempts = attempts
+        namespaces = TenantNamespaces(self.api.core, calls, settings.origin)
+        creator = Creator(self.api, namespaces, self.objects, settings.attempts)
+        mode = launch_mode(settings.mode, self.api, self.objects, creator)
         self._spec_for = spec_for
-        self.poll_seconds = poll_seconds
-        self.run_poll_seconds = run_poll_seconds
-        self.pause = sleep
-        self.workloads = WorkloadRuns(self)
-        self.removal = GangRemoval(self.api, self.objects, self.workloads, cluster)
+        self.pause = sleep  # read at each pause, so a test may swap it mid-run
         self.our_pods = OurPods(
-            cluster, self.api, resync_seconds=resync_seconds,
-            inactivity_timeout=watch_inactivity_seconds,
+            self.cluster, self.api, resync_seconds=settings.resync_seconds,
+            inactivity_timeout=settings.watch_inactivity_seconds,
         )  # fmt: skip
-        self.runs = GangPods(self.our_pods, self.objects)
+        self.gangs = PodGangLauncher(
+            self.api, creator, mode, self.our_pods,
+            poll_seconds=settings.poll_seconds, sleep=self._pause,
+        )  # fmt: skip
+        self.workloads = WorkloadLauncher(
+            self.api, creator, mode, poll_seconds=settings.poll_seconds,
+            run_poll_seconds=settings.run_poll_seconds, sleep=self._pause,
+        )  # fmt: skip
+        self.removal = GangRemoval(self.api, self.objects, self.workloads, self.cluster)
+
+    async def _pause(self, seconds: float) -> None:
+        await self.pause(seconds)
+
+    @property
+    def runs(self) -> GangPods:
+        """The pod gangs followed (``run_watch.GangPods``)."""
+        return self.gangs.runs
 
     def spec(self, placement: Placement, spec: LaunchSpec | None = None) -> LaunchSpec:
         if spec is not None:
@@ -157,204 +142,39 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 await self.workloads.create(placement, spec)
                 await self.workloads.wait_running(placement, spec)
             else:
-                await self.create(placement, spec)
-                await self.wait_running(placement, spec)
+                await self.gangs.create(placement, spec)
+                await self.gangs.wait_running(placement, spec)
         except Exception:
             await self._delete_quietly(placement, spec)
             raise
+
+    async def create(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
+        """Create a pod gang's objects without waiting for it to run."""
+        await self.gangs.create(placement, self.spec(placement, spec))
 
     async def delete(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
         """Delete every object of the gang (``removal.GangRemoval.delete``)."""
         await self.removal.delete(placement, self.spec(placement, spec))
 
-    # -- create ------------------------------------------------------------------------------
-
-    async def create(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Make the tenant's namespace exist, then create the PodGroup (delegate mode) and
-        the gang's rendezvous Service, then the pods; objects that already exist with our
-        labels count as created."""
-        spec = self.spec(placement, spec)
-        await self.ensure_namespace(spec)
-        if self.mode == "delegate":
-            await self.ensure_pod_group(placement, spec)
-        rendezvous = self.objects.rendezvous(placement, spec)
-        await self._ensure_service(rendezvous, spec)
-        for pod in placement.pods:
-            await self._ensure_pod(pod, spec, rendezvous)
-        where = f"{self.cluster}/{self.objects.namespace(spec.tenant)}"
-        log.info(
-            "created gang %s (%d pods, %s) in %s", spec.key, len(placement.pods), self.mode, where
-        )
-
-    async def ensure_namespace(self, spec: LaunchSpec) -> None:
-        namespace = self.objects.namespace(spec.tenant)
-        await self.namespaces.ensure(namespace, spec.tenant, spec.pod_security)
-
-    async def _create_in_namespace(
-        self, spec: LaunchSpec, what: str, create: Callable[[], Awaitable[None]]
-    ) -> None:
-        """``create``, and once more if it answered 404: the namespace was deleted since it
-        was ensured, so it is ensured again first. Other ``ApiException``s propagate."""
-        try:
-            await create()
-            return
-        except ApiException as exc:
-            if exc.status != HTTP_NOT_FOUND:
-                raise
-        namespace = self.objects.namespace(spec.tenant)
-        log.warning("%s: 404 Not Found; ensuring namespace %s again", what, namespace)
-        self.namespaces.forget(namespace)
-        await self.ensure_namespace(spec)
-        await create()
-
-    async def _ensure_service(self, rendezvous: Rendezvous, spec: LaunchSpec) -> None:
-        body = self.objects.service_body(rendezvous, spec)
-        await self.create_or_adopt(
-            "service", body, spec, self.api.create_service, self.api.read_service
-        )
-
-    async def _ensure_pod(
-        self, pod: PodPlacement, spec: LaunchSpec, rendezvous: Rendezvous | None = None
-    ) -> None:
-        body = self.objects.pod_body(pod, spec, rendezvous)
-        await self.create_or_adopt("pod", body, spec, self.api.create_pod, self.api.read_pod)
-
-    async def create_or_adopt(
-        self,
-        kind: str,
-        body: dict[str, Any],
-        spec: LaunchSpec,
-        create: Callable[[Mapping[str, Any]], Awaitable[None]],
-        read: Callable[[str, str], Awaitable[dict[str, Any] | None]],
-    ) -> None:
-        """Create ``body``; AlreadyExists with this job's labels is success (idempotent
-        relaunch), anyone else's object of that name fails the launch for good and is left
-        alone, as does any other refusal of the create (``refused``)."""
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            await self._create_in_namespace(
-                spec, f"create {kind} {namespace}/{name}", lambda: create(body)
-            )
-        except ApiException as exc:
-            if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(
-                    f"create {kind} {name}: {describe(exc)}", permanent=refused(exc)
-                ) from exc
-            existing = await read(namespace, name)
-            if existing is not None and not self.objects.ours(existing, spec):
-                raise KubeLaunchError(
-                    f"{kind} {name} already exists and does not belong to {spec.key}",
-                    permanent=True,
-                ) from exc
-            if existing is None:  # gone again since: the next attempt creates it
-                raise KubeLaunchError(
-                    f"create {kind} {name}: AlreadyExists, then not found"
-                ) from exc
-            log.info("%s %s already exists with our labels; adopted", kind, name)
-
-    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
-        body = self.objects.pod_group_body(placement, spec)
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            await self._create_in_namespace(
-                spec,
-                f"create PodGroup {namespace}/{name}",
-                lambda: self.api.create_pod_group(body),
-            )
-            return
-        except ApiException as exc:
-            if exc.status != HTTP_CONFLICT:
-                raise KubeLaunchError(
-                    f"create PodGroup {name}: {describe(exc)}", permanent=refused(exc)
-                ) from exc
-        # AlreadyExists: adopt it if ours, and bring its spec up to date (optimistic update:
-        # a 409 Conflict there means someone changed it meanwhile; re-read and try again).
-        for _ in range(self.attempts):
-            existing = await self.api.read_pod_group(namespace, name)
-            if existing is None:
-                raise KubeLaunchError(f"create PodGroup {name}: AlreadyExists, then not found")
-            if not self.objects.ours(existing, spec):
-                raise KubeLaunchError(
-                    f"PodGroup {name} already exists and does not belong to {spec.key}",
-                    permanent=True,
-                )
-            current = existing.get("spec") or {}
-            if all(current.get(k) == v for k, v in body["spec"].items()):
-                log.info("PodGroup %s already exists with our labels; adopted", name)
-                return
-            version = (existing.get("metadata") or {}).get("resourceVersion")
-            patch = {"metadata": {"resourceVersion": version}, "spec": body["spec"]}
-            try:
-                await self.api.patch_pod_group(namespace, name, patch)
-                log.info("PodGroup %s adopted and updated", name)
-                return
-            except ApiException as exc:
-                if exc.status != HTTP_CONFLICT:
-                    raise KubeLaunchError(f"update PodGroup {name}: {describe(exc)}") from exc
-                log.info("PodGroup %s changed meanwhile (409 Conflict); re-reading", name)
-        raise KubeLaunchError(f"update PodGroup {name}: still conflicting after re-reads")
-
-    # -- confirm -----------------------------------------------------------------------------
-
-    async def wait_running(self, placement: Placement, spec: LaunchSpec | None = None) -> None:
-        """Return when every pod of the gang is Running (or, in delegate mode, the PodGroup's
-        phase is Running); raise ``KubeLaunchError`` as soon as a pod failed or vanished, or
-        our pods cannot be listed (the list's bounded retries spent) before they ever were.
-        The pods' phases come from the watch of our pods (``run_watch.GangPods.started``);
-        a delegate-mode PodGroup is read every ``poll_seconds``. The caller applies the gang
-        timeout."""
-        spec = self.spec(placement, spec)
-        running, handle = self.runs.started(placement, spec)
-        try:
-            while not running.done():
-                failure = self.our_pods.list_failure
-                if failure is not None and not self.our_pods.synced:
-                    raise KubeLaunchError(failure)
-                if self.mode == "delegate" and await self._pod_group_running(spec):
-                    return
-                pause = asyncio.ensure_future(self.pause(self.poll_seconds))
-                try:
-                    await asyncio.wait({running, pause}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    pause.cancel()
-            running.result()
-        finally:
-            handle.cancel()
-
-    async def _pod_group_running(self, spec: LaunchSpec) -> bool:
-        namespace = self.objects.namespace(spec.tenant)
-        group = await self.api.read_pod_group(namespace, pod_group_name(spec))
-        return group is not None and (group.get("status") or {}).get("phase") == "Running"
+    # -- following a running job ---------------------------------------------------------
 
     async def finished(self, placement: Placement, spec: LaunchSpec | None = None) -> RunEnd:
-        """Wait for a running gang to end (``run_watch.run_end``: succeeded once every pod
-        Succeeded, failed as soon as one Failed or vanished), as ``watch`` sees it; an
-        unreachable cluster does not end a job."""
+        """Wait for a running job to end: a pod gang by its pods, a workload by its own
+        status; an unreachable cluster does not end a job."""
         spec = self.spec(placement, spec)
         if spec.workload is not None:
             return await self.workloads.finished(placement, spec)
-        ended: asyncio.Future[RunEnd] = asyncio.get_running_loop().create_future()
-
-        def on_end(end: RunEnd) -> None:
-            if not ended.done():
-                ended.set_result(end)
-
-        handle = self.runs.watch(placement, spec, on_end)
-        try:
-            return await ended
-        finally:
-            handle.cancel()
-
-    # -- the RunNotifier port ----------------------------------------------------------------
+        return await self.gangs.finished(placement, spec)
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
-        """Call ``on_end`` when the running gang ends: one list+watch of our pods for every
-        gang of this cluster (``run_watch.GangPods``), no task per job; a ``spec.workload`` job is
-        followed by its workload's own status, a task each (``WorkloadRuns.finished``).
-        Following that fails for good: ``on_end`` gets a ``RunEnd.error``."""
+        """The ``RunNotifier`` port: ``on_end`` when the running job ends. A pod gang from
+        one list+watch of our pods for every gang of this cluster, no task per job; a
+        ``spec.workload`` job by its workload's own status, a task each
+        (``WorkloadLauncher.finished``). Following that fails for good: ``on_end`` gets a
+        ``RunEnd.error``."""
         spec = self.spec(placement)
         if spec.workload is None:
-            return self.runs.watch(placement, spec, on_end)
+            return self.gangs.watch(placement, spec, on_end)
         task = asyncio.ensure_future(self.workloads.finished(placement, spec))
 
         def done(ended: asyncio.Future[RunEnd]) -> None:

@@ -17,7 +17,7 @@ import logging
 from adapters.kube.namespace import NamespaceApi
 from adapters.kube.objects import GangObjects, job_key, namespace_of, pod_group_name, pod_name
 from adapters.kube.rendezvous import service_name
-from adapters.kube.workload_runs import WorkloadRuns
+from adapters.kube.workload_runs import WorkloadLauncher
 from broker.model import Placement
 from broker.ports import LaunchSpec
 
@@ -28,7 +28,7 @@ class GangRemoval:
     """Deletes the gangs, and the garbage, of one launcher's member."""
 
     def __init__(
-        self, api: NamespaceApi, objects: GangObjects, workloads: WorkloadRuns, cluster: str
+        self, api: NamespaceApi, objects: GangObjects, workloads: WorkloadLauncher, cluster: str
     ) -> None:
         self.api = api
         self.objects = objects

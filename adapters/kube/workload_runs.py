@@ -1,5 +1,6 @@
-"""The workload half of ``KubeLauncher``: a ``spec.workload`` job's object created in its
-member, its controller's pods pinned to the placement, its end read from its own status.
+"""The workload launcher: a ``spec.workload`` job's object created in its member, its
+controller's pods looked after by the launch mode (pin: given the placement's slots), its
+end read from its own status.
 
 * launch: the tenant's namespace, then (delegate mode) the PodGroup, then the workload
   (``adapters.kube.workloads.workload_body``; one already there with this job's labels is
@@ -28,15 +29,14 @@ job's pods, so a grant made in the previous poll is always seen.
 
 from __future__ import annotations
 
-import datetime
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
-from kubernetes.aio.client.exceptions import ApiException
-
-from adapters.kube.objects import KubeLaunchError, job_key, namespace_of, pod_group_name
-from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
+from adapters.kube.creating import Creator
+from adapters.kube.modes import LaunchMode
+from adapters.kube.namespace import NamespaceApi
+from adapters.kube.objects import KubeLaunchError, job_key, namespace_of
 from adapters.kube.workloads import (
     WORKLOAD_KINDS,
     WorkloadKind,
@@ -44,31 +44,36 @@ from adapters.kube.workloads import (
     workload_body,
     workload_end,
 )
-from adapters.kubeapi.calls import describe
 from broker.model import Placement
 from broker.ports import LaunchSpec, RunEnd
-
-if TYPE_CHECKING:
-    from adapters.kube.launch import KubeLauncher
 
 log = logging.getLogger(__name__)
 
 # Polls in a row of a running workload that fail otherwise than by the member being
 # unreachable, before following it is given up (the service then rolls the job back).
 FOLLOW_ATTEMPTS = 3
-# A slot grant the API server refuses for good (not a pod changed or gone meanwhile, 409 or
-# 404, which the next poll retries): the gang could never start, so its launch fails now.
-_GRANT_REFUSED = frozenset({400, 403, 422})
 
 
-class WorkloadRuns:
-    """Creates, confirms, watches and deletes the workload objects of one launcher."""
+class WorkloadLauncher:
+    """Creates, confirms, follows and deletes the workload objects of one member."""
 
-    def __init__(self, launcher: KubeLauncher) -> None:
-        self.launcher = launcher
-        self.api = launcher.api
-        self.objects = launcher.objects
-        self._noted: set[str] = set()  # pods already given a no-slot Event (namespace/name)
+    def __init__(
+        self,
+        api: NamespaceApi,
+        creator: Creator,
+        mode: LaunchMode,
+        *,
+        poll_seconds: float,
+        run_poll_seconds: float,
+        sleep: Callable[[float], Awaitable[None]],
+    ) -> None:
+        self._api = api
+        self._objects = creator.objects
+        self._creator = creator
+        self._mode = mode
+        self._poll_seconds = poll_seconds
+        self._run_poll_seconds = run_poll_seconds
+        self._sleep = sleep
 
     @staticmethod
     def kind(spec: LaunchSpec) -> WorkloadKind:
@@ -80,40 +85,38 @@ class WorkloadRuns:
 
     async def create(self, placement: Placement, spec: LaunchSpec) -> None:
         kind = self.kind(spec)
-        body = workload_body(self.objects, spec)
-        launcher = self.launcher
-        await launcher.ensure_namespace(spec)
-        if self.objects.mode == "delegate":
-            await launcher.ensure_pod_group(placement, spec)
-        await launcher.create_or_adopt(
+        body = workload_body(self._objects, spec)
+        await self._creator.ensure_namespace(spec)
+        await self._mode.prepare(placement, spec)
+        await self._creator.create_or_adopt(
             kind.kind, body, spec,
-            lambda b: self.api.create_workload(kind, dict(b)),
-            lambda ns, name: self.api.read_workload(kind, ns, name),
+            lambda b: self._api.create_workload(kind, dict(b)),
+            lambda ns, name: self._api.read_workload(kind, ns, name),
         )  # fmt: skip
-        where = f"{launcher.cluster}/{self.objects.namespace(spec.tenant)}"
-        log.info("created %s %s (%s) in %s", kind.kind, spec.key, self.objects.mode, where)
+        where = f"{self._objects.cluster}/{self._objects.namespace(spec.tenant)}"
+        log.info("created %s %s (%s) in %s", kind.kind, spec.key, self._objects.mode, where)
 
     # -- confirm -----------------------------------------------------------------------------
 
     async def _workload(self, spec: LaunchSpec) -> dict[str, Any] | None:
         """The job's workload from the shared listing of its kind (None: not there)."""
-        namespace = self.objects.namespace(spec.tenant)
-        for obj in await self.api.shared_workloads(self.kind(spec)):
+        namespace = self._objects.namespace(spec.tenant)
+        for obj in await self._api.shared_workloads(self.kind(spec)):
             meta = obj.get("metadata") or {}
             here = meta.get("name") == spec.job and namespace_of(obj) == namespace
-            if here and self.objects.ours(obj, spec):
+            if here and self._objects.ours(obj, spec):
                 return obj
         return None
 
     async def _pods(self, spec: LaunchSpec) -> list[dict[str, Any]]:
-        return [p for p in await self.api.shared_listing() if self.objects.ours(p, spec)]
+        return [p for p in await self._api.shared_listing() if self._objects.ours(p, spec)]
 
     async def wait_running(self, placement: Placement, spec: LaunchSpec) -> None:
         """Return once the gang has started (see the module's docstring); raise
         ``KubeLaunchError`` as soon as it cannot. Polls every ``poll_seconds``; the caller
         applies the gang timeout."""
         kind = self.kind(spec)
-        what = f"{kind.kind} {self.objects.namespace(spec.tenant)}/{spec.job}"
+        what = f"{kind.kind} {self._objects.namespace(spec.tenant)}/{spec.job}"
         while True:
             obj = await self._workload(spec)
             if obj is None:
@@ -132,57 +135,10 @@ class WorkloadRuns:
             started = sum(1 for p in pods if _phase(p) in ("Running", "Succeeded"))
             if started >= len(placement.pods):
                 return
-            if self.objects.mode == "pin":
-                await self.grant_slots(placement, spec, pods)
-            elif await self._pod_group_running(spec):
+            await self._mode.tend(placement, spec, pods)
+            if await self._mode.started(spec):
                 return
-            await self.launcher.pause(self.launcher.poll_seconds)
-
-    async def _pod_group_running(self, spec: LaunchSpec) -> bool:
-        namespace = self.objects.namespace(spec.tenant)
-        group = await self.api.read_pod_group(namespace, pod_group_name(spec))
-        return group is not None and (group.get("status") or {}).get("phase") == "Running"
-
-    async def grant_slots(
-        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
-    ) -> None:
-        """Give the job's gated pods slots of the placement (pin mode). Only when the shared
-        listing shows a gated pod: the grants are decided on a fresh listing of the job's
-        pods. A pod changed or gone meanwhile (409/404) is tried again next poll."""
-        if not any(gated(p) and not terminal(p) for p in pods):
-            return
-        namespace = self.objects.namespace(spec.tenant)
-        fresh = await self.api.job_pods(namespace, spec.tenant, spec.job)
-        to_grant, left = grants(placement, spec, fresh)  # (job_pods keeps only this job's)
-        for grant in to_grant:
-            try:
-                await self.api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
-            except ApiException as exc:
-                if exc.status in _GRANT_REFUSED:
-                    raise KubeLaunchError(
-                        f"grant pod {namespace}/{grant.name} a slot: {describe(exc)}"
-                    ) from exc
-                log.info("pod %s/%s not granted now (%s)", namespace, grant.name, describe(exc))
-                continue
-            log.info(
-                "pod %s/%s: slot %s on node %s", namespace, grant.name,
-                slot_name(grant.slot, spec), grant.slot.node,
-            )  # fmt: skip
-        await self._note_unslotted(spec, left)
-
-    async def _note_unslotted(self, spec: LaunchSpec, pods: list[Mapping[str, Any]]) -> None:
-        """One Warning Event per pod left gated (best effort: a failure is logged)."""
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for pod in pods:
-            key = f"{namespace_of(pod)}/{pod['metadata']['name']}"
-            if key in self._noted:
-                continue
-            self._noted.add(key)
-            log.warning("pod %s stays gated: no slot of %s's placement is free", key, spec.key)
-            try:
-                await self.api.create_event(no_slot_event(pod, spec, self.objects.origin, now))
-            except KubeLaunchError as exc:
-                log.warning("no event for pod %s: %s", key, exc)
+            await self._sleep(self._poll_seconds)
 
     async def finished(self, placement: Placement, spec: LaunchSpec) -> RunEnd:
         """Wait for the running workload to end, by its own status (see the module's
@@ -204,7 +160,7 @@ class WorkloadRuns:
                     raise
                 log.warning("job %s: following its workload failed (%s, %d of %d); again",
                             spec.key, type(exc).__name__, failed, FOLLOW_ATTEMPTS)  # fmt: skip
-            await self.launcher.pause(self.launcher.run_poll_seconds)
+            await self._sleep(self._run_poll_seconds)
 
     async def _poll_end(
         self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind
@@ -213,11 +169,11 @@ class WorkloadRuns:
         granted slots meanwhile, in pin mode)."""
         obj = await self._workload(spec)
         if obj is None:
-            where = f"{self.objects.namespace(spec.tenant)}/{spec.job}"
+            where = f"{self._objects.namespace(spec.tenant)}/{spec.job}"
             return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
         end = workload_end(kind.kind, obj)
-        if end is None and self.objects.mode == "pin":
-            await self.grant_slots(placement, spec, await self._pods(spec))
+        if end is None:
+            await self._mode.tend(placement, spec, await self._pods(spec))
         return end
 
     # -- delete ------------------------------------------------------------------------------
@@ -225,15 +181,15 @@ class WorkloadRuns:
     async def delete(self, spec: LaunchSpec) -> None:
         """Delete the job's workload if it is this job's (its controller's pods go with it)."""
         kind = self.kind(spec)
-        namespace = self.objects.namespace(spec.tenant)
-        existing = await self.api.read_workload(kind, namespace, spec.job)
+        namespace = self._objects.namespace(spec.tenant)
+        existing = await self._api.read_workload(kind, namespace, spec.job)
         if existing is None:
             return
-        if not self.objects.ours(existing, spec):
+        if not self._objects.ours(existing, spec):
             log.warning("not deleting %s %s/%s: it is not %s's", kind.kind, namespace,
                         spec.job, spec.key)  # fmt: skip
             return
-        await self.api.delete_workload(kind, namespace, spec.job)
+        await self._api.delete_workload(kind, namespace, spec.job)
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
         """Delete our workloads of every kind whose job is not live; a kind that cannot be
@@ -241,15 +197,15 @@ class WorkloadRuns:
         deleted: list[str] = []
         for kind in WORKLOAD_KINDS.values():
             try:
-                found = await self.api.our_workloads(kind)
+                found = await self._api.our_workloads(kind)
             except KubeLaunchError as exc:
-                log.warning("cannot list %s in %s: %s", kind.plural, self.launcher.cluster, exc)
+                log.warning("cannot list %s in %s: %s", kind.plural, self._objects.cluster, exc)
                 continue
             for obj in found:
                 if job_key(obj) in live_jobs:
                     continue
                 namespace, name = namespace_of(obj), obj["metadata"]["name"]
-                await self.api.delete_workload(kind, namespace, name)
+                await self._api.delete_workload(kind, namespace, name)
                 deleted.append(f"{kind.kind}/{namespace}/{name}")
         return deleted
 

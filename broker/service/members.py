@@ -147,6 +147,7 @@ class KubeMembers:
         # start's imports, and a broker of simulated members never needs it.
         from adapters.kube.launch import KubeLauncher
         from adapters.kube.pods import KubePods
+        from adapters.kube.settings import LaunchSettings
         from adapters.kubeapi.kubeconfig import load_clients
 
         for cc in self.configs:
@@ -163,14 +164,9 @@ class KubeMembers:
                 inactivity_timeout=source.watch_inactivity_seconds,
                 request_timeout=source.request_timeout_seconds,
             )  # fmt: skip
-            launcher = KubeLauncher(
-                client,
-                source.namespace_pattern,
-                source.launch_mode,
-                source.pod_group,
-                cluster=cc.name,
-                spec_for=spec_for,
-                gpu_resource=source.gpu_resources[0],
+            settings = LaunchSettings(
+                source.namespace_pattern, source.launch_mode, source.pod_group,
+                cluster=cc.name, gpu_resource=source.gpu_resources[0],
                 shared_gpu_resource=source.shared_gpu_resource,
                 scheduler_name=source.scheduler_name,
                 volcano_queues=source.volcano_queues,
@@ -180,7 +176,8 @@ class KubeMembers:
                 resync_seconds=source.pod_resync_seconds,
                 watch_inactivity_seconds=source.watch_inactivity_seconds,
                 retry_wait=self.retry_wait,
-            )
+            )  # fmt: skip
+            launcher = KubeLauncher(client, settings, spec_for=spec_for)
             pods = KubePods(
                 client, launcher.objects, request_timeout=source.request_timeout_seconds
             )

@@ -27,6 +27,7 @@ from adapters.kube.objects import (
     KubeLaunchError,
     Mode,
 )
+from adapters.kube.settings import LaunchSettings
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
@@ -106,14 +107,13 @@ def launcher(
     pattern: str = PATTERN,
     **kwargs: Any,
 ) -> KubeLauncher:
-    kwargs.setdefault("sleep", kubelet(k8s))
+    sleep = kwargs.pop("sleep", kubelet(k8s))
+    settings = LaunchSettings(pattern, mode, flavor, cluster="east", retry_wait=wait_none(),
+                              **kwargs)  # fmt: skip
     return KubeLauncher(
         api,
-        pattern,
-        mode,
-        flavor,
-        cluster="east",
-        retry_wait=wait_none(),
+        settings,
+        sleep=sleep,
         spec_for=lambda p: LaunchSpec(
             tenant="acme",
             job=p.job.split("/")[1],
@@ -127,7 +127,6 @@ def launcher(
                 }
             },
         ),
-        **kwargs,
     )
 
 
@@ -383,10 +382,7 @@ async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
     before = stored(k8s, PODS), stored(k8s, COSCHED)
     other = KubeLauncher(
         api,
-        NS,
-        mode,
-        cluster="east",
-        retry_wait=wait_none(),
+        LaunchSettings(NS, mode, cluster="east", retry_wait=wait_none()),
         sleep=kubelet(k8s),
         spec_for=lambda p: LaunchSpec(tenant="other", job="train"),
     )

@@ -22,6 +22,7 @@ from tenacity import wait_none
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError, Mode
 from adapters.kube.rendezvous import ENV_NAMES, Rendezvous, service_name, short_label
+from adapters.kube.settings import LaunchSettings
 from broker.manifest import master_port
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
@@ -214,7 +215,7 @@ def launcher(
         )  # fmt: skip
 
     return KubeLauncher(
-        api, "fedbroker-{tenant}", mode, cluster="east", retry_wait=wait_none(),
+        api, LaunchSettings("fedbroker-{tenant}", mode, cluster="east", retry_wait=wait_none()),
         sleep=kubelet(k8s, phase), spec_for=spec_for,
     )  # fmt: skip
 

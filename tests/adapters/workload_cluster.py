@@ -22,6 +22,7 @@ from test_workloads import CPU, GPU8, INIT, batch_job, group, jobset, pytorch, r
 
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import LABEL_POD_SET, Flavor, Mode
+from adapters.kube.settings import LaunchSettings
 from adapters.kube.slots import gated
 from adapters.kube.workloads import WORKLOAD_KINDS, template_at
 from broker.manifest import admit_templates, parse_manifest, to_job, workload_of
@@ -130,8 +131,10 @@ def launcher(
 ) -> KubeLauncher:
     """A launcher of tenant namespaces ``team-<tenant>`` in cluster ``east``, polling by
     ``sleep`` (the test's controller, scheduler and kubelet), without retry waits."""
-    return KubeLauncher(api, "team-{tenant}", mode, flavor, cluster="east",
-                        retry_wait=wait_none(), sleep=sleep, **kw)  # fmt: skip
+    settings = LaunchSettings(
+        "team-{tenant}", mode, flavor, cluster="east", retry_wait=wait_none(), **kw
+    )
+    return KubeLauncher(api, settings, sleep=sleep)  # fmt: skip
 
 
 def stored(k8s: Emulator, res: Any) -> dict[str, Obj]:
