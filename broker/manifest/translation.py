@@ -64,9 +64,11 @@ def workload_object(wire: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def workload_spec(obj: Mapping[str, Any]) -> WorkloadSpec:
-    """What the launcher creates for an admitted workload object: the object and where each
-    pod set's template sits in it."""
-    return WorkloadSpec(object=obj, pod_sets=workloads.pod_set_paths(obj))
+    """What the launcher creates for an admitted workload object: the object (as its kind
+    creates it: a TrainJob with the broker's runtime patch) and where each pod set's
+    template sits in it."""
+    created, paths = workloads.launch_object(obj)
+    return WorkloadSpec(object=created, pod_sets=paths)
 
 
 def workload_of(wire: Mapping[str, Any]) -> WorkloadSpec | None:
