@@ -43,7 +43,18 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
         allow_burst=spec.placement.allow_burst,
+        **_runtime_clusters(spec.workload.runtime if spec.workload is not None else None),
     )
+
+
+def _runtime_clusters(runtime: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A workload shaped by a member runtime goes only to the members that have it (and
+    make the same pods of it): the Job's ``clusters`` and what the others lack."""
+    if runtime is None:
+        return {}
+    clusters = frozen(str(c) for c in runtime.get("clusters") or ())
+    return {"clusters": clusters, "clusters_missing": f"{runtime.get('kind')} "
+            f"{runtime.get('name')} making the pods admitted"}  # fmt: skip
 
 
 NO_LABELS: Mapping[str, str] = MappingProxyType({})  # shared, read-only
