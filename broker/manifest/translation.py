@@ -9,6 +9,7 @@ from typing import Any
 
 from broker.interned import frozen, shared
 from broker.manifest import workloads
+from broker.manifest.errors import FieldError, ManifestError, field_path
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.manifest.podpolicy import derived_resources
@@ -26,8 +27,13 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     when they do not add up (admission has refused such a manifest before).
     """
     spec = manifest.spec
+    try:
+        views = spec.pod_set_views()
+    except FieldError as exc:  # a workload whose member runtime was never looked up
+        where = f"spec.workload.{field_path(exc.path)}"
+        raise ManifestError(f"{where}: {exc.message}", where) from None
     pod_sets = []
-    for ps, at in spec.pod_set_views():
+    for ps, at in views:
         resources = ps.resources if spec.workload is None else derived_resources(ps.template, at)
         made = PodSet(ps.name, ps.count, shared(_resources(resources)), ps.tolerations())
         pod_sets.append(shared(made))
