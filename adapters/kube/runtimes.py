@@ -81,7 +81,7 @@ class RuntimeCache:
 
     def problem(self, kind: str) -> str | None:
         """Why this member's runtimes of ``kind`` cannot be read now, or None."""
-        return self._problem.get(kind, "unknown kind")
+        return self._problem.get(kind) if kind in KINDS else f"no runtime kind {kind}"
 
     async def run(self) -> None:
         """Keep both kinds up to date until cancelled."""
