@@ -44,6 +44,7 @@ from broker.manifest.workloads.allowlist import (
     whole,
 )
 from broker.manifest.workloads.batchjob import MANAGED_BY, SUSPENDED
+from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     Path,
@@ -69,6 +70,9 @@ RUNTIME_PLURALS = {CLUSTER_RUNTIME: "clustertrainingruntimes", RUNTIME: "trainin
 # What the launcher reads besides the kind itself: both runtime kinds (RBAC get/list/watch).
 READS = tuple((GROUP, plural) for plural in RUNTIME_PLURALS.values())
 LATE_POD_SETS: frozenset[str] = frozenset()
+# The Trainer adds no container to the pods beyond its runtime's, which the template policy
+# sees whole (the runtime's templates are checked as the pods will be made).
+INJECTIONS: tuple[Injection, ...] = ()
 ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER = "trainer"
 INITIALIZERS = ("dataset-initializer", "model-initializer")
