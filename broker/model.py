@@ -205,6 +205,10 @@ class Job:
     schedule_timeout_seconds: int = 600
     policy: PolicyName = "auto"
     allow_burst: bool = False  # may cloud nodes be added for it when nothing local fits
+    # Only these clusters may take it (empty: any), e.g. the members that have the runtime
+    # a TrainJob names; ``clusters_missing`` says what the others lack, for explain.
+    clusters: frozenset[str] = frozenset()
+    clusters_missing: str = ""
 
     def __post_init__(self) -> None:
         if not self.pod_sets:
@@ -249,7 +253,8 @@ class Job:
         job.queue, job.priority, job.gpu_types = self.queue, self.priority, self.gpu_types
         job.cluster_selector, job.min_member = self.cluster_selector, self.min_member
         job.schedule_timeout_seconds, job.policy = self.schedule_timeout_seconds, self.policy
-        job.allow_burst = self.allow_burst
+        job.allow_burst, job.clusters = self.allow_burst, self.clusters
+        job.clusters_missing = self.clusters_missing
         job.__class__ = Job
         return cast(Job, job)
 
@@ -338,6 +343,7 @@ class ReasonCode(enum.StrEnum):
     NO_CLUSTERS = "NoClusters"
     QUOTA = "QuotaExceeded"
     NO_BURST_POOL = "NoBurstPool"
+    MISSING = "ClusterLacksWorkloadDependency"
 
 
 @dataclass(frozen=True, slots=True)

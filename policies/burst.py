@@ -127,6 +127,9 @@ def _refusal(job: Job, state: PoolState) -> Refusal | None:
     if not job.allows_gpu_type(pool.gpu_type):
         message = f"its GPU type {pool.gpu_type} is not allowed by the job"
         return Refusal(pool.name, "gpu-type", message)
+    if job.clusters and pool.cluster not in job.clusters:
+        message = f"cluster {pool.cluster} has no {job.clusters_missing}"
+        return Refusal(pool.name, "selector", message)
     for key, value in job.cluster_selector.items():
         if pool.cluster_labels.get(key) != value:
             message = f"cluster {pool.cluster} does not match the selector {key}={value}"

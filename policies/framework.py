@@ -61,6 +61,8 @@ def filter_cluster(job: Job, view: ClusterCapacity) -> list[Reason]:
     name = view.name
     if view.stale:
         return [Reason(ReasonCode.STALE, "capacity data is stale; no new placements", name)]
+    if job.clusters and name not in job.clusters:
+        return [Reason(ReasonCode.MISSING, f"cluster {name} has no {job.clusters_missing}", name)]
     labels = view.cluster.labels
     missing = {k: v for k, v in job.cluster_selector.items() if labels.get(k) != v}
     if missing:

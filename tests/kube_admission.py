@@ -29,6 +29,11 @@ CRD_FILES: Mapping[tuple[str, str], str] = {
     ("kubeflow.org", "pytorchjobs"): "kubeflow.org_pytorchjobs.yaml",
     ("ray.io", "rayjobs"): "ray.io_rayjobs.yaml",
     ("ray.io", "rayclusters"): "ray.io_rayclusters.yaml",
+    ("trainer.kubeflow.org", "trainjobs"): "trainer.kubeflow.org_trainjobs.yaml",
+    ("trainer.kubeflow.org", "clustertrainingruntimes"): (
+        "trainer.kubeflow.org_clustertrainingruntimes.yaml"
+    ),
+    ("trainer.kubeflow.org", "trainingruntimes"): "trainer.kubeflow.org_trainingruntimes.yaml",
     ("scheduling.x-k8s.io", "podgroups"): "scheduling.x-k8s.io_podgroups.yaml",
     ("scheduling.volcano.sh", "podgroups"): "scheduling.volcano.sh_podgroups.yaml",
 }

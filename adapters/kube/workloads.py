@@ -2,7 +2,9 @@
 
 Supported kinds and their resources (``WORKLOAD_KINDS``): batch/v1 ``Job``,
 ``jobset.x-k8s.io`` ``JobSet``, ``kubeflow.org`` ``PyTorchJob``, ``ray.io`` ``RayJob`` and
-``RayCluster``. The object goes into the tenant's namespace (``GangObjects.namespace``)
+``RayCluster``, ``trainer.kubeflow.org`` ``TrainJob`` (its pod templates are the patches of
+its runtime's that admission wrote into ``spec.runtimePatches``).
+The object goes into the tenant's namespace (``GangObjects.namespace``)
 named after the job, carrying the user's labels and annotations plus ours (origin, tenant,
 job). Every pod template at the paths admission derived (``WorkloadSpec.pod_sets``) carries
 our labels and ``fedbroker.io/pod-set`` too, so the pods the workload's controller makes are
@@ -16,7 +18,8 @@ recognised as the job's, and its GPU names are this cluster's. Then, by mode:
 No rendezvous Service: each kind's controller makes its own.
 
 ``workload_end`` reads a workload's own status: Job conditions ``Complete``/``Failed``,
-JobSet ``Completed``/``Failed``, PyTorchJob ``Succeeded``/``Failed``, RayJob
+JobSet ``Completed``/``Failed``, PyTorchJob ``Succeeded``/``Failed``, TrainJob
+``Complete``/``Failed``, RayJob
 ``status.jobStatus`` ``SUCCEEDED``/``FAILED``/``STOPPED`` or ``jobDeploymentStatus``
 ``Failed``; a RayCluster runs until cancelled.
 """
@@ -63,6 +66,7 @@ WORKLOAD_KINDS: Mapping[str, WorkloadKind] = {
         WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
         WorkloadKind("RayJob", "ray.io", "v1", "rayjobs"),
         WorkloadKind("RayCluster", "ray.io", "v1", "rayclusters"),
+        WorkloadKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"),
     )
 }
 
@@ -71,6 +75,7 @@ _CONDITION_ENDS: Mapping[str, tuple[str, str]] = {
     "Job": ("Complete", "Failed"),
     "JobSet": ("Completed", "Failed"),
     "PyTorchJob": ("Succeeded", "Failed"),
+    "TrainJob": ("Complete", "Failed"),
 }
 _RAY_JOB_ENDS: Mapping[str, bool] = {"SUCCEEDED": True, "FAILED": False, "STOPPED": False}
 
@@ -151,7 +156,12 @@ def workload_body(objects: GangObjects, spec: LaunchSpec) -> dict[str, Any]:
         metadata["annotations"] = dict(given["annotations"])
     body["apiVersion"], body["kind"], body["metadata"] = kind.api_version, kind.kind, metadata
     for pod_set, path in spec.workload.pod_sets:
-        dress_template(objects, template_at(body, path), spec, pod_set)
+        template = template_at(body, path)
+        dress_template(objects, template, spec, pod_set)
+        if kind.kind == "TrainJob":
+            # Its pod templates are patches of its runtime's, which take no schedulerName:
+            # in delegate mode the runtime names the member's gang scheduler.
+            template["spec"].pop("schedulerName", None)
     return body
 
 

@@ -163,17 +163,30 @@ class WorkloadObject(WireModel):
     kind: str = Field(max_length=MAX_KIND_LENGTH)
     metadata: WorkloadMetadata | None = None
     spec: dict[str, Any]
+    # The member runtime a kind's pods are shaped by (a TrainJob's), written by the broker
+    # when the job is admitted (``broker.service.admission`` replaces whatever was sent):
+    # ``kind``, ``name``, ``clusters`` (the members whose runtime makes these pods) and the
+    # runtime's ``spec``.
+    runtime: dict[str, Any] | None = None
 
-    @field_validator("spec")
+    @field_validator("spec", "runtime")
     @classmethod
-    def _plain_json(cls, spec: dict[str, Any]) -> dict[str, Any]:
-        return plain_json(spec)
+    def _plain_json(cls, spec: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if spec is None else plain_json(spec)
+
+    @property
+    def unresolved(self) -> bool:
+        """Its pods are shaped by a member runtime not looked up yet (pod sets unknown)."""
+        return self.runtime is None and workloads.runtime_named(self.wire()) is not None
 
     @model_validator(mode="after")
     def _derived(self) -> WorkloadObject:
         found = workloads.integration(self.api_version, self.kind)
+        if self.unresolved:
+            return self  # counted once the service has looked its runtime up
         spec = found.completed(self.spec)
-        workloads.derive({"apiVersion": self.api_version, "kind": self.kind, "spec": spec})
+        obj = {"apiVersion": self.api_version, "kind": self.kind, "spec": spec}
+        workloads.derive(obj if self.runtime is None else {**obj, "runtime": self.runtime})
         return self if spec is self.spec else self.model_copy(update={"spec": spec})
 
     def wire(self) -> dict[str, Any]:
@@ -206,6 +219,8 @@ class JobSpec(WireModel):
             if pod_set.name in seen:
                 raise FieldError(["podSets", i, "name"], f"duplicate pod set name {pod_set.name!r}")
             seen.add(pod_set.name)
+        if self.workload is not None and self.workload.unresolved:
+            return self  # its pods are counted once its runtime is looked up
         total = self.total_pods
         if total > MAX_PODS:
             raise FieldError(["podSets"], f"{total} pods in all, at most {MAX_PODS} allowed")

@@ -9,6 +9,7 @@ from typing import Any
 
 from broker.interned import frozen, shared
 from broker.manifest import workloads
+from broker.manifest.errors import FieldError, ManifestError, field_path
 from broker.manifest.fields import cpu_millicores, memory_mebibytes
 from broker.manifest.models import DEFAULT_MASTER_PORT, FederatedJob, ResourcesSpec
 from broker.manifest.podpolicy import derived_resources
@@ -26,8 +27,13 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     when they do not add up (admission has refused such a manifest before).
     """
     spec = manifest.spec
+    try:
+        views = spec.pod_set_views()
+    except FieldError as exc:  # a workload whose member runtime was never looked up
+        where = f"spec.workload.{field_path(exc.path)}"
+        raise ManifestError(f"{where}: {exc.message}", where) from None
     pod_sets = []
-    for ps, at in spec.pod_set_views():
+    for ps, at in views:
         resources = ps.resources if spec.workload is None else derived_resources(ps.template, at)
         made = PodSet(ps.name, ps.count, shared(_resources(resources)), ps.tolerations())
         pod_sets.append(shared(made))
@@ -43,7 +49,18 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
         allow_burst=spec.placement.allow_burst,
+        **_runtime_clusters(spec.workload.runtime if spec.workload is not None else None),
     )
+
+
+def _runtime_clusters(runtime: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A workload shaped by a member runtime goes only to the members that have it (and
+    make the same pods of it): the Job's ``clusters`` and what the others lack."""
+    if runtime is None:
+        return {}
+    clusters = frozen(str(c) for c in runtime.get("clusters") or ())
+    return {"clusters": clusters, "clusters_missing": f"{runtime.get('kind')} "
+            f"{runtime.get('name')} making the pods admitted"}  # fmt: skip
 
 
 NO_LABELS: Mapping[str, str] = MappingProxyType({})  # shared, read-only
@@ -64,9 +81,11 @@ def workload_object(wire: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def workload_spec(obj: Mapping[str, Any]) -> WorkloadSpec:
-    """What the launcher creates for an admitted workload object: the object and where each
-    pod set's template sits in it."""
-    return WorkloadSpec(object=obj, pod_sets=workloads.pod_set_paths(obj))
+    """What the launcher creates for an admitted workload object: the object (as its kind
+    creates it: a TrainJob with the broker's runtime patch) and where each pod set's
+    template sits in it."""
+    created, paths = workloads.launch_object(obj)
+    return WorkloadSpec(object=created, pod_sets=paths)
 
 
 def workload_of(wire: Mapping[str, Any]) -> WorkloadSpec | None:

@@ -17,6 +17,7 @@ from broker.config import TenantConfig
 from broker.manifest import FederatedJob, PolicyViolation, admit_templates, to_job
 from broker.model import Job
 from broker.service.binding import Binding
+from broker.service.runtimes import resolved
 from broker.service.state import Shared, pending_of
 from broker.store import ACTIVE_STATES, FINAL_STATES, JobRecord, StateConflict
 
@@ -74,13 +75,14 @@ class Admission:
 
     def admitted(self, tenant_name: str, manifest: FederatedJob) -> tuple[FederatedJob, Job]:
         """The manifest as it is stored (pod set resources derived from the templates where
-        it gave none) and its Job; Forbidden for a namespace, queue or pod template the
-        tenant may not use, ManifestError for requests that do not add up. Nothing is
-        stored before this passes."""
+        it gave none, a workload's member runtime looked up) and its Job; Forbidden for a
+        namespace, queue or pod template the tenant may not use, ManifestError for requests
+        that do not add up or a runtime no member has. Nothing is stored before this passes."""
         tenant = self.tenant(tenant_name)
         namespace = manifest.metadata.namespace
         if namespace is not None and namespace != tenant.name:
             raise Forbidden(f"metadata.namespace: {namespace!r} is not your tenant {tenant.name!r}")
+        manifest = resolved(manifest, tenant.name, self.s.kube)
         try:
             manifest = admit_templates(
                 manifest,

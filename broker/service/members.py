@@ -11,9 +11,9 @@ reader; clusters without one (simulated) keep the default launcher.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher, StaleTracker
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from adapters.kube.launch import KubeLauncher
     from adapters.kube.pods import KubePods
+    from adapters.kube.runtimes import RuntimeCache
 
 
 class ClusterLauncher:
@@ -113,6 +114,7 @@ class KubeMember:
     watcher: ClusterWatcher
     launcher: KubeLauncher
     pods: KubePods
+    runtimes: RuntimeCache
 
 
 class KubeMembers:
@@ -147,6 +149,7 @@ class KubeMembers:
         # start's imports, and a broker of simulated members never needs it.
         from adapters.kube.launch import KubeLauncher
         from adapters.kube.pods import KubePods
+        from adapters.kube.runtimes import RuntimeCache
         from adapters.kube.settings import LaunchSettings
         from adapters.kubeapi.kubeconfig import load_clients
 
@@ -181,9 +184,26 @@ class KubeMembers:
             pods = KubePods(
                 client, launcher.objects, request_timeout=source.request_timeout_seconds
             )
-            self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher, pods)
+            runtimes = RuntimeCache(
+                cc.name, client, inactivity_timeout=source.watch_inactivity_seconds,
+                request_timeout=source.request_timeout_seconds,
+            )  # fmt: skip
+            self.members[cc.name] = KubeMember(
+                cc.name, source, client, watcher, launcher, pods, runtimes
+            )
             launchers.by_cluster[cc.name] = launcher
             launchers.readers[cc.name] = pods
+
+    def runtimes(self, kind: str, tenant: str, name: str) -> dict[str, Mapping[str, Any] | str]:
+        """Each member's runtime ``kind``/``name`` as the tenant's workloads there would
+        use it (a namespaced one: in the tenant's namespace), or why it has none."""
+        out: dict[str, Mapping[str, Any] | str] = {}
+        for cluster, member in sorted(self.members.items()):
+            problem = member.runtimes.problem(kind)
+            namespace = member.launcher.objects.namespace(tenant)
+            found = None if problem else member.runtimes.lookup(kind, namespace, name)
+            out[cluster] = found if found is not None else (problem or f"has no {kind} {name}")
+        return out
 
     def down(self, name: str) -> bool:
         """Down for staleAfterSeconds, or never listed. A cluster that comes back is up

@@ -268,6 +268,7 @@ class Recovery:
             except Exception as exc:  # any: the member is left stale, its jobs requeued
                 self._unread(name, "unreachable at start", exc)
             s.tasks.keep(f"watch {name}", member.watcher.run)
+            s.tasks.keep(f"runtimes {name}", member.runtimes.run)
         s.check_stale()
         self.found = found
         s.tasks.keep("kube-upkeep", self._kube_upkeep)

@@ -255,8 +255,6 @@ NO_CONTAINERS: Obj = {"spec": {"containers": []}}
 BAD: list[tuple[str, Obj, str, str]] = [
     ("a Pod", {"apiVersion": "v1", "kind": "Pod", "spec": {}}, f"{W}.kind",
      "batch/v1 Job, jobset.x-k8s.io/v1alpha2 JobSet"),
-    ("TrainJob", {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                  "spec": {"runtimeRef": {"name": "torch"}}}, f"{W}.kind", "not a supported"),
     ("JobSet at another version", {**JS, "apiVersion": "jobset.x-k8s.io/v1"}, f"{W}.kind",
      '"jobset.x-k8s.io/v1"'),
     ("no spec", {"apiVersion": "batch/v1", "kind": "Job"}, f"{W}.spec", "required"),

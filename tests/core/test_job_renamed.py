@@ -15,7 +15,8 @@ def every_field_set() -> Job:
         name="train", pod_sets=(PodSet("w", 2, Resources(gpus=1)),), tenant="team-a",
         queue="training", priority=7, gpu_types=frozenset({GpuType("A100")}),
         cluster_selector={"zone": "a"}, min_member=1, schedule_timeout_seconds=30,
-        policy="binpack", allow_burst=True,
+        policy="binpack", allow_burst=True, clusters=frozenset({"east"}),
+        clusters_missing="ClusterTrainingRuntime torch",
     )  # fmt: skip
 
 

@@ -38,3 +38,22 @@ def test_each_example_derives_its_pod_sets(
         assert schema_problems(doc, crd) == []
         # as admitted (defaults written in, the broker's labels off) it still validates
         assert schema_problems(manifest.wire()["spec"]["workload"], crd) == []
+
+
+def test_the_trainjob_example_validates_and_derives_from_a_runtime() -> None:
+    """deploy/examples/trainjob.yaml is CRD-valid; given the member's runtime (as admission
+    looks it up), its trainer is 2 pods of 4 GPUs."""
+    doc = yaml.safe_load((EXAMPLES / "trainjob.yaml").read_text())
+    assert schema_problems(doc, "trainer.kubeflow.org_trainjobs.yaml") == []
+    wrapped = wrap(doc, None, None)
+    pod = {"spec": {"restartPolicy": "Never", "containers": [{"name": "node", "image": "x"}]}}
+    job = {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+           "spec": {"template": pod}}  # fmt: skip
+    wrapped["spec"]["workload"]["runtime"] = {
+        "kind": "ClusterTrainingRuntime", "name": "torch-distributed", "clusters": ["east"],
+        "spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": job}]}}},
+    }  # fmt: skip
+    manifest = parse_manifest(json.dumps(wrapped).encode(), "application/json")
+    admitted = admit_templates(manifest, "baseline", ["default"])
+    derived = to_job(admitted, "team-a", "training")
+    assert [(ps.name, ps.count, ps.resources.gpus) for ps in derived.pod_sets] == [("node", 2, 4)]

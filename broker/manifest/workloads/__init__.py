@@ -8,16 +8,18 @@ pod sets the kind's controller will make: their names, counts and pod templates.
 | jobset.x-k8s.io/v1alpha2 JobSet | ``jobset`` | one per replicated job, by its name |
 | kubeflow.org/v1 PyTorchJob | ``pytorchjob`` | ``master``, ``worker`` |
 | ray.io/v1 RayJob, RayCluster | ``ray`` | ``head``, one per worker group, ``submitter`` |
+| trainer.kubeflow.org/v1alpha1 TrainJob | ``trainjob`` | one per replicated job of its runtime |
 
 Each kind also declares, as data in its module, the fields of its ``spec`` a tenant may set
 (``FIELDS``: an allowlist, checked by ``allowlist``; a pod template is one of its leaves,
 so ``templates`` finds every template of an object, counted or not) and what its
 controller adds to the pods it makes (``injection``).
 
-Not supported, refused like any other kind: trainer.kubeflow.org/v1alpha1 TrainJob (its
-pods' shape lives in a ClusterTrainingRuntime in the member cluster, which the broker
-cannot read when it admits the job, so it could not count what it places), and anything
-else. Pure: no I/O; errors are ``FieldError``s with paths from the object's root.
+A kind whose pods' shape lives in the member (a TrainJob's runtime) derives its pod sets
+from the runtime it is given as data (``runtime_pod_sets``): the service looks it up in the
+members and stores it with the job (``spec.workload.runtime``); ``launch_form`` turns the
+stored object into the one created. Anything else is refused. Pure: no I/O; errors are
+``FieldError``s with paths from the object's root.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import MAX_POD_SETS, MAX_PODS
 from broker.manifest.podrequests import Violation
 from broker.manifest.podsecurity import Level
-from broker.manifest.workloads import allowlist, batchjob, injection, jobset, pytorchjob, ray
+from broker.manifest.workloads import (
+    allowlist,
+    batchjob,
+    injection,
+    jobset,
+    pytorchjob,
+    ray,
+    trainjob,
+)
 from broker.manifest.workloads.allowlist import Table
 from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import DerivedPodSet, Path
@@ -59,6 +69,14 @@ class Integration:
     injections: tuple[Injection, ...] = ()
     completed: Callable[[dict[str, Any]], dict[str, Any]] = _unchanged
     rules: Callable[[str, Mapping[str, Any]], list[Violation]] = _no_rules
+    # A kind whose pods' shape is a runtime's in the member: its pod sets from its spec and
+    # the runtime's spec; the object as created, and each pod set's template path in it.
+    runtime_pod_sets: (
+        Callable[[Mapping[str, Any], Mapping[str, Any]], list[DerivedPodSet]] | None
+    ) = None
+    launch_form: (
+        Callable[[Mapping[str, Any]], tuple[dict[str, Any], tuple[tuple[str, Path], ...]]] | None
+    ) = None
 
     @property
     def name(self) -> str:
@@ -76,6 +94,9 @@ INTEGRATIONS = (
                 ray.injections("rayClusterSpec"), ray.completed_ray_job, ray.ray_job_rules),
     Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets,
                 ray.RAY_CLUSTER_FIELDS, ray.injections(""), rules=ray.ray_cluster_rules),
+    Integration(trainjob.API_VERSION, trainjob.KIND, trainjob.pod_sets, trainjob.FIELDS,
+                rules=trainjob.rules, runtime_pod_sets=trainjob.pod_sets_with,
+                launch_form=trainjob.launch_form),
 )  # fmt: skip
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)
@@ -108,7 +129,14 @@ def derive(obj: Mapping[str, Any]) -> list[DerivedPodSet]:
     """The pod sets of a workload object (``apiVersion``, ``kind``, ``spec``), in order,
     within the bounds of any job's pod sets; FieldError naming the field otherwise."""
     found, spec = _read(obj)
-    pod_sets = found.pod_sets(spec)
+    runtime = obj.get("runtime")
+    if found.runtime_pod_sets is not None and isinstance(runtime, Mapping):
+        runtime_spec = runtime.get("spec")
+        if not isinstance(runtime_spec, Mapping):
+            raise FieldError(("runtime", "spec"), "must be a mapping")
+        pod_sets = found.runtime_pod_sets(spec, runtime_spec)
+    else:
+        pod_sets = found.pod_sets(spec)
     if len(pod_sets) > MAX_POD_SETS:
         raise FieldError(("spec",), f"makes {len(pod_sets)} pod sets, at most {MAX_POD_SETS} "
                          "allowed")  # fmt: skip
@@ -128,7 +156,25 @@ def templates(obj: Mapping[str, Any]) -> list[tuple[Path, Mapping[str, Any]]]:
     object's order: the counted pod sets' and the others (a Ray worker group of no pods, a
     RayJob's submitter template in any mode), all of which reach the member."""
     found, spec = _read(obj)
+    if found.runtime_pod_sets is not None:  # the runtime's, as its pods will be made
+        return [(ps.path, ps.template) for ps in derive(obj)] if obj.get("runtime") else []
     return allowlist.templates(found.fields, spec)
+
+
+def runtime_named(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (kind, name) of the member runtime a workload object's pods are shaped by, or
+    None for a kind whose object says its pods itself."""
+    found, spec = _read(obj)
+    return trainjob.runtime_ref(spec) if found.runtime_pod_sets is not None else None
+
+
+def launch_object(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[tuple[str, Path], ...]]:
+    """The object the launcher creates for an admitted workload object, and where each
+    pod set's template sits in it."""
+    found, _ = _read(obj)
+    if found.launch_form is not None:
+        return found.launch_form(obj)
+    return obj, pod_set_paths(obj)
 
 
 def field_violations(obj: Mapping[str, Any]) -> list[Violation]:
@@ -160,4 +206,4 @@ def allowlist_doc() -> str:
 
 __all__ = ["INTEGRATIONS", "KINDS", "SUPPORTED", "DerivedPodSet", "Integration", "Path",
            "allowlist_doc", "derive", "field_violations", "injection_refusals", "integration",
-           "pod_set_paths", "templates"]  # fmt: skip
+           "launch_object", "pod_set_paths", "runtime_named", "templates"]  # fmt: skip
