@@ -35,10 +35,12 @@ minMember, timeout, queue) comes in a ``broker.ports.LaunchSpec``: passed to ``l
 directly, or looked up by the constructor's ``spec_for`` callback so ``launch(placement)``
 keeps the port's signature. Without either, a spec is derived from the placement alone.
 
-A ``spec.workload`` job (batch Job, JobSet, PyTorchJob, RayJob, RayCluster) gets its
-workload object instead of pods and a Service: ``adapters.kube.workload_runs`` creates it,
-pins its controller's pods to the placement (pin mode: ``adapters.kube.slots``) and reads
-its end from the workload's own status.
+A ``spec.workload`` job gets its workload object instead of pods and a Service:
+``adapters.kube.workload_runs`` creates it, pins its controller's pods to the placement
+(pin mode: ``adapters.kube.slots``) and reads its end from the workload's own status. What
+each kind is (its resource, its pods' index, its end, its late pod sets) comes from
+``kinds`` (``broker.ports.WorkloadKind``: the composition passes the manifest's registry);
+the adapter names no kind.
 
 The objects themselves are built by ``adapters.kube.objects`` and sent by
 ``adapters.kube.namespace``. Logs and errors name objects and HTTP statuses only, never the
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes.aio.client import ApiClient
@@ -62,6 +64,7 @@ from adapters.kube.objects import (
     GangObjects,
     KubeLaunchError,
     Mode,
+    controlled,
     job_key,
     namespace_of,
     pod_group_name,
@@ -74,7 +77,15 @@ from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe, refused
 from broker.model import Placement, PodBound, PodPlacement
-from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
+from broker.ports import (
+    GangRecovery,
+    Launcher,
+    LaunchSpec,
+    RunEnd,
+    RunHandle,
+    RunWatcher,
+    WorkloadKind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         podgroup_flavor: Flavor = "coscheduling",
         origin: str = "fedbroker",
         *,
+        kinds: Sequence[WorkloadKind],
         cluster: str = "",
         spec_for: Callable[[Placement], LaunchSpec] | None = None,
         gpu_resource: str = "nvidia.com/gpu",
@@ -129,7 +141,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         self.poll_seconds = poll_seconds
         self.run_poll_seconds = run_poll_seconds
         self.pause = sleep
-        self.workloads = WorkloadRuns(self)
+        self.workloads = WorkloadRuns(self, kinds)
         self.removal = GangRemoval(self.api, self.objects, self.workloads, cluster)
         self.our_pods = OurPods(
             cluster, self.api, resync_seconds=resync_seconds,
@@ -241,7 +253,9 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                     f"create {kind} {name}: {describe(exc)}", permanent=refused(exc)
                 ) from exc
             existing = await read(namespace, name)
-            if existing is not None and not self.objects.ours(existing, spec):
+            # One another controller made (copying our labels) is not ours to adopt.
+            mine = existing is not None and self.objects.ours(existing, spec)
+            if existing is not None and (not mine or controlled(existing)):
                 raise KubeLaunchError(
                     f"{kind} {name} already exists and does not belong to {spec.key}",
                     permanent=True,
@@ -252,8 +266,10 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 ) from exc
             log.info("%s %s already exists with our labels; adopted", kind, name)
 
-    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
-        body = self.objects.pod_group_body(placement, spec)
+    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec, late: int = 0) -> None:
+        """The gang's PodGroup (``late``: pods left out of its minMember, see
+        ``GangObjects.pod_group_body``), created or adopted and brought up to date."""
+        body = self.objects.pod_group_body(placement, spec, late)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self._create_in_namespace(

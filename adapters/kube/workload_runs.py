@@ -4,13 +4,16 @@ member, its controller's pods pinned to the placement, its end read from its own
 * launch: the tenant's namespace, then (delegate mode) the PodGroup, then the workload
   (``adapters.kube.workloads.workload_body``; one already there with this job's labels is
   adopted, so a restarted broker creates no second one). Its controller makes the pods.
+  The PodGroup's minMember leaves out the kind's late pod sets (``WorkloadKind``).
 * wait_running: every poll, in pin mode, the job's gated pods get slots of the placement
   (``adapters.kube.slots``; a pod left without one stays gated, with one Warning Event).
   The gang has started when as many of the job's pods run (or already succeeded) as the
-  placement has pods, or (delegate mode) its PodGroup is Running. A pod of the job Failed,
-  or the workload failed or vanished, before that: ``KubeLaunchError`` (the service rolls
-  the gang back and requeues it with backoff).
-* finished: the workload's own status (``workload_end``), with its reason and message; the
+  placement has pods, those of the kind's late pod sets (a RayJob's submitter, made once
+  the Ray cluster is ready) left out, or (delegate mode) its PodGroup is Running. A pod
+  of the job Failed, or the workload failed by its kind's ``end`` (a RayJob's
+  ``ValidationFailed`` among them, with KubeRay's reason) or vanished, before that:
+  ``KubeLaunchError`` (the service rolls the gang back and requeues it with backoff).
+* finished: the workload's own status (its kind's ``end``), with its reason and message; the
   workload gone: failed, ``WorkloadDeleted``. Pods its controller makes again (a retried
   Job pod) are granted the slots freed meanwhile. The member unreachable, it polls on (an
   unreachable cluster does not end a job: failover does, when configured); anything else
@@ -18,7 +21,11 @@ member, its controller's pods pinned to the placement, its end read from its own
   raises, and the service rolls the job back rather than hold its capacity with nothing
   following it.
 * delete and garbage collection: the workload, with ``propagationPolicy: Background`` so
-  its controller's pods go too.
+  its controller's pods go too; of every kind the launcher was given. An object another
+  controller made (``objects.controlled``) is never taken for ours.
+
+Every kind-specific answer comes from the launcher's kinds (``broker.ports.WorkloadKind``):
+this module names none.
 
 Listings of pods and of each kind's workloads are shared by every gang polling at the same
 time (``NamespaceApi.shared_listing``/``shared_workloads``): a poll costs one LIST per kind
@@ -30,23 +37,25 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from adapters.kube.objects import KubeLaunchError, job_key, namespace_of, pod_group_name
-from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
-from adapters.kube.workloads import (
-    WORKLOAD_KINDS,
-    WorkloadKind,
-    kind_of,
-    workload_body,
-    workload_end,
+from adapters.kube.objects import (
+    LABEL_POD_SET,
+    KubeLaunchError,
+    controlled,
+    job_key,
+    labels_of,
+    namespace_of,
+    pod_group_name,
 )
+from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
+from adapters.kube.workloads import kind_of, late_pods, workload_body
 from adapters.kubeapi.calls import describe
 from broker.model import Placement
-from broker.ports import LaunchSpec, RunEnd
+from broker.ports import LaunchSpec, RunEnd, WorkloadKind
 
 if TYPE_CHECKING:
     from adapters.kube.launch import KubeLauncher
@@ -64,27 +73,27 @@ _GRANT_REFUSED = frozenset({400, 403, 422})
 class WorkloadRuns:
     """Creates, confirms, watches and deletes the workload objects of one launcher."""
 
-    def __init__(self, launcher: KubeLauncher) -> None:
+    def __init__(self, launcher: KubeLauncher, kinds: Sequence[WorkloadKind]) -> None:
         self.launcher = launcher
+        self.kinds = tuple(kinds)
         self.api = launcher.api
         self.objects = launcher.objects
         self._noted: set[str] = set()  # pods already given a no-slot Event (namespace/name)
 
-    @staticmethod
-    def kind(spec: LaunchSpec) -> WorkloadKind:
+    def kind(self, spec: LaunchSpec) -> WorkloadKind:
         if spec.workload is None:
             raise KubeLaunchError(f"job {spec.key} has no workload")
-        return kind_of(spec.workload)
+        return kind_of(self.kinds, spec.workload)
 
     # -- create ------------------------------------------------------------------------------
 
     async def create(self, placement: Placement, spec: LaunchSpec) -> None:
         kind = self.kind(spec)
-        body = workload_body(self.objects, spec)
+        body = workload_body(self.objects, spec, kind)
         launcher = self.launcher
         await launcher.ensure_namespace(spec)
         if self.objects.mode == "delegate":
-            await launcher.ensure_pod_group(placement, spec)
+            await launcher.ensure_pod_group(placement, spec, late_pods(kind, placement, spec))
         await launcher.create_or_adopt(
             kind.kind, body, spec,
             lambda b: self.api.create_workload(kind, dict(b)),
@@ -118,7 +127,7 @@ class WorkloadRuns:
             obj = await self._workload(spec)
             if obj is None:
                 raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
-            end = workload_end(kind.kind, obj)
+            end = kind.end(obj)
             if end is not None and not end.succeeded:
                 raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
             pods = await self._pods(spec)
@@ -129,11 +138,16 @@ class WorkloadRuns:
                 )
             if end is not None:
                 return  # succeeded before we saw it run
-            started = sum(1 for p in pods if _phase(p) in ("Running", "Succeeded"))
-            if started >= len(placement.pods):
+            started = sum(
+                1
+                for p in pods
+                if _phase(p) in ("Running", "Succeeded")
+                and labels_of(p).get(LABEL_POD_SET) not in kind.late_pod_sets
+            )
+            if started >= len(placement.pods) - late_pods(kind, placement, spec):
                 return
             if self.objects.mode == "pin":
-                await self.grant_slots(placement, spec, pods)
+                await self.grant_slots(placement, spec, pods, kind)
             elif await self._pod_group_running(spec):
                 return
             await self.launcher.pause(self.launcher.poll_seconds)
@@ -144,7 +158,11 @@ class WorkloadRuns:
         return group is not None and (group.get("status") or {}).get("phase") == "Running"
 
     async def grant_slots(
-        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
+        self,
+        placement: Placement,
+        spec: LaunchSpec,
+        pods: list[dict[str, Any]],
+        kind: WorkloadKind,
     ) -> None:
         """Give the job's gated pods slots of the placement (pin mode). Only when the shared
         listing shows a gated pod: the grants are decided on a fresh listing of the job's
@@ -153,7 +171,10 @@ class WorkloadRuns:
             return
         namespace = self.objects.namespace(spec.tenant)
         fresh = await self.api.job_pods(namespace, spec.tenant, spec.job)
-        to_grant, left = grants(placement, spec, fresh)  # (job_pods keeps only this job's)
+        created = spec.workload.object if spec.workload is not None else {}
+        to_grant, left = grants(  # (job_pods keeps only this job's)
+            placement, spec, fresh, lambda pod: kind.pod_index(created, pod)
+        )
         for grant in to_grant:
             try:
                 await self.api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
@@ -215,9 +236,9 @@ class WorkloadRuns:
         if obj is None:
             where = f"{self.objects.namespace(spec.tenant)}/{spec.job}"
             return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
-        end = workload_end(kind.kind, obj)
+        end = kind.end(obj)
         if end is None and self.objects.mode == "pin":
-            await self.grant_slots(placement, spec, await self._pods(spec))
+            await self.grant_slots(placement, spec, await self._pods(spec), kind)
         return end
 
     # -- delete ------------------------------------------------------------------------------
@@ -229,7 +250,7 @@ class WorkloadRuns:
         existing = await self.api.read_workload(kind, namespace, spec.job)
         if existing is None:
             return
-        if not self.objects.ours(existing, spec):
+        if not self.objects.ours(existing, spec) or controlled(existing):
             log.warning("not deleting %s %s/%s: it is not %s's", kind.kind, namespace,
                         spec.job, spec.key)  # fmt: skip
             return
@@ -239,7 +260,7 @@ class WorkloadRuns:
         """Delete our workloads of every kind whose job is not live; a kind that cannot be
         listed (not served, not allowed) is skipped with a warning."""
         deleted: list[str] = []
-        for kind in WORKLOAD_KINDS.values():
+        for kind in self.kinds:
             try:
                 found = await self.api.our_workloads(kind)
             except KubeLaunchError as exc:

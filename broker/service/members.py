@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher, StaleTracker
 from broker.config import ClusterConfig, KubeSource
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
 from broker.ports import (
@@ -168,6 +169,7 @@ class KubeMembers:
                 source.namespace_pattern,
                 source.launch_mode,
                 source.pod_group,
+                kinds=INTEGRATIONS,
                 cluster=cc.name,
                 spec_for=spec_for,
                 gpu_resource=source.gpu_resources[0],
@@ -182,8 +184,9 @@ class KubeMembers:
                 retry_wait=self.retry_wait,
             )
             pods = KubePods(
-                client, launcher.objects, request_timeout=source.request_timeout_seconds
-            )
+                client, launcher.objects, kinds=INTEGRATIONS,
+                request_timeout=source.request_timeout_seconds,
+            )  # fmt: skip
             self.members[cc.name] = KubeMember(cc.name, source, client, watcher, launcher, pods)
             launchers.by_cluster[cc.name] = launcher
             launchers.readers[cc.name] = pods

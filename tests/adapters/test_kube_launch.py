@@ -27,6 +27,7 @@ from adapters.kube.objects import (
     KubeLaunchError,
     Mode,
 )
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
@@ -112,6 +113,7 @@ def launcher(
         pattern,
         mode,
         flavor,
+        kinds=INTEGRATIONS,
         cluster="east",
         retry_wait=wait_none(),
         spec_for=lambda p: LaunchSpec(
@@ -385,6 +387,7 @@ async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
         api,
         NS,
         mode,
+        kinds=INTEGRATIONS,
         cluster="east",
         retry_wait=wait_none(),
         sleep=kubelet(k8s),

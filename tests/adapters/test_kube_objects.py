@@ -16,6 +16,7 @@ from tenacity import wait_none
 
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import GangObjects, Mode, pinned_to
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -153,8 +154,8 @@ async def test_a_pinned_launch_carries_the_users_and_the_brokers_constraints(
     async def kubelet(_: float) -> None:
         await cast(NamespacedEmulator, k8s).run_pods("node-7")
 
-    launcher = KubeLauncher(client, NS, "pin", cluster="east", retry_wait=wait_none(),
-                            sleep=kubelet)  # fmt: skip
+    launcher = KubeLauncher(client, NS, "pin", kinds=INTEGRATIONS, cluster="east",
+                            retry_wait=wait_none(), sleep=kubelet)  # fmt: skip
     await launcher.launch(Placement("acme/train", "east", (POD,)), spec(TEMPLATE))
     pods = [o.raw for (r, _, _), o in k8s.objects.items() if r == PODS and not o.deleted]
     assert len(pods) == 1

@@ -25,6 +25,7 @@ from tenacity import wait_none
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError
 from adapters.kubeapi.calls import UnreadableAnswer, describe, refused, transient
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec, RunEnd
 
@@ -62,8 +63,8 @@ def launcher(api: ApiClient, member: FaultyMember, template: dict[str, Any] | No
 
     templates = {"worker": template} if template is not None else {}
     return KubeLauncher(
-        api, "team-{tenant}", "pin", cluster="east", attempts=2, retry_wait=wait_none(),
-        request_timeout=5, sleep=kubelet,
+        api, "team-{tenant}", "pin", kinds=INTEGRATIONS, cluster="east", attempts=2,
+        retry_wait=wait_none(), request_timeout=5, sleep=kubelet,
         spec_for=lambda p: LaunchSpec(tenant="acme", job=p.job.split("/")[1],
                                       pod_templates=templates),
     )  # fmt: skip

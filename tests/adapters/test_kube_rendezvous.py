@@ -23,6 +23,7 @@ from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError, Mode
 from adapters.kube.rendezvous import ENV_NAMES, Rendezvous, service_name, short_label
 from broker.manifest import master_port
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -214,7 +215,8 @@ def launcher(
         )  # fmt: skip
 
     return KubeLauncher(
-        api, "fedbroker-{tenant}", mode, cluster="east", retry_wait=wait_none(),
+        api, "fedbroker-{tenant}", mode, kinds=INTEGRATIONS, cluster="east",
+        retry_wait=wait_none(),
         sleep=kubelet(k8s, phase), spec_for=spec_for,
     )  # fmt: skip
 

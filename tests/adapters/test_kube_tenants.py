@@ -23,6 +23,7 @@ from tenacity import wait_none
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError
 from adapters.kube.tenancy import labels_to_patch, pod_security_labels
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -81,7 +82,8 @@ def launcher(
         )
 
     return KubeLauncher(
-        api, "fedbroker-{tenant}", "delegate", cluster="east", retry_wait=wait_none(),
+        api, "fedbroker-{tenant}", "delegate", kinds=INTEGRATIONS, cluster="east",
+        retry_wait=wait_none(),
         sleep=kubelet(k8s), spec_for=spec_for,
     )  # fmt: skip
 
