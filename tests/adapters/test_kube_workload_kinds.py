@@ -174,11 +174,28 @@ async def test_a_rayjob_has_started_once_its_ray_cluster_runs_without_its_submit
 async def test_jobset_pods_take_the_slot_of_their_global_index(
     api: ApiClient, k8s: Emulator
 ) -> None:
-    """Workers: 2 Jobs of 2 pods; the pod of Job 1, completion index 0, is worker 2."""
+    """Workers: 2 Jobs of 2 pods, Job 1's pods made first: the pod of Job 1, completion
+    index 0, is worker 2 (not worker 1, as its Job's index alone would say)."""
     placement, spec = admitted("JobSet")
     member = cluster(k8s, "JobSet", placement, spec)
-    kube = launcher(api, member.step)
-    await kube.launch(placement, spec)
+
+    def make(pod_set: str, job: int, within: int) -> None:
+        member.make(pod_set, f"{JOB}-{pod_set}-{job}-{within}", {
+            jobset.REPLICATED_JOB: pod_set, jobset.JOB_INDEX: str(job),
+            batchjob.COMPLETION_INDEX: str(within)})  # fmt: skip
+
+    async def controller(_: float) -> None:  # JobSet makes Job 1's pods, then Job 0's
+        member.bounded()
+        if member.polls == 1:
+            make("driver", 0, 0)
+            make("workers", 1, 0)
+            make("workers", 1, 1)
+        elif member.polls == 2:
+            make("workers", 0, 0)
+            make("workers", 0, 1)
+        member.schedule()
+
+    await launcher(api, controller).launch(placement, spec)
     workers = {
         n: p for n, p in member.pods().items() if p["metadata"]["labels"].get(
             jobset.REPLICATED_JOB) == "workers"
