@@ -120,7 +120,9 @@ class WorkloadKind(Protocol):
     ended by its own status, with the controller's reason and message, or None while it
     runs (a kind that runs until cancelled always answers None). ``late_pod_sets``: pod
     sets whose pods its controller makes only once the others run (a RayJob's submitter):
-    left out of a delegated gang's minMember and of what "started" waits for."""
+    left out of a delegated gang's minMember and of what "started" waits for.
+    ``templates_name_scheduler``: whether its pod templates take a ``schedulerName`` (a
+    runtime's patches do not; the member's runtime names its scheduler then)."""
 
     @property
     def group(self) -> str: ...
@@ -132,10 +134,24 @@ class WorkloadKind(Protocol):
     def plural(self) -> str: ...
     @property
     def late_pod_sets(self) -> frozenset[str]: ...
+    @property
+    def templates_name_scheduler(self) -> bool: ...
 
     def pod_index(self, workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None: ...
 
     def end(self, obj: Mapping[str, Any]) -> RunEnd | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MemberResource:
+    """A resource of a member the launcher reads to run some kind (a TrainJob's runtimes):
+    listed and watched, never written."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
 
 
 @dataclass(frozen=True, slots=True)

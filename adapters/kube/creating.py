@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.aio.client.exceptions import ApiException
 
 from adapters.kube.namespace import NamespaceApi
-from adapters.kube.objects import GangObjects, KubeLaunchError
+from adapters.kube.objects import GangObjects, KubeLaunchError, controlled
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, describe, refused
 from broker.model import Placement
@@ -87,7 +87,9 @@ class Creator:
                     f"create {kind} {name}: {describe(exc)}", permanent=refused(exc)
                 ) from exc
             existing = await read(namespace, name)
-            if existing is not None and not self.objects.ours(existing, spec):
+            # One another controller made (copying our labels) is not ours to adopt.
+            mine = existing is not None and self.objects.ours(existing, spec)
+            if existing is not None and (not mine or controlled(existing)):
                 raise KubeLaunchError(
                     f"{kind} {name} already exists and does not belong to {spec.key}",
                     permanent=True,
@@ -98,10 +100,10 @@ class Creator:
                 ) from exc
             log.info("%s %s already exists with our labels; adopted", kind, name)
 
-    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec) -> None:
+    async def ensure_pod_group(self, placement: Placement, spec: LaunchSpec, late: int = 0) -> None:
         """Create the job's PodGroup (delegate mode), or adopt ours and bring its spec up
-        to date."""
-        body = self.objects.pod_group_body(placement, spec)
+        to date (``late``: pods left out of its minMember, ``GangObjects.pod_group_body``)."""
+        body = self.objects.pod_group_body(placement, spec, late)
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             await self._in_namespace(

@@ -41,7 +41,10 @@ launch mode, a strategy (``adapters.kube.modes``: ``Pin`` or ``Delegate``):
 ``adapters.kube.gangs.PodGangLauncher`` for a ``podSets`` job's own pods, and
 ``adapters.kube.workload_runs.WorkloadLauncher`` for a ``spec.workload`` job: it creates
 the workload object, the mode looks after its controller's pods (pin: slots,
-``adapters.kube.slots``) and its end is read from the workload's own status.
+``adapters.kube.slots``) and its end is read from the workload's own status. What each
+kind is (its resource, its pods' index, its end, its late pod sets) comes from ``kinds``
+(``broker.ports.WorkloadKind``: the composition passes the manifest's registry); the
+adapter names no kind.
 
 The objects themselves are built by ``adapters.kube.objects`` and sent by
 ``adapters.kube.namespace``. Logs and errors name objects and HTTP statuses only, never the
@@ -52,7 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from kubernetes.aio.client import ApiClient
 
@@ -69,7 +72,15 @@ from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.workload_runs import WorkloadLauncher
 from adapters.kubeapi.calls import ApiCalls, describe
 from broker.model import Placement, PodBound
-from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
+from broker.ports import (
+    GangRecovery,
+    Launcher,
+    LaunchSpec,
+    RunEnd,
+    RunHandle,
+    RunWatcher,
+    WorkloadKind,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +97,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
         api_client: ApiClient,
         settings: LaunchSettings,
         *,
+        kinds: Sequence[WorkloadKind],
         spec_for: Callable[[Placement], LaunchSpec] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -109,7 +121,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             poll_seconds=settings.poll_seconds, sleep=self._pause,
         )  # fmt: skip
         self.workloads = WorkloadLauncher(
-            self.api, creator, mode, poll_seconds=settings.poll_seconds,
+            self.api, creator, mode, kinds, poll_seconds=settings.poll_seconds,
             run_poll_seconds=settings.run_poll_seconds, sleep=self._pause,
         )  # fmt: skip
         self.removal = GangRemoval(self.api, self.objects, self.workloads, self.cluster)

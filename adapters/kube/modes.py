@@ -23,6 +23,7 @@ from kubernetes.aio.client.exceptions import ApiException
 from adapters.kube.creating import Creator
 from adapters.kube.namespace import NamespaceApi
 from adapters.kube.objects import GangObjects, KubeLaunchError, Mode, namespace_of, pod_group_name
+from adapters.kube.slots import Index as PodIndex
 from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
 from adapters.kubeapi.calls import describe
 from broker.model import Placement
@@ -38,8 +39,9 @@ _GRANT_REFUSED = frozenset({400, 403, 422})
 class LaunchMode(Protocol):
     """What a mode adds to a launch (see the module's docstring)."""
 
-    async def prepare(self, placement: Placement, spec: LaunchSpec) -> None:
-        """Before the job's pods or workload are created."""
+    async def prepare(self, placement: Placement, spec: LaunchSpec, late: int = 0) -> None:
+        """Before the job's pods or workload are created; ``late``: the placement's pods
+        its workload's controller makes only once the others run."""
         ...
 
     async def started(self, spec: LaunchSpec) -> bool:
@@ -47,7 +49,11 @@ class LaunchMode(Protocol):
         ...
 
     async def tend(
-        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
+        self,
+        placement: Placement,
+        spec: LaunchSpec,
+        pods: list[dict[str, Any]],
+        index: PodIndex,
     ) -> None:
         """A workload's pods, as last listed, looked after while it starts or runs."""
         ...
@@ -61,14 +67,18 @@ class Pin:
         self._objects = objects
         self._noted: set[str] = set()  # pods already given a no-slot Event (namespace/name)
 
-    async def prepare(self, placement: Placement, spec: LaunchSpec) -> None:
+    async def prepare(self, placement: Placement, spec: LaunchSpec, late: int = 0) -> None:
         return None
 
     async def started(self, spec: LaunchSpec) -> bool:
         return False
 
     async def tend(
-        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
+        self,
+        placement: Placement,
+        spec: LaunchSpec,
+        pods: list[dict[str, Any]],
+        index: PodIndex,
     ) -> None:
         """Give the job's gated pods slots of the placement. Only when the listing shows a
         gated pod: the grants are decided on a fresh listing of the job's pods. A pod
@@ -77,7 +87,7 @@ class Pin:
             return
         namespace = self._objects.namespace(spec.tenant)
         fresh = await self._api.job_pods(namespace, spec.tenant, spec.job)
-        to_grant, left = grants(placement, spec, fresh)  # (job_pods keeps only this job's)
+        to_grant, left = grants(placement, spec, fresh, index)  # (job_pods: this job's only)
         for grant in to_grant:
             try:
                 await self._api.patch_pod(namespace, grant.name, ungate_patch(grant, spec))
@@ -117,8 +127,8 @@ class Delegate:
         self._objects = objects
         self._creator = creator
 
-    async def prepare(self, placement: Placement, spec: LaunchSpec) -> None:
-        await self._creator.ensure_pod_group(placement, spec)
+    async def prepare(self, placement: Placement, spec: LaunchSpec, late: int = 0) -> None:
+        await self._creator.ensure_pod_group(placement, spec, late)
 
     async def started(self, spec: LaunchSpec) -> bool:
         namespace = self._objects.namespace(spec.tenant)
@@ -126,7 +136,11 @@ class Delegate:
         return group is not None and (group.get("status") or {}).get("phase") == "Running"
 
     async def tend(
-        self, placement: Placement, spec: LaunchSpec, pods: list[dict[str, Any]]
+        self,
+        placement: Placement,
+        spec: LaunchSpec,
+        pods: list[dict[str, Any]],
+        index: PodIndex,
     ) -> None:
         return None
 
@@ -138,4 +152,4 @@ def launch_mode(
     return Pin(api, objects) if mode == "pin" else Delegate(api, objects, creator)
 
 
-__all__ = ["Delegate", "LaunchMode", "Pin", "launch_mode"]
+__all__ = ["Delegate", "LaunchMode", "Pin", "PodIndex", "launch_mode"]

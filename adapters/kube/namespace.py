@@ -36,9 +36,16 @@ from kubernetes.aio.client import (
 from kubernetes.aio.client.exceptions import ApiException
 from pydantic import BaseModel, ValidationError
 
-from adapters.kube.objects import LABEL_JOB, LABEL_TENANT, GangObjects, KubeLaunchError, labels_of
-from adapters.kube.workloads import WorkloadKind
+from adapters.kube.objects import (
+    LABEL_JOB,
+    LABEL_TENANT,
+    GangObjects,
+    KubeLaunchError,
+    controlled,
+    labels_of,
+)
 from adapters.kubeapi.calls import ApiCalls, describe
+from broker.ports import WorkloadKind
 
 Listing = list[dict[str, Any]]
 MERGE_PATCH = "application/merge-patch+json"
@@ -350,7 +357,8 @@ class NamespaceApi:
 
     async def our_workloads(self, kind: WorkloadKind) -> Listing:
         """Our workloads of ``kind`` in every tenant namespace; none when the kind is not
-        served (404: its CRD is not installed)."""
+        served (404: its CRD is not installed). One another controller made (``controlled``:
+        a RayJob's RayCluster, carrying the RayJob's labels) is not ours."""
         listed = await self.calls.maybe(
             f"list {kind.plural}",
             lambda: self.custom.list_custom_object_for_all_namespaces(
@@ -360,7 +368,7 @@ class NamespaceApi:
         if listed is None:
             return []
         items = self._items(f"list {kind.plural}", listed)
-        return [w for w in items if self.objects.in_its_namespace(w)]
+        return [w for w in items if self.objects.in_its_namespace(w) and not controlled(w)]
 
     async def shared_workloads(self, kind: WorkloadKind) -> Listing:
         """``our_workloads(kind)``, one listing for every caller waiting at the same time."""

@@ -75,6 +75,14 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("namespace") or "")
 
 
+def controlled(obj: Mapping[str, Any]) -> bool:
+    """The object has a controller (an ownerReference with ``controller: true``): another
+    controller made it, maybe copying our labels onto it (KubeRay's RayCluster of a RayJob
+    carries the RayJob's), so it is never adopted or deleted as one the broker created."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return any(isinstance(o, Mapping) and o.get("controller") is True for o in owners)
+
+
 def job_key(obj: Mapping[str, Any]) -> str:
     """The ``tenant/name`` of the job an object of ours belongs to."""
     labels = labels_of(obj)
@@ -212,8 +220,14 @@ class GangObjects:
         """The gang's headless Service, selecting (and labelled with) its job's labels."""
         return rendezvous.service_body(self.labels(spec))
 
-    def pod_group_body(self, placement: Placement, spec: LaunchSpec) -> dict[str, Any]:
-        pg_spec: dict[str, Any] = {"minMember": spec.min_member or len(placement.pods)}
+    def pod_group_body(
+        self, placement: Placement, spec: LaunchSpec, late: int = 0
+    ) -> dict[str, Any]:
+        """The gang's PodGroup; ``late`` of the placement's pods are made by a workload's
+        controller only once the others run (a RayJob's submitter), so the gang scheduler
+        must not wait for them: they are left out of minMember."""
+        early = len(placement.pods) - late
+        pg_spec: dict[str, Any] = {"minMember": min(spec.min_member or early, early)}
         if self.flavor == "coscheduling":
             pg_spec["scheduleTimeoutSeconds"] = spec.schedule_timeout_seconds
         else:

@@ -7,7 +7,8 @@ listed or read (``GangObjects.ours``): a pod of another job, or of another tenan
 ``PodNotFound`` whatever its name. The rows come from one LIST in that namespace by the
 job's labels: phase, node, restarts (the sum of its containers' ``restartCount``) and the
 slot (the ``fedbroker.io/slot`` annotation the launcher records in pin mode, else the pod
-set and the index its name or its controller's index label gives).
+set and the index its workload's kind reads from its controller's labels
+(``WorkloadKind.pod_index``: the launcher's kinds) or its name gives).
 
 Logs are read with ``read_namespaced_pod_log`` without preloading: the member's aiohttp
 response is handed over chunk by chunk as it arrives (``MemberLog``), and ``aclose`` (the
@@ -19,7 +20,7 @@ status only.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
 import aiohttp
@@ -36,18 +37,21 @@ from adapters.kube.objects import (
     namespace_of,
     pod_set_of,
 )
+from adapters.kube.workloads import kind_of
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
-from broker.ports import LaunchSpec, LogRequest, LogStream, PodNotFound, PodReadError, PodRow
+from broker.ports import (
+    LaunchSpec,
+    LogRequest,
+    LogStream,
+    PodNotFound,
+    PodReadError,
+    PodRow,
+    WorkloadKind,
+)
 
 log = logging.getLogger(__name__)
 
 ANNOTATION_SLOT = "fedbroker.io/slot"
-# Where a workload's controller writes a pod's index (batch Job and JobSet, Kubeflow).
-INDEX_LABELS = (
-    "batch.kubernetes.io/job-completion-index",
-    "jobset.sigs.k8s.io/job-index",
-    "training.kubeflow.org/replica-index",
-)
 CHUNK_BYTES = 64 << 10
 # A followed log's request ends after this long at most (the client follows again).
 FOLLOW_SECONDS = 6 * 3600.0
@@ -59,19 +63,24 @@ def restarts_of(pod: Mapping[str, Any]) -> int:
     return sum(int(s.get("restartCount") or 0) for s in statuses if isinstance(s, Mapping))
 
 
-def slot_of(pod: Mapping[str, Any], spec: LaunchSpec) -> tuple[str, str]:
-    """``(pod set, slot)`` of one of the job's pods (see the module's docstring)."""
+def slot_of(
+    pod: Mapping[str, Any], spec: LaunchSpec, kinds: Sequence[WorkloadKind]
+) -> tuple[str, str]:
+    """``(pod set, slot)`` of one of the job's pods (see the module's docstring); a
+    ``spec.workload`` job's kind is looked up in ``kinds``."""
     meta = pod.get("metadata") or {}
     name = str(meta.get("name") or "")
     labels = labels_of(pod)
     annotations = cast(Mapping[str, str], meta.get("annotations") or {})
     pod_set = labels.get(LABEL_POD_SET) or ""
-    index = next((labels[k] for k in INDEX_LABELS if k in labels), None)
+    index: int | str | None = None
+    if spec.workload is not None:
+        index = kind_of(kinds, spec.workload).pod_index(spec.workload.object, pod)
     if not pod_set and index is None and name.startswith(f"{spec.job}-"):
         pod_set = pod_set_of(name, spec)  # the launcher's own <job>-<podset>-<index>
     if index is None and pod_set and name.startswith(f"{spec.job}-{pod_set}-"):
         index = name.rpartition("-")[2]
-    slot = annotations.get(ANNOTATION_SLOT) or (f"{pod_set}-{index}" if index else "")
+    slot = annotations.get(ANNOTATION_SLOT) or (f"{pod_set}-{index}" if index is not None else "")
     return pod_set, slot
 
 
@@ -123,6 +132,7 @@ class KubePods:
         api_client: ApiClient,
         objects: GangObjects,
         *,
+        kinds: Sequence[WorkloadKind],
         attempts: int = 3,
         request_timeout: float = 30.0,
         follow_seconds: float = FOLLOW_SECONDS,
@@ -130,6 +140,7 @@ class KubePods:
     ) -> None:
         self.core = CoreV1Api(api_client)
         self.objects = objects
+        self.kinds = tuple(kinds)
         self.request_timeout = request_timeout
         self.follow_seconds = follow_seconds
         cluster = objects.cluster
@@ -159,7 +170,7 @@ class KubePods:
     async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
         rows = []
         for pod in await self._listed(spec):
-            pod_set, slot = slot_of(pod, spec)
+            pod_set, slot = slot_of(pod, spec, self.kinds)
             rows.append(
                 PodRow(
                     name=str(pod["metadata"]["name"]),

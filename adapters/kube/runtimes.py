@@ -1,6 +1,7 @@
-"""The training runtimes of one member cluster (Kubeflow Trainer v2's cluster-scoped
-ClusterTrainingRuntimes and namespaced TrainingRuntimes), read through its API and kept in
-a cache that admission looks a TrainJob's ``runtimeRef`` up in.
+"""The runtimes of one member cluster that shape some workload kinds' pods (Kubeflow
+Trainer v2's cluster-scoped ClusterTrainingRuntimes and namespaced TrainingRuntimes: the
+resources the kinds' ``reads`` name, ``broker.ports.MemberResource``), read through its API
+and kept in a cache that admission looks a workload's runtime reference up in.
 
 ``RuntimeCache.run`` lists each resource, then watches it from the list's resourceVersion;
 a 410 relists at once, any other failure relists after an exponential, jittered backoff.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -23,20 +24,13 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from adapters.kube.watch import Backoff, Gone, resource_version, watch_events
-from broker.ports import WatchError
+from broker.ports import MemberResource, WatchError
 
 if TYPE_CHECKING:
     from kubernetes.aio.client import ApiClient
 
 log = logging.getLogger(__name__)
 
-GROUP = "trainer.kubeflow.org"
-VERSION = "v1alpha1"
-# kind -> (plural, namespaced)
-KINDS: Mapping[str, tuple[str, bool]] = {
-    "ClusterTrainingRuntime": ("clustertrainingruntimes", False),
-    "TrainingRuntime": ("trainingruntimes", True),
-}
 HTTP_NOT_FOUND = 404
 Key = tuple[str, str]  # (namespace, name); namespace "" for a cluster-scoped runtime
 
@@ -46,12 +40,13 @@ class _NotServed(WatchError):
 
 
 class RuntimeCache:
-    """One member's training runtimes, by kind and (namespace, name)."""
+    """One member's runtimes of ``resources``, by kind and (namespace, name)."""
 
     def __init__(
         self,
         cluster: str,
         api: ApiClient,
+        resources: Sequence[MemberResource],
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         backoff: Backoff | None = None,
@@ -62,31 +57,32 @@ class RuntimeCache:
         from kubernetes.aio.client import CustomObjectsApi
 
         self.cluster = cluster
+        self._kinds = {r.kind: r for r in resources}
         self._api = CustomObjectsApi(api)
         self._sleep = sleep
         self._backoff = backoff or Backoff()
         self._inactivity = inactivity_timeout
         self._server_timeout = server_timeout
         self._request_timeout = request_timeout
-        self._found: dict[str, dict[Key, Mapping[str, Any]]] = {k: {} for k in KINDS}
-        self._problem: dict[str, str] = {k: "not listed yet" for k in KINDS}
+        self._found: dict[str, dict[Key, Mapping[str, Any]]] = {k: {} for k in self._kinds}
+        self._problem: dict[str, str] = {k: "not listed yet" for k in self._kinds}
         self.lists = 0  # successful lists, both kinds (tests wait on it)
 
     def lookup(self, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The runtime ``kind``/``name`` (a TrainingRuntime in ``namespace``), or None."""
-        scoped = KINDS.get(kind)
-        if scoped is None:
+        resource = self._kinds.get(kind)
+        if resource is None:
             return None
-        return self._found[kind].get((namespace if scoped[1] else "", name))
+        return self._found[kind].get((namespace if resource.namespaced else "", name))
 
     def problem(self, kind: str) -> str | None:
         """Why this member's runtimes of ``kind`` cannot be read now, or None."""
-        return self._problem.get(kind) if kind in KINDS else f"no runtime kind {kind}"
+        return self._problem.get(kind) if kind in self._kinds else f"no runtime kind {kind}"
 
     async def run(self) -> None:
-        """Keep both kinds up to date until cancelled."""
+        """Keep every kind up to date until cancelled."""
         async with asyncio.TaskGroup() as group:
-            for kind in KINDS:
+            for kind in self._kinds:
                 group.create_task(self._follow(kind))
 
     async def list_once(self, kind: str) -> str:
@@ -139,7 +135,7 @@ class RuntimeCache:
                 continue
 
     async def _call(self, kind: str, rv: str | None) -> aiohttp.ClientResponse:
-        plural = KINDS[kind][0]
+        resource = self._kinds[kind]
         if rv is None:
             args: dict[str, Any] = {"_request_timeout": self._request_timeout}
         else:
@@ -152,7 +148,7 @@ class RuntimeCache:
             }
         # Every namespace's TrainingRuntimes in one list: lookups pick the tenant's.
         call = self._api.list_cluster_custom_object_without_preload_content
-        return await call(GROUP, VERSION, plural, **args)
+        return await call(resource.group, resource.version, resource.plural, **args)
 
     async def _list(self, kind: str) -> dict[str, Any]:
         resp = await self._call(kind, None)

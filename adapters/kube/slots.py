@@ -4,7 +4,8 @@ placement (pure).
 A workload's pod templates carry the scheduling gate ``fedbroker.io/placement``
 (``adapters.kube.workloads``), so its controller's pods wait, unscheduled. Each placement
 pod is a slot: a node, GPU indexes and resources of one pod set. ``grants`` gives every
-gated pod of the job a free slot of its pod set (``fedbroker.io/pod-set`` label), and
+gated pod of the job a free slot of its pod set (``fedbroker.io/pod-set`` label), the one
+of the pod's own index when free (``index``: the workload kind's ``pod_index``), and
 ``ungate_patch`` is the merge patch that narrows the pod's required node affinity to that
 node (``matchFields`` ``metadata.name``, ANDed into every term the user gave: a gated pod's
 affinity may be narrowed, Kubernetes 1.27+), records the slot in annotations and removes
@@ -23,12 +24,12 @@ depends on other jobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 from adapters.kube.objects import LABEL_POD_SET, labels_of, pinned_to, pod_name, pod_set_of
-from adapters.kube.pods import ANNOTATION_SLOT, INDEX_LABELS
+from adapters.kube.pods import ANNOTATION_SLOT
 from adapters.kube.translate import ANNOTATION_GPUS, ANNOTATION_POD
 from adapters.kube.workloads import GATE
 from broker.model import Placement, PodPlacement
@@ -69,16 +70,6 @@ def slot_name(slot: PodPlacement, spec: LaunchSpec) -> str:
     return pod_name(slot, spec)[len(spec.job) + 1 :]
 
 
-def _index(pod: Mapping[str, Any]) -> int | None:
-    """The pod's index as its controller labelled it (Job, JobSet, Kubeflow), if any."""
-    labels = labels_of(pod)
-    for key in INDEX_LABELS:
-        value = labels.get(key)
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-    return None
-
-
 def _slot_index(slot: PodPlacement) -> int:
     tail = slot.pod.rpartition("-")[2]
     return int(tail) if tail.isdigit() else 0
@@ -88,15 +79,22 @@ def _recorded(pod: Mapping[str, Any]) -> str:
     return str((_meta(pod).get("annotations") or {}).get(ANNOTATION_POD) or "")
 
 
-def _order(pod: Mapping[str, Any]) -> tuple[int, str, str]:
-    index = _index(pod)
+Index = Callable[[Mapping[str, Any]], int | None]
+"""A pod's index within its pod set as its controller labelled it, if any."""
+
+
+def _order(pod: Mapping[str, Any], index: Index) -> tuple[int, str, str]:
+    given = index(pod)
     meta = _meta(pod)
     created = str(meta.get("creationTimestamp") or "")
-    return (index if index is not None else 1 << 30, created, str(meta.get("name") or ""))
+    return (given if given is not None else 1 << 30, created, str(meta.get("name") or ""))
 
 
 def grants(
-    placement: Placement, spec: LaunchSpec, pods: Iterable[Mapping[str, Any]]
+    placement: Placement,
+    spec: LaunchSpec,
+    pods: Iterable[Mapping[str, Any]],
+    index: Index,
 ) -> tuple[list[Grant], list[Mapping[str, Any]]]:
     """The slot grants to make for the job's gated pods among ``pods`` (a fresh listing of
     the job's pods), and the gated pods left without a slot. A gated pod recording a free
@@ -106,7 +104,7 @@ def grants(
     free: dict[str, dict[str, PodPlacement]] = {}
     for slot in placement.pods:
         free.setdefault(set_of[slot.pod], {})[slot.pod] = slot
-    live = sorted((p for p in pods if not terminal(p)), key=_order)
+    live = sorted((p for p in pods if not terminal(p)), key=lambda p: _order(p, index))
     # Pods past the gate hold the slot they record (they may run on its node), whatever
     # their labels say now; then a gated pod gets back the free slot it recorded.
     for pod in (p for p in live if not gated(p)):
@@ -128,8 +126,8 @@ def grants(
         if not choices:
             left.append(pod)
             continue
-        index = _index(pod)
-        same = [s for s in choices.values() if _slot_index(s) == index]
+        own = index(pod)
+        same = [s for s in choices.values() if _slot_index(s) == own]
         slot = same[0] if same else min(choices.values(), key=_slot_index)
         del choices[slot.pod]
         out.append(Grant(pod, slot))

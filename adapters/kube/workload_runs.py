@@ -7,11 +7,14 @@ end read from its own status.
   adopted, so a restarted broker creates no second one). Its controller makes the pods.
 * wait_running: every poll, in pin mode, the job's gated pods get slots of the placement
   (``adapters.kube.slots``; a pod left without one stays gated, with one Warning Event).
+  The PodGroup's minMember leaves out the kind's late pod sets (``WorkloadKind``).
   The gang has started when as many of the job's pods run (or already succeeded) as the
-  placement has pods, or (delegate mode) its PodGroup is Running. A pod of the job Failed,
-  or the workload failed or vanished, before that: ``KubeLaunchError`` (the service rolls
-  the gang back and requeues it with backoff).
-* finished: the workload's own status (``workload_end``), with its reason and message; the
+  placement has pods, those of the kind's late pod sets (a RayJob's submitter, made once
+  the Ray cluster is ready) left out, or (delegate mode) its PodGroup is Running. A pod
+  of the job Failed, or the workload failed by its kind's ``end`` (a RayJob's
+  ``ValidationFailed`` among them, with KubeRay's reason) or vanished, before that:
+  ``KubeLaunchError`` (the service rolls the gang back and requeues it with backoff).
+* finished: the workload's own status (its kind's ``end``), with its reason and message; the
   workload gone: failed, ``WorkloadDeleted``. Pods its controller makes again (a retried
   Job pod) are granted the slots freed meanwhile. The member unreachable, it polls on (an
   unreachable cluster does not end a job: failover does, when configured); anything else
@@ -19,7 +22,11 @@ end read from its own status.
   raises, and the service rolls the job back rather than hold its capacity with nothing
   following it.
 * delete and garbage collection: the workload, with ``propagationPolicy: Background`` so
-  its controller's pods go too.
+  its controller's pods go too; of every kind the launcher was given. An object another
+  controller made (``objects.controlled``) is never taken for ours.
+
+Every kind-specific answer comes from the launcher's kinds (``broker.ports.WorkloadKind``):
+this module names none.
 
 Listings of pods and of each kind's workloads are shared by every gang polling at the same
 time (``NamespaceApi.shared_listing``/``shared_workloads``): a poll costs one LIST per kind
@@ -30,22 +37,23 @@ job's pods, so a grant made in the previous poll is always seen.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from adapters.kube.creating import Creator
-from adapters.kube.modes import LaunchMode
+from adapters.kube.modes import LaunchMode, PodIndex
 from adapters.kube.namespace import NamespaceApi
-from adapters.kube.objects import KubeLaunchError, job_key, namespace_of
-from adapters.kube.workloads import (
-    WORKLOAD_KINDS,
-    WorkloadKind,
-    kind_of,
-    workload_body,
-    workload_end,
+from adapters.kube.objects import (
+    LABEL_POD_SET,
+    KubeLaunchError,
+    controlled,
+    job_key,
+    labels_of,
+    namespace_of,
 )
+from adapters.kube.workloads import kind_of, late_pods, workload_body
 from broker.model import Placement
-from broker.ports import LaunchSpec, RunEnd
+from broker.ports import LaunchSpec, RunEnd, WorkloadKind
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +70,7 @@ class WorkloadLauncher:
         api: NamespaceApi,
         creator: Creator,
         mode: LaunchMode,
+        kinds: Sequence[WorkloadKind],
         *,
         poll_seconds: float,
         run_poll_seconds: float,
@@ -71,23 +80,23 @@ class WorkloadLauncher:
         self._objects = creator.objects
         self._creator = creator
         self._mode = mode
+        self.kinds = tuple(kinds)
         self._poll_seconds = poll_seconds
         self._run_poll_seconds = run_poll_seconds
         self._sleep = sleep
 
-    @staticmethod
-    def kind(spec: LaunchSpec) -> WorkloadKind:
+    def kind(self, spec: LaunchSpec) -> WorkloadKind:
         if spec.workload is None:
             raise KubeLaunchError(f"job {spec.key} has no workload")
-        return kind_of(spec.workload)
+        return kind_of(self.kinds, spec.workload)
 
     # -- create ------------------------------------------------------------------------------
 
     async def create(self, placement: Placement, spec: LaunchSpec) -> None:
         kind = self.kind(spec)
-        body = workload_body(self._objects, spec)
+        body = workload_body(self._objects, spec, kind)
         await self._creator.ensure_namespace(spec)
-        await self._mode.prepare(placement, spec)
+        await self._mode.prepare(placement, spec, late_pods(kind, placement, spec))
         await self._creator.create_or_adopt(
             kind.kind, body, spec,
             lambda b: self._api.create_workload(kind, dict(b)),
@@ -111,6 +120,12 @@ class WorkloadLauncher:
     async def _pods(self, spec: LaunchSpec) -> list[dict[str, Any]]:
         return [p for p in await self._api.shared_listing() if self._objects.ours(p, spec)]
 
+    @staticmethod
+    def _index(kind: WorkloadKind, spec: LaunchSpec) -> PodIndex:
+        """A pod's index within its pod set, as the kind's controller labels it."""
+        created = spec.workload.object if spec.workload is not None else {}
+        return lambda pod: kind.pod_index(created, pod)
+
     async def wait_running(self, placement: Placement, spec: LaunchSpec) -> None:
         """Return once the gang has started (see the module's docstring); raise
         ``KubeLaunchError`` as soon as it cannot. Polls every ``poll_seconds``; the caller
@@ -121,7 +136,7 @@ class WorkloadLauncher:
             obj = await self._workload(spec)
             if obj is None:
                 raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
-            end = workload_end(kind.kind, obj)
+            end = kind.end(obj)
             if end is not None and not end.succeeded:
                 raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
             pods = await self._pods(spec)
@@ -132,10 +147,15 @@ class WorkloadLauncher:
                 )
             if end is not None:
                 return  # succeeded before we saw it run
-            started = sum(1 for p in pods if _phase(p) in ("Running", "Succeeded"))
-            if started >= len(placement.pods):
+            started = sum(
+                1
+                for p in pods
+                if _phase(p) in ("Running", "Succeeded")
+                and labels_of(p).get(LABEL_POD_SET) not in kind.late_pod_sets
+            )
+            if started >= len(placement.pods) - late_pods(kind, placement, spec):
                 return
-            await self._mode.tend(placement, spec, pods)
+            await self._mode.tend(placement, spec, pods, self._index(kind, spec))
             if await self._mode.started(spec):
                 return
             await self._sleep(self._poll_seconds)
@@ -171,9 +191,9 @@ class WorkloadLauncher:
         if obj is None:
             where = f"{self._objects.namespace(spec.tenant)}/{spec.job}"
             return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
-        end = workload_end(kind.kind, obj)
+        end = kind.end(obj)
         if end is None:
-            await self._mode.tend(placement, spec, await self._pods(spec))
+            await self._mode.tend(placement, spec, await self._pods(spec), self._index(kind, spec))
         return end
 
     # -- delete ------------------------------------------------------------------------------
@@ -185,7 +205,7 @@ class WorkloadLauncher:
         existing = await self._api.read_workload(kind, namespace, spec.job)
         if existing is None:
             return
-        if not self._objects.ours(existing, spec):
+        if not self._objects.ours(existing, spec) or controlled(existing):
             log.warning("not deleting %s %s/%s: it is not %s's", kind.kind, namespace,
                         spec.job, spec.key)  # fmt: skip
             return
@@ -195,7 +215,7 @@ class WorkloadLauncher:
         """Delete our workloads of every kind whose job is not live; a kind that cannot be
         listed (not served, not allowed) is skipped with a warning."""
         deleted: list[str] = []
-        for kind in WORKLOAD_KINDS.values():
+        for kind in self.kinds:
             try:
                 found = await self._api.our_workloads(kind)
             except KubeLaunchError as exc:

@@ -1,14 +1,14 @@
 """A job's embedded workload (``LaunchSpec.workload``) as the launcher creates it (pure).
 
-Supported kinds and their resources (``WORKLOAD_KINDS``): batch/v1 ``Job``,
-``jobset.x-k8s.io`` ``JobSet``, ``kubeflow.org`` ``PyTorchJob``, ``ray.io`` ``RayJob`` and
-``RayCluster``, ``trainer.kubeflow.org`` ``TrainJob`` (its pod templates are the patches of
-its runtime's that admission wrote into ``spec.runtimePatches``).
-The object goes into the tenant's namespace (``GangObjects.namespace``)
-named after the job, carrying the user's labels and annotations plus ours (origin, tenant,
-job). Every pod template at the paths admission derived (``WorkloadSpec.pod_sets``) carries
-our labels and ``fedbroker.io/pod-set`` too, so the pods the workload's controller makes are
-recognised as the job's, and its GPU names are this cluster's. Then, by mode:
+The kinds are the launcher's (``broker.ports.WorkloadKind``s the composition hands it:
+the manifest's registry); ``kind_of`` finds a workload's by its apiVersion and kind, and
+everything kind-specific (its resource, its pods' index, its end, its late pod sets) is
+read through it: no kind is named here. The object goes into the tenant's namespace
+(``GangObjects.namespace``) named after the job, carrying the user's labels and
+annotations plus ours (origin, tenant, job). Every pod template at the paths admission
+derived (``WorkloadSpec.pod_sets``) carries our labels and ``fedbroker.io/pod-set`` too, so
+the pods the workload's controller makes are recognised as the job's, and its GPU names are
+this cluster's. Then, by mode:
 
 * ``pin``: the scheduling gate ``fedbroker.io/placement``; the launcher removes it from
   each pod once it has given the pod a slot of the placement (``adapters.kube.slots``);
@@ -16,19 +16,12 @@ recognised as the job's, and its GPU names are this cluster's. Then, by mode:
   member's ``schedulerName`` when configured.
 
 No rendezvous Service: each kind's controller makes its own.
-
-``workload_end`` reads a workload's own status: Job conditions ``Complete``/``Failed``,
-JobSet ``Completed``/``Failed``, PyTorchJob ``Succeeded``/``Failed``, TrainJob
-``Complete``/``Failed``, RayJob
-``status.jobStatus`` ``SUCCEEDED``/``FAILED``/``STOPPED`` or ``jobDeploymentStatus``
-``Failed``; a RayCluster runs until cancelled.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, cast
 
 from adapters.kube.objects import (
@@ -38,56 +31,34 @@ from adapters.kube.objects import (
     GangObjects,
     KubeLaunchError,
     pod_group_name,
+    pod_name,
+    pod_set_of,
 )
-from broker.ports import LaunchSpec, RunEnd, TemplatePath, WorkloadSpec
+from broker.model import Placement
+from broker.ports import LaunchSpec, TemplatePath, WorkloadKind, WorkloadSpec
 
 GATE = "fedbroker.io/placement"
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadKind:
-    """A workload kind's API group, version and resource name."""
-
-    kind: str
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
+def api_version(kind: WorkloadKind) -> str:
+    return f"{kind.group}/{kind.version}" if kind.group else kind.version
 
 
-WORKLOAD_KINDS: Mapping[str, WorkloadKind] = {
-    k.kind: k
-    for k in (
-        WorkloadKind("Job", "batch", "v1", "jobs"),
-        WorkloadKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets"),
-        WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
-        WorkloadKind("RayJob", "ray.io", "v1", "rayjobs"),
-        WorkloadKind("RayCluster", "ray.io", "v1", "rayclusters"),
-        WorkloadKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+def kind_of(kinds: Iterable[WorkloadKind], workload: WorkloadSpec) -> WorkloadKind:
+    """The kind of ``workload`` among ``kinds`` (by its apiVersion and kind), or
+    ``KubeLaunchError``."""
+    given = str(workload.object.get("apiVersion", ""))
+    for kind in kinds:
+        if kind.kind == workload.kind and api_version(kind) == given:
+            return kind
+    raise KubeLaunchError(f"unsupported workload {given} {workload.kind}")
+
+
+def late_pods(kind: WorkloadKind, placement: Placement, spec: LaunchSpec) -> int:
+    """The placement's pods of the kind's late pod sets (made only once the others run)."""
+    return sum(
+        1 for p in placement.pods if pod_set_of(pod_name(p, spec), spec) in kind.late_pod_sets
     )
-}
-
-# kind -> (condition type that means succeeded, condition type that means failed)
-_CONDITION_ENDS: Mapping[str, tuple[str, str]] = {
-    "Job": ("Complete", "Failed"),
-    "JobSet": ("Completed", "Failed"),
-    "PyTorchJob": ("Succeeded", "Failed"),
-    "TrainJob": ("Complete", "Failed"),
-}
-_RAY_JOB_ENDS: Mapping[str, bool] = {"SUCCEEDED": True, "FAILED": False, "STOPPED": False}
-
-
-def kind_of(workload: WorkloadSpec) -> WorkloadKind:
-    """The supported kind of ``workload`` (its ``apiVersion`` must be of that kind's
-    group), or ``KubeLaunchError``."""
-    kind = WORKLOAD_KINDS.get(workload.kind)
-    api_version = str(workload.object.get("apiVersion", ""))
-    if kind is None or api_version != kind.api_version:
-        raise KubeLaunchError(f"unsupported workload {api_version} {workload.kind}")
-    return kind
 
 
 def template_at(obj: Any, path: TemplatePath) -> dict[str, Any]:
@@ -138,12 +109,12 @@ def dress_template(
         pod_spec["schedulerName"] = objects.scheduler_name
 
 
-def workload_body(objects: GangObjects, spec: LaunchSpec) -> dict[str, Any]:
-    """The workload object to create for ``spec`` (a ``spec.workload`` job) in its tenant's
-    namespace, named after the job, every pod template dressed (``dress_template``)."""
+def workload_body(objects: GangObjects, spec: LaunchSpec, kind: WorkloadKind) -> dict[str, Any]:
+    """The workload object of ``kind`` to create for ``spec`` (a ``spec.workload`` job) in
+    its tenant's namespace, named after the job, every pod template dressed
+    (``dress_template``)."""
     if spec.workload is None:
         raise KubeLaunchError(f"job {spec.key} has no workload")
-    kind = kind_of(spec.workload)
     body = cast(dict[str, Any], json.loads(json.dumps(spec.workload.object)))
     raw_meta = body.get("metadata")
     given: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
@@ -154,42 +125,10 @@ def workload_body(objects: GangObjects, spec: LaunchSpec) -> dict[str, Any]:
     }
     if given.get("annotations"):
         metadata["annotations"] = dict(given["annotations"])
-    body["apiVersion"], body["kind"], body["metadata"] = kind.api_version, kind.kind, metadata
+    body["apiVersion"], body["kind"], body["metadata"] = api_version(kind), kind.kind, metadata
     for pod_set, path in spec.workload.pod_sets:
         template = template_at(body, path)
         dress_template(objects, template, spec, pod_set)
-        if kind.kind == "TrainJob":
-            # Its pod templates are patches of its runtime's, which take no schedulerName:
-            # in delegate mode the runtime names the member's gang scheduler.
+        if not kind.templates_name_scheduler:
             template["spec"].pop("schedulerName", None)
     return body
-
-
-def _condition_end(obj: Mapping[str, Any], succeeded: str, failed: str) -> RunEnd | None:
-    conditions = (obj.get("status") or {}).get("conditions") or ()
-    found: dict[str, Mapping[str, Any]] = {}
-    for condition in conditions:
-        if isinstance(condition, Mapping) and condition.get("status") == "True":
-            found[str(condition.get("type"))] = condition
-    for kind, ok in ((failed, False), (succeeded, True)):
-        if kind in found:
-            reason = str(found[kind].get("reason") or kind)
-            return RunEnd(ok, reason, str(found[kind].get("message") or ""))
-    return None
-
-
-def workload_end(kind: str, obj: Mapping[str, Any]) -> RunEnd | None:
-    """How the workload ended, by its own status, with its reason and message; None while
-    it has not (a RayCluster never ends by itself)."""
-    if kind in _CONDITION_ENDS:
-        return _condition_end(obj, *_CONDITION_ENDS[kind])
-    if kind != "RayJob":
-        return None
-    status = obj.get("status") or {}
-    job_status = str(status.get("jobStatus") or "")
-    message = str(status.get("message") or "")
-    if status.get("jobDeploymentStatus") == "Failed":
-        return RunEnd(False, str(status.get("reason") or "DeploymentFailed"), message)
-    if job_status in _RAY_JOB_ENDS:
-        return RunEnd(_RAY_JOB_ENDS[job_status], job_status, message)
-    return None

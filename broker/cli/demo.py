@@ -46,6 +46,7 @@ from broker.cli.view import (
     use_plain,
 )
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
+from broker.manifest.workloads import jobset, pytorchjob
 from broker.process import run_loop
 from broker.service.facade import Service
 
@@ -227,14 +228,14 @@ def workload_manifest(rng: random.Random, name: str) -> dict[str, Any]:
     if rng.random() < 0.5:
         job_template = {"spec": {"parallelism": workers + 1, "template": pod}}
         replicated = [{"name": "workers", "template": job_template}]
-        obj: dict[str, Any] = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        obj: dict[str, Any] = {"apiVersion": jobset.API_VERSION, "kind": jobset.KIND,
                                "spec": {"replicatedJobs": replicated}}  # fmt: skip
     else:
         # The training operator wants its container named "pytorch".
         pod = {"spec": {**pod["spec"], "containers": [{**container, "name": "pytorch"}]}}
         replicas = {"Master": {"replicas": 1, "template": pod},
                     "Worker": {"replicas": workers, "template": pod}}  # fmt: skip
-        obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        obj = {"apiVersion": pytorchjob.API_VERSION, "kind": pytorchjob.KIND,
                "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
     spec = {"queue": "training", "policy": "gang", "workload": obj,
             "placement": {"allowBurst": True}}  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from broker.http.answers import REF, RESPONSE_MODELS
+from broker.http.answers import REF, RESPONSE_MODELS, Job
 from broker.http.openapi_pods import pod_paths
 from broker.manifest import json_schema
 from broker.store import JOB_STATES
@@ -125,8 +125,9 @@ def _list_parameters(max_list_limit: int) -> list[dict[str, Any]]:
 
 def _job_paths(max_list_limit: int) -> dict[str, Any]:
     """Submit and list, one job (get, cancel), why it waits, and the dry run."""
-    job = _responses({"200": "Job"}, 404, *_AUTH)
-    submitted = _responses({"200": "Job", "201": "Job"}, 400, 409, 413, *_AUTH)
+    one = Job.__name__  # the response model's schema, named as pydantic names it
+    job = _responses({"200": one}, 404, *_AUTH)
+    submitted = _responses({"200": one, "201": one}, 400, 409, 413, *_AUTH)
     return {
         "/v1/jobs": {
             "post": _operation(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher, StaleTracker
 from broker.config import ClusterConfig, KubeSource
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
 from broker.ports import (
@@ -180,12 +181,16 @@ class KubeMembers:
                 watch_inactivity_seconds=source.watch_inactivity_seconds,
                 retry_wait=self.retry_wait,
             )  # fmt: skip
-            launcher = KubeLauncher(client, settings, spec_for=spec_for)
+            launcher = KubeLauncher(client, settings, kinds=INTEGRATIONS, spec_for=spec_for)
             pods = KubePods(
-                client, launcher.objects, request_timeout=source.request_timeout_seconds
+                client,
+                launcher.objects,
+                kinds=INTEGRATIONS,
+                request_timeout=source.request_timeout_seconds,
             )
             runtimes = RuntimeCache(
-                cc.name, client, inactivity_timeout=source.watch_inactivity_seconds,
+                cc.name, client, [r for kind in INTEGRATIONS for r in kind.reads],
+                inactivity_timeout=source.watch_inactivity_seconds,
                 request_timeout=source.request_timeout_seconds,
             )  # fmt: skip
             self.members[cc.name] = KubeMember(

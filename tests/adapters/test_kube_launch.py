@@ -28,6 +28,7 @@ from adapters.kube.objects import (
     Mode,
 )
 from adapters.kube.settings import LaunchSettings
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchError, LaunchSpec
 
@@ -113,6 +114,7 @@ def launcher(
     return KubeLauncher(
         api,
         settings,
+        kinds=INTEGRATIONS,
         sleep=sleep,
         spec_for=lambda p: LaunchSpec(
             tenant="acme",
@@ -383,6 +385,7 @@ async def test_another_tenants_job_of_the_same_name_is_refused_and_left_alone(
     other = KubeLauncher(
         api,
         LaunchSettings(NS, mode, cluster="east", retry_wait=wait_none()),
+        kinds=INTEGRATIONS,
         sleep=kubelet(k8s),
         spec_for=lambda p: LaunchSpec(tenant="other", job="train"),
     )

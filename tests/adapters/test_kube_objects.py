@@ -17,6 +17,7 @@ from tenacity import wait_none
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import GangObjects, Mode, pinned_to
 from adapters.kube.settings import LaunchSettings
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -155,7 +156,7 @@ async def test_a_pinned_launch_carries_the_users_and_the_brokers_constraints(
         await cast(NamespacedEmulator, k8s).run_pods("node-7")
 
     settings = LaunchSettings(NS, "pin", cluster="east", retry_wait=wait_none())
-    launcher = KubeLauncher(client, settings, sleep=kubelet)
+    launcher = KubeLauncher(client, settings, kinds=INTEGRATIONS, sleep=kubelet)
     await launcher.launch(Placement("acme/train", "east", (POD,)), spec(TEMPLATE))
     pods = [o.raw for (r, _, _), o in k8s.objects.items() if r == PODS and not o.deleted]
     assert len(pods) == 1

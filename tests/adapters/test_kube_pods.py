@@ -18,6 +18,7 @@ from tenacity import wait_none
 
 from adapters.kube.objects import GangObjects
 from adapters.kube.pods import KubePods, MemberLog
+from broker.manifest.workloads import INTEGRATIONS
 from broker.ports import LaunchSpec, LogRequest, PodNotFound
 
 _LOG = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log")
@@ -68,7 +69,7 @@ def reader(api: ApiClient) -> KubePods:
         gpu_resource="nvidia.com/gpu", shared_gpu_resource=None, scheduler_name=None,
         default_image="busybox",
     )  # fmt: skip
-    return KubePods(api, objects, attempts=1, retry_wait=wait_none())
+    return KubePods(api, objects, kinds=INTEGRATIONS, attempts=1, retry_wait=wait_none())
 
 
 async def put_pod(

@@ -21,8 +21,8 @@ from workload_cluster import (
     workload,
 )
 
-from adapters.kube.workloads import WORKLOAD_KINDS
 from broker.manifest import admit_templates, parse_manifest, to_job, workload_of
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement
 from broker.ports import LaunchSpec
 from broker.quantity import canonical
@@ -111,7 +111,7 @@ async def test_a_podsets_gangs_pods_carry_canonical_strings(api: ApiClient, k8s:
 async def test_each_workload_kind_is_created_with_canonical_strings(
     api: ApiClient, k8s: Emulator, kind: str
 ) -> None:
-    assert kind in WORKLOAD_KINDS
+    assert kind in {i.kind for i in INTEGRATIONS}
     placement, spec = admitted({"workload": WORKLOAD_SPECS[kind]})
     await launcher(api, _never).workloads.create(placement, spec)
     obj = workload(k8s, kind, "train")

@@ -26,6 +26,7 @@ from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError
 from adapters.kube.settings import LaunchSettings
 from adapters.kubeapi.calls import UnreadableAnswer, describe, refused, transient
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec, RunEnd
 
@@ -65,7 +66,7 @@ def launcher(api: ApiClient, member: FaultyMember, template: dict[str, Any] | No
     return KubeLauncher(
         api, LaunchSettings("team-{tenant}", "pin", cluster="east", attempts=2,
                             retry_wait=wait_none(), request_timeout=5),
-        sleep=kubelet,
+        kinds=INTEGRATIONS, sleep=kubelet,
         spec_for=lambda p: LaunchSpec(tenant="acme", job=p.job.split("/")[1],
                                       pod_templates=templates),
     )  # fmt: skip

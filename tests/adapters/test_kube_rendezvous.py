@@ -24,6 +24,7 @@ from adapters.kube.objects import KubeLaunchError, Mode
 from adapters.kube.rendezvous import ENV_NAMES, Rendezvous, service_name, short_label
 from adapters.kube.settings import LaunchSettings
 from broker.manifest import master_port
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -216,6 +217,7 @@ def launcher(
 
     return KubeLauncher(
         api, LaunchSettings("fedbroker-{tenant}", mode, cluster="east", retry_wait=wait_none()),
+        kinds=INTEGRATIONS,
         sleep=kubelet(k8s, phase), spec_for=spec_for,
     )  # fmt: skip
 

@@ -17,6 +17,7 @@ from kubernetes.aio.client import ApiClient, Configuration, CustomObjectsApi
 
 from adapters.kube.runtimes import RuntimeCache
 from adapters.kube.watch import Backoff
+from broker.manifest.workloads.trainjob import READS
 
 G, V = "trainer.kubeflow.org", "v1alpha1"
 CTRS = kmocklib.resource(G, V, "clustertrainingruntimes")
@@ -50,7 +51,7 @@ async def test_a_member_without_the_trainer_crds_has_no_runtimes(api: ApiClient)
         waits.append(seconds)
         await asyncio.Event().wait()  # listed again only after the wait: never here
 
-    cache = RuntimeCache("east", api, sleep=sleep, backoff=Backoff(cap=7.0))
+    cache = RuntimeCache("east", api, READS, sleep=sleep, backoff=Backoff(cap=7.0))
     task = await following(cache)
     try:
         assert cache.problem(CTR) is None and cache.problem(TR) is None
@@ -67,7 +68,7 @@ async def test_runtimes_are_listed_then_followed(
     kmock.resources[f"{G}/{V}/trainingruntimes"] = kmocklib.ResourceInfo(namespaced=True)
     kmock.objects[CTRS, None, "torch"] = runtime(CTR, "torch")
     kmock.objects[TRS, "team-a", "mine"] = runtime(TR, "mine", "team-a")
-    cache = RuntimeCache("east", api)
+    cache = RuntimeCache("east", api, READS)
     task = await following(cache)
     try:
         assert cache.lookup(CTR, "team-a", "torch") is not None  # cluster-scoped: anywhere
@@ -92,7 +93,7 @@ async def test_a_member_refusing_the_list_has_none_and_says_why(
     async def sleep(seconds: float) -> None:
         await asyncio.Event().wait()
 
-    cache = RuntimeCache("east", api, sleep=sleep)
+    cache = RuntimeCache("east", api, READS, sleep=sleep)
     task = asyncio.create_task(cache.run())
     try:
         await until(lambda: "HTTP 403" in (cache.problem(CTR) or ""))

@@ -3,6 +3,7 @@ any mix of pods a controller may have made, and the merge patch that ungates one
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hypothesis import given
@@ -13,11 +14,16 @@ from adapters.kube.pods import ANNOTATION_SLOT
 from adapters.kube.slots import Grant, gated, grants, no_slot_event, terminal, ungate_patch
 from adapters.kube.translate import ANNOTATION_GPUS, ANNOTATION_POD
 from adapters.kube.workloads import GATE
+from broker.manifest.workloads import batchjob
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
 SPEC = LaunchSpec(tenant="acme", job="train", pod_sets=("leader", "worker"))
 GPU = Resources(gpus=2)
+
+
+# A pod's index as a batch Job's controller labels it (the registry's answer).
+INDEX = functools.partial(batchjob.INTEGRATION.pod_index, {})
 
 
 def placement(sets: dict[str, int]) -> Placement:
@@ -40,7 +46,7 @@ def pod(
 ) -> dict[str, Any]:
     labels = {LABEL_POD_SET: pod_set}
     if index is not None:
-        labels["jobset.sigs.k8s.io/job-index"] = str(index)
+        labels[batchjob.COMPLETION_INDEX] = str(index)
     annotations = {ANNOTATION_POD: slot} if slot else {}
     spec: dict[str, Any] = {"containers": [{"name": "main"}]}
     if gate:
@@ -112,7 +118,7 @@ def test_grants_never_double_book_a_slot_and_leave_no_slot_idle(
 ) -> None:
     plan = placement({"leader": leaders, "worker": workers})
     slots = {p.pod: p for p in plan.pods}
-    made, left = grants(plan, SPEC, pods)
+    made, left = grants(plan, SPEC, pods, INDEX)
     waiting = [p for p in pods if gated(p) and not terminal(p)]
     assert len(made) + len(left) == len(waiting)
     assert len({g.slot.pod for g in made}) == len(made)  # a slot granted once
@@ -133,7 +139,7 @@ def test_grants_never_double_book_a_slot_and_leave_no_slot_idle(
         of_set = [s for s in slots if s.startswith(f"acme.train-{pod_set}-")]
         assert all(s in held for s in of_set)
     # Granting again from the patched pods changes nothing for the pods granted.
-    again, _ = grants(plan, SPEC, after)
+    again, _ = grants(plan, SPEC, after, INDEX)
     assert not {g.name for g in again} & {g.name for g in made}
 
 
@@ -147,14 +153,14 @@ def test_a_gated_pod_keeps_the_free_slot_it_recorded(pods: list[dict[str, Any]],
         if p["metadata"]["annotations"].get(ANNOTATION_POD)
         != me["metadata"]["annotations"][ANNOTATION_POD]
     ]
-    made, _ = grants(plan, SPEC, [me, *others])
+    made, _ = grants(plan, SPEC, [me, *others], INDEX)
     assert [g.slot.pod for g in made if g.name == "me"] == [f"acme.train-worker-{n - 1}"]
 
 
 def test_pods_take_the_slot_of_their_own_index_and_extras_stay_gated() -> None:
     plan = placement({"worker": 3})
     pods = [pod(f"js-w-0-{i}", "worker", index=i) for i in (2, 0, 1, 3)]
-    made, left = grants(plan, SPEC, pods)
+    made, left = grants(plan, SPEC, pods, INDEX)
     assert {g.name: g.slot.pod for g in made} == {
         "js-w-0-0": "acme.train-worker-0",
         "js-w-0-1": "acme.train-worker-1",
@@ -168,8 +174,10 @@ def test_a_finished_pod_frees_its_slot_for_the_next() -> None:
     done = pod("a", "worker", gate=False, phase="Failed", slot="acme.train-worker-0")
     running = pod("b", "worker", gate=False, phase="Running", slot="acme.train-worker-0")
     retry = pod("c", "worker")
-    assert [g.slot.pod for g in grants(plan, SPEC, [done, retry])[0]] == ["acme.train-worker-0"]
-    made, left = grants(plan, SPEC, [running, retry])
+    assert [g.slot.pod for g in grants(plan, SPEC, [done, retry], INDEX)[0]] == [
+        "acme.train-worker-0"
+    ]
+    made, left = grants(plan, SPEC, [running, retry], INDEX)
     assert made == [] and [p["metadata"]["name"] for p in left] == ["c"]
 
 

@@ -8,6 +8,7 @@ test_kube_workload_pins.py."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
@@ -18,6 +19,7 @@ from adapters.kube.objects import LABEL_POD_SET
 from adapters.kube.slots import gated, grants, terminal
 from adapters.kube.translate import ANNOTATION_POD
 from adapters.kube.workloads import GATE
+from broker.manifest.workloads import batchjob
 from broker.model import Placement, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -39,6 +41,10 @@ pods_strategy = st.lists(
     }),
     max_size=8,
 )  # fmt: skip
+
+
+# A pod's index as a batch Job's controller labels it (the registry's answer).
+INDEX = functools.partial(batchjob.INTEGRATION.pod_index, {})
 
 
 def pod(n: int, p: dict[str, Any]) -> dict[str, Any]:
@@ -72,7 +78,7 @@ def pod_set(p: dict[str, Any]) -> str:
 @given(pods_strategy)
 def test_grants_never_double_book_and_keep_recorded_slots(given_pods: list[dict[str, Any]]) -> None:
     pods = [pod(n, p) for n, p in enumerate(given_pods)]
-    out, left = grants(PLACEMENT, SPEC, pods)
+    out, left = grants(PLACEMENT, SPEC, pods, INDEX)
     granted = {g.name: g.slot.pod for g in out}
     still_gated = {p["metadata"]["name"] for p in left}
     live_gated = {p["metadata"]["name"] for p in pods if gated(p) and not terminal(p)}

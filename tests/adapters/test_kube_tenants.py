@@ -24,6 +24,7 @@ from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import KubeLaunchError
 from adapters.kube.settings import LaunchSettings
 from adapters.kube.tenancy import labels_to_patch, pod_security_labels
+from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import LaunchSpec
 
@@ -84,6 +85,7 @@ def launcher(
     return KubeLauncher(
         api, LaunchSettings("fedbroker-{tenant}", "delegate", cluster="east",
                             retry_wait=wait_none()),
+        kinds=INTEGRATIONS,
         sleep=kubelet(k8s), spec_for=spec_for,
     )  # fmt: skip
 

@@ -22,6 +22,7 @@ from workload_cluster import (
     EVENTS,
     JOB,
     KIND_RES,
+    KINDS,
     NS,
     PODS,
     VOLCANO,
@@ -65,10 +66,10 @@ def assert_pinned(member: Cluster, placement: Placement, granted: dict[str, Obj]
         assert notes[ANNOTATION_GPUS] == ",".join(map(str, slot.gpus))
         assert notes[ANNOTATION_SLOT] == slot.pod.removeprefix(f"acme.{job}-")
         assert "schedulingGates" not in pod["spec"]
-        labels = pod["metadata"]["labels"]
-        index = labels.get("training.kubeflow.org/replica-index", labels.get(INDEX))
-        if index is not None and member.kind != "JobSet":  # a JobSet's: within its child Job
-            assert slot.pod.rpartition("-")[2] == index, f"{name}: the slot of its own index"
+        assert member.spec.workload is not None
+        index = KINDS[member.kind].pod_index(member.spec.workload.object, pod)
+        if index is not None:  # a JobSet's: its global index, job-index x parallelism + own
+            assert slot.pod.rpartition("-")[2] == str(index), f"{name}: the slot of its index"
     per_node = Counter(p.node for p in placement.pods)
     assert set(per_node) <= set(member.peak), "the scheduler ran pods on every node"
     assert all(member.peak[node] <= n for node, n in per_node.items()), member.peak

@@ -24,8 +24,10 @@ from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import LABEL_POD_SET, Flavor, Mode
 from adapters.kube.settings import LaunchSettings
 from adapters.kube.slots import gated
-from adapters.kube.workloads import WORKLOAD_KINDS, template_at
+from adapters.kube.workloads import api_version, template_at
 from broker.manifest import admit_templates, parse_manifest, to_job, workload_of
+from broker.manifest.workloads import INTEGRATIONS, Integration, batchjob, pytorchjob
+from broker.manifest.workloads import jobset as jobset_kind
 from broker.model import Placement, PodPlacement
 from broker.ports import LaunchSpec
 
@@ -37,7 +39,8 @@ PODS = kmocklib.resource("", "v1", "pods")
 EVENTS = kmocklib.resource("", "v1", "events")
 COSCHED = kmocklib.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 VOLCANO = kmocklib.resource("scheduling.volcano.sh", "v1beta1", "podgroups")
-KIND_RES = {k: kmocklib.resource(w.group, w.version, w.plural) for k, w in WORKLOAD_KINDS.items()}
+KINDS: Mapping[str, Integration] = {i.kind: i for i in INTEGRATIONS}
+KIND_RES = {k: kmocklib.resource(w.group, w.version, w.plural) for k, w in KINDS.items()}
 CRD_FILES = {
     "JobSet": "jobset.x-k8s.io_jobsets.yaml",
     "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
@@ -87,8 +90,8 @@ async def emulator(kmock: Any) -> Emulator:
     for name in ("v1/pods", "v1/events", "v1/services", "scheduling.x-k8s.io/v1alpha1/podgroups",
                  "scheduling.volcano.sh/v1beta1/podgroups"):  # fmt: skip
         k8s.resources[name] = info
-    for kind in WORKLOAD_KINDS.values():
-        k8s.resources[f"{kind.api_version}/{kind.plural}"] = info
+    for kind in INTEGRATIONS:
+        k8s.resources[f"{api_version(kind)}/{kind.plural}"] = info
     return k8s
 
 
@@ -134,7 +137,7 @@ def launcher(
     settings = LaunchSettings(
         "team-{tenant}", mode, flavor, cluster="east", retry_wait=wait_none(), **kw
     )
-    return KubeLauncher(api, settings, sleep=sleep)  # fmt: skip
+    return KubeLauncher(api, settings, kinds=INTEGRATIONS, sleep=sleep)  # fmt: skip
 
 
 def stored(k8s: Emulator, res: Any) -> dict[str, Obj]:
@@ -161,30 +164,53 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return nodes.pop()[0] if nodes else None
 
 
-def _names(
-    kind: str, job: str, pod_set: str, count: int, template: Obj
-) -> Iterator[tuple[str, Obj]]:
-    """The controller's pod names and index labels for ``count`` pods of one pod set."""
-    if kind == "Job":
-        for i in range(count):
-            yield f"{job}-{i}", {"batch.kubernetes.io/job-completion-index": str(i)}
-    elif kind == "JobSet":
-        per_job = int((template.get("spec") or {}).get("parallelism") or 1)
-        for i in range(count):
-            j, p = divmod(i, per_job)
-            yield f"{job}-{pod_set}-{j}-{p}", {
-                "jobset.sigs.k8s.io/job-index": str(j),
-                "batch.kubernetes.io/job-completion-index": str(p)}  # fmt: skip
-    elif kind == "PyTorchJob":
-        for i in range(count):
-            labels = {"training.kubeflow.org/replica-index": str(i),
-                      "training.kubeflow.org/replica-type": pod_set}  # fmt: skip
-            yield f"{job}-{pod_set}-{i}", labels
-    elif pod_set == "submitter":  # KubeRay's submitter Job, named after the RayJob
+Names = Iterator[tuple[str, Obj]]
+
+
+def _job_pods(job: str, pod_set: str, count: int, parent: Obj) -> Names:
+    """The Job controller: ``<job>-<index>-<x>`` with the completion index label."""
+    for i in range(count):
+        yield f"{job}-{i}", {batchjob.COMPLETION_INDEX: str(i)}
+
+
+def _jobset_pods(job: str, pod_set: str, count: int, parent: Obj) -> Names:
+    """JobSet: child Jobs ``<jobset>-<replicatedJob>-<jobIndex>`` of ``parallelism`` pods
+    each, labelled with the replicated job, the Job's index and the completion index."""
+    per_job = int((parent.get("spec") or {}).get("parallelism") or 1)
+    for i in range(count):
+        j, p = divmod(i, per_job)
+        yield f"{job}-{pod_set}-{j}-{p}", {
+            jobset_kind.REPLICATED_JOB: pod_set, jobset_kind.JOB_INDEX: str(j),
+            batchjob.COMPLETION_INDEX: str(p)}  # fmt: skip
+
+
+def _pytorch_pods(job: str, pod_set: str, count: int, parent: Obj) -> Names:
+    """The training operator: ``<job>-<type>-<index>`` with its replica index label."""
+    for i in range(count):
+        labels = {pytorchjob.REPLICA_INDEX: str(i),
+                  "training.kubeflow.org/replica-type": pod_set}  # fmt: skip
+        yield f"{job}-{pod_set}-{i}", labels
+
+
+def _ray_pods(job: str, pod_set: str, count: int, parent: Obj) -> Names:
+    """KubeRay: ``<cluster>-head-<x>``, ``<cluster>-<group>-worker-<x>``, no index; a
+    RayJob's submitter Job is named after the RayJob."""
+    if pod_set == "submitter":
         yield from ((job, {"job-name": job}) for _ in range(count))
-    else:  # KubeRay: <cluster>-head-<x>, <cluster>-<group>-worker-<x>
-        role = "head" if pod_set == "head" else f"{pod_set}-worker"
-        yield from ((f"{job}-{role}", {"ray.io/group": pod_set}) for _ in range(count))
+        return
+    role = "head" if pod_set == "head" else f"{pod_set}-worker"
+    yield from ((f"{job}-{role}", {"ray.io/group": pod_set}) for _ in range(count))
+
+
+# kind -> its controller's pod names and labels for ``count`` pods of one pod set, given
+# the pod set's parent object (a JobSet's Job template); a new kind is one entry.
+NAMES: Mapping[str, Callable[[str, str, int, Obj], Names]] = {
+    "Job": _job_pods,
+    "JobSet": _jobset_pods,
+    "PyTorchJob": _pytorch_pods,
+    "RayJob": _ray_pods,
+    "RayCluster": _ray_pods,
+}
 
 
 @dataclass
@@ -242,7 +268,7 @@ class Cluster:
             count = self.sets.count(pod_set)
             count += self.extra if n == len(sets) - 1 else 0
             parent = template_at(obj, path[:-2]) if self.kind == "JobSet" else {}
-            names = _names(self.kind, self.spec.job, pod_set, count, parent)
+            names = NAMES[self.kind](self.spec.job, pod_set, count, parent)
             plan += [(pod_set, base, labels) for base, labels in names]
         for pod_set, base, labels in plan[self.made :][:limit]:
             self.make(pod_set, base, labels)

@@ -26,8 +26,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from adapters.kube.workloads import WORKLOAD_KINDS
 from broker.config import Config, parse_config
+from broker.manifest.workloads import INTEGRATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
@@ -461,9 +461,13 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
     assert _allows(rules, "", "pods/log", "get")
     # Workload jobs (issue 14): every kind the launcher creates, follows, deletes and
     # garbage-collects; pin mode patches its controller's pods and records Events on them.
-    for kind in WORKLOAD_KINDS.values():
-        for verb in ("create", "get", "list", "delete"):
+    for kind in INTEGRATIONS:
+        for verb in ("create", "get", "list", "watch", "delete"):
             assert _allows(rules, kind.group, kind.plural, verb), (kind.kind, verb)
+        for read in kind.reads:
+            group, plural = read.group, read.plural
+            for verb in ("get", "list", "watch"):
+                assert _allows(rules, group, plural, verb), (kind.kind, plural, verb)
     assert _allows(rules, "", "pods", "patch")
     assert _allows(rules, "", "events", "create")
     # Nodes are patched (labelled, cordoned) only for burst pools.

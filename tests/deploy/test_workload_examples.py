@@ -20,6 +20,7 @@ CASES: list[tuple[str, str | None, list[tuple[str, int, int]]]] = [
     ("jobset.yaml", "jobset.x-k8s.io_jobsets.yaml", [("driver", 1, 0), ("workers", 4, 1)]),
     ("pytorchjob.yaml", "kubeflow.org_pytorchjobs.yaml", [("master", 1, 2), ("worker", 3, 2)]),
     ("rayjob.yaml", "ray.io_rayjobs.yaml", [("head", 1, 0), ("gpu", 2, 1), ("submitter", 1, 0)]),
+    ("raycluster.yaml", "ray.io_rayclusters.yaml", [("head", 1, 0), ("gpu", 2, 1)]),
     ("indexed-job.yaml", None, [("main", 4, 1)]),
 ]
 

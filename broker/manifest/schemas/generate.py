@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from broker.manifest import workloads
+from broker.manifest.workloads import batchjob
 
 HERE = Path(__file__).resolve().parent
 KUBERNETES_FILE = "kubernetes.json"
@@ -45,7 +46,7 @@ DEFAULT_KUBERNETES = "1.35"
 KUBERNETES_ROOTS = ("io.k8s.api.core.v1.PodTemplateSpec", "io.k8s.api.batch.v1.Job")
 QUANTITY_DEF = "io.k8s.apimachinery.pkg.api.resource.Quantity"
 QUANTITY_MARK = "x-fedbroker-quantity"
-BUILT_IN_GROUPS = ("batch/v1",)  # served by every API server: no CRD
+BUILT_IN_GROUPS = (batchjob.API_VERSION,)  # served by every API server: no CRD
 _INT32 = (-(2**31), 2**31 - 1)
 _DROPPED = frozenset({"description", "x-kubernetes-validations", "example", "examples"})
 # The quantity pattern controller-gen writes for resource.Quantity fields.

@@ -1,13 +1,17 @@
-"""The workload kinds a FederatedJob may embed in ``spec.workload``, one integration
-module per kind (as Kueue has one per ``pkg/controller/jobs/<kind>``), each deriving the
-pod sets the kind's controller will make: their names, counts and pod templates.
+"""The workload kinds a FederatedJob may embed in ``spec.workload``: the registry
+``INTEGRATIONS``, one ``Integration`` (``integration``) per kind, each from its own module
+(as Kueue has one per ``pkg/controller/jobs/<kind>``), registered here one line each.
+Admission reads it (the pod sets the kind's controller will make, its allowlist, what it
+injects), the composition hands it to the launcher (``broker.ports.WorkloadKind``), and the
+RBAC, example and docs checks read it too.
 
 | kind | module | pod sets |
 |---|---|---|
 | batch/v1 Job | ``batchjob`` | ``main`` |
 | jobset.x-k8s.io/v1alpha2 JobSet | ``jobset`` | one per replicated job, by its name |
 | kubeflow.org/v1 PyTorchJob | ``pytorchjob`` | ``master``, ``worker`` |
-| ray.io/v1 RayJob, RayCluster | ``ray`` | ``head``, one per worker group, ``submitter`` |
+| ray.io/v1 RayJob | ``rayjob`` (+ ``raycommon``) | ``head``, one per worker group, ``submitter`` |
+| ray.io/v1 RayCluster | ``raycluster`` (+ ``raycommon``) | ``head``, one per worker group |
 | trainer.kubeflow.org/v1alpha1 TrainJob | ``trainjob`` | one per replicated job of its runtime |
 
 Each kind also declares, as data in its module, the fields of its ``spec`` a tenant may set
@@ -24,8 +28,7 @@ stored object into the one created. Anything else is refused. Pure: no I/O; erro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from broker.manifest.errors import FieldError, show
@@ -38,66 +41,21 @@ from broker.manifest.workloads import (
     injection,
     jobset,
     pytorchjob,
-    ray,
+    raycluster,
+    rayjob,
     trainjob,
 )
-from broker.manifest.workloads.allowlist import Table
-from broker.manifest.workloads.injection import Injection
+from broker.manifest.workloads.integration import Integration
 from broker.manifest.workloads.reading import DerivedPodSet, Path
 
-
-def _unchanged(spec: dict[str, Any]) -> dict[str, Any]:
-    return spec
-
-
-def _no_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
-    return []
-
-
-@dataclass(frozen=True, slots=True)
-class Integration:
-    """One kind: its pod sets from its ``spec``, the fields of its ``spec`` a tenant may set
-    (``fields``), what its controller adds to the pods (``injections``), its ``spec`` as
-    admitted (defaults the broker must write in to count what the controller will make),
-    and ``rules``: what the API server, the kind's webhook or its controller refuse beyond
-    the CRD's schema, given the name the object is created under (the job's)."""
-
-    api_version: str
-    kind: str
-    pod_sets: Callable[[Mapping[str, Any]], list[DerivedPodSet]]
-    fields: Table
-    injections: tuple[Injection, ...] = ()
-    completed: Callable[[dict[str, Any]], dict[str, Any]] = _unchanged
-    rules: Callable[[str, Mapping[str, Any]], list[Violation]] = _no_rules
-    # A kind whose pods' shape is a runtime's in the member: its pod sets from its spec and
-    # the runtime's spec; the object as created, and each pod set's template path in it.
-    runtime_pod_sets: (
-        Callable[[Mapping[str, Any], Mapping[str, Any]], list[DerivedPodSet]] | None
-    ) = None
-    launch_form: (
-        Callable[[Mapping[str, Any]], tuple[dict[str, Any], tuple[tuple[str, Path], ...]]] | None
-    ) = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.api_version} {self.kind}"
-
-
-INTEGRATIONS = (
-    Integration(batchjob.API_VERSION, batchjob.KIND, batchjob.pod_sets, batchjob.FIELDS,
-                rules=batchjob.rules),
-    Integration(jobset.API_VERSION, jobset.KIND, jobset.pod_sets, jobset.FIELDS,
-                rules=jobset.rules),
-    Integration(pytorchjob.API_VERSION, pytorchjob.KIND, pytorchjob.pod_sets,
-                pytorchjob.FIELDS, pytorchjob.INJECTIONS, rules=pytorchjob.rules),
-    Integration(ray.API_VERSION, ray.RAY_JOB, ray.ray_job_pod_sets, ray.RAY_JOB_FIELDS,
-                ray.injections("rayClusterSpec"), ray.completed_ray_job, ray.ray_job_rules),
-    Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets,
-                ray.RAY_CLUSTER_FIELDS, ray.injections(""), rules=ray.ray_cluster_rules),
-    Integration(trainjob.API_VERSION, trainjob.KIND, trainjob.pod_sets, trainjob.FIELDS,
-                rules=trainjob.rules, runtime_pod_sets=trainjob.pod_sets_with,
-                launch_form=trainjob.launch_form),
-)  # fmt: skip
+INTEGRATIONS: tuple[Integration, ...] = (
+    batchjob.INTEGRATION,
+    jobset.INTEGRATION,
+    pytorchjob.INTEGRATION,
+    rayjob.INTEGRATION,
+    raycluster.INTEGRATION,
+    trainjob.INTEGRATION,
+)
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)
 KINDS = frozenset(i.kind for i in INTEGRATIONS)
@@ -165,7 +123,7 @@ def runtime_named(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """The (kind, name) of the member runtime a workload object's pods are shaped by, or
     None for a kind whose object says its pods itself."""
     found, spec = _read(obj)
-    return trainjob.runtime_ref(spec) if found.runtime_pod_sets is not None else None
+    return found.runtime_ref(spec) if found.runtime_ref is not None else None
 
 
 def launch_object(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[tuple[str, Path], ...]]:
@@ -191,6 +149,20 @@ def injection_refusals(obj: Mapping[str, Any], level: Level) -> list[Violation]:
     return injection.refusals(found.injections, spec, templates(obj), level)
 
 
+def kinds_doc() -> str:
+    """docs/workloads.md's kinds table, generated from the registry (a test checks the page
+    against it): each kind's resource, pod sets and how they are counted."""
+    rows = [
+        "| kind | resource | pod sets | count |",
+        "|---|---|---|---|",
+        *(
+            f"| `{i.api_version}` {i.kind} | `{i.plural}` | {i.pod_sets_doc} | {i.count_doc} |"
+            for i in INTEGRATIONS
+        ),
+    ]
+    return "\n".join(rows)
+
+
 def allowlist_doc() -> str:
     """docs/security.md's allowlist, generated: each kind's table and what its controller
     adds to its pods (a test checks the page against it)."""
@@ -206,4 +178,4 @@ def allowlist_doc() -> str:
 
 __all__ = ["INTEGRATIONS", "KINDS", "SUPPORTED", "DerivedPodSet", "Integration", "Path",
            "allowlist_doc", "derive", "field_violations", "injection_refusals", "integration",
-           "launch_object", "pod_set_paths", "runtime_named", "templates"]  # fmt: skip
+           "kinds_doc", "launch_object", "pod_set_paths", "runtime_named", "templates"]  # fmt: skip

@@ -1,6 +1,7 @@
 """batch/v1 Job: one pod set ``main`` (Kueue's default pod set name) of the pods the Job
 runs at once: ``parallelism`` (default 1), or ``completions`` when that is smaller, Indexed
-or not (Kueue's ``podsCount``). The pod template is ``spec.template``.
+or not (Kueue's ``podsCount``). The pod template is ``spec.template``. A pod's index is
+its completion index label; the Job ends by its ``Complete``/``Failed`` condition.
 
 The API server's rules for a Job hold (``rules``). ``JOB_SPEC`` is what a tenant may set
 in a JobSpec (this kind's ``spec``, and a JobSet's Job templates): field names from the
@@ -26,11 +27,18 @@ from broker.manifest.workloads.allowlist import (
     string,
     whole,
 )
+from broker.manifest.workloads.integration import Integration
 from broker.manifest.workloads.reading import DerivedPodSet, bounded, pod_template, pods_of_job
+from broker.manifest.workloads.status import condition_end, label_index
+from broker.ports import RunEnd
 
-API_VERSION = "batch/v1"
+GROUP, VERSION = "batch", "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "Job"
 POD_SET = "main"
+# The index the Job controller gives an Indexed Job's pod (Kubernetes 1.28+; older
+# releases write it as an annotation only, and the pod takes the lowest free slot).
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 RETRIES = "retries run inside the placement the broker made"
 TTL = "the broker reads how it ended from the object, and deletes it itself"
@@ -82,3 +90,20 @@ def pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
 def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
     """The Job API's own rules (``validateJobSpec``): the object is created as is."""
     return job_spec_problems(spec, ("spec",))
+
+
+def index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
+    return label_index(pod, COMPLETION_INDEX)
+
+
+def end(obj: Mapping[str, Any]) -> RunEnd | None:
+    """The Job's terminal conditions (``Complete``/``Failed``, Kubernetes 1.31+ writes them
+    once its pods are gone)."""
+    return condition_end(obj, "Complete", "Failed")
+
+
+INTEGRATION = Integration(
+    GROUP, VERSION, KIND, "jobs", pod_sets, FIELDS, rules=rules, index=index, ending=end,
+    pod_sets_doc=f"`{POD_SET}` (`spec.template`)",
+    count_doc="`parallelism` (default 1), or `completions` if smaller; Indexed or not",
+)  # fmt: skip

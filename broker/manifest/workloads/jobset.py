@@ -11,7 +11,12 @@ with completions its longest pod name plus a 6-character suffix too.
 
 ``FIELDS``: what a tenant may set, names from the real CRD (kubernetes-sigs/jobset,
 ``config/components/crd/bases``); each replicated job's Job template takes a batch Job's
-``JOB_SPEC`` and, as metadata, labels and annotations only."""
+``JOB_SPEC`` and, as metadata, labels and annotations only.
+
+A pod's index within its pod set (``index``) is the JobSet's global one: its child Job's
+``jobset.sigs.k8s.io/job-index`` times the pods each Job of that replicated job runs at
+once, plus the pod's completion index within its Job. It ends by its ``Completed``/``Failed``
+condition."""
 
 from __future__ import annotations
 
@@ -34,7 +39,14 @@ from broker.manifest.workloads.allowlist import (
     under,
     whole,
 )
-from broker.manifest.workloads.batchjob import JOB_SPEC, MANAGED_BY, SUSPENDED, TTL
+from broker.manifest.workloads.batchjob import (
+    COMPLETION_INDEX,
+    JOB_SPEC,
+    MANAGED_BY,
+    SUSPENDED,
+    TTL,
+)
+from broker.manifest.workloads.integration import Integration
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -46,9 +58,15 @@ from broker.manifest.workloads.reading import (
     pods_of_job,
     text,
 )
+from broker.manifest.workloads.status import condition_end, label_index
+from broker.ports import RunEnd
 
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
+GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "JobSet"
+# The labels JobSet's controller writes on each child Job's pods (api/jobset/v1alpha2).
+REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 
 _JOB = "replicatedJobs[*].template"
 HELD_BACK = (
@@ -146,3 +164,33 @@ def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
             found.append(Violation((*at, "name"), f"JobSet names its Jobs and pods "
                                    f"<job>-<replicatedJob>-<index>: {problem}"))  # fmt: skip
     return found
+
+
+def index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
+    """See the module's docstring; None for a pod of no replicated job of ``workload``, or
+    whose completion index lies past its Job's pods at once (a successor: any free slot of
+    its pod set fits it)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    job, within = label_index(pod, JOB_INDEX), label_index(pod, COMPLETION_INDEX)
+    if job is None or within is None:
+        return None
+    for rj in (workload.get("spec") or {}).get("replicatedJobs") or ():
+        if not isinstance(rj, Mapping) or rj.get("name") != labels.get(REPLICATED_JOB):
+            continue
+        try:
+            per_job = pods_of_job((rj.get("template") or {}).get("spec") or {}, ())
+        except FieldError:
+            return None
+        return job * per_job + within if within < per_job else None
+    return None
+
+
+def end(obj: Mapping[str, Any]) -> RunEnd | None:
+    return condition_end(obj, "Completed", "Failed")
+
+
+INTEGRATION = Integration(
+    GROUP, VERSION, KIND, "jobsets", pod_sets, FIELDS, rules=rules, index=index, ending=end,
+    pod_sets_doc="one per `replicatedJobs[i]`, by its name",
+    count_doc="`replicas` (default 1) x the Job's pods as above",
+)  # fmt: skip

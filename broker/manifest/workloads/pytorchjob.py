@@ -17,7 +17,10 @@ v1.9, ``manifests/base/crds``). ``INJECTIONS``: the training operator (v1.9,
 pod when the job has a Master, whatever its elastic policy, with no ``securityContext``
 (image ``alpine:3.10`` unless the operator's ``--pytorch-init-container-image`` says
 otherwise; its template file can be replaced, as Kubeflow's manifests do for restricted
-namespaces, but the broker cannot see the member's)."""
+namespaces, but the broker cannot see the member's).
+
+A pod's index is its ``training.kubeflow.org/replica-index`` label; the job ends by its
+``Succeeded``/``Failed`` condition."""
 
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from broker.manifest.workloads.allowlist import (
 )
 from broker.manifest.workloads.batchjob import MANAGED_BY, RETRIES, SUSPENDED, TTL
 from broker.manifest.workloads.injection import Injection
+from broker.manifest.workloads.integration import Integration
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -48,9 +52,14 @@ from broker.manifest.workloads.reading import (
     optional_mapping,
     pod_template,
 )
+from broker.manifest.workloads.status import condition_end, label_index
+from broker.ports import RunEnd
 
-API_VERSION = "kubeflow.org/v1"
+GROUP, VERSION = "kubeflow.org", "v1"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "PyTorchJob"
+# The training operator's index of a replica's pod (kubeflow/common, ReplicaIndexLabel).
+REPLICA_INDEX = "training.kubeflow.org/replica-index"
 REPLICA_TYPES = ("Master", "Worker")
 CONTAINER = "pytorch"
 
@@ -156,3 +165,18 @@ def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
                                    f"needs a container named {CONTAINER!r} (the training "
                                    "operator refuses the job without one)"))  # fmt: skip
     return found
+
+
+def index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
+    return label_index(pod, REPLICA_INDEX)
+
+
+def end(obj: Mapping[str, Any]) -> RunEnd | None:
+    return condition_end(obj, "Succeeded", "Failed")
+
+
+INTEGRATION = Integration(
+    GROUP, VERSION, KIND, "pytorchjobs", pod_sets, FIELDS, INJECTIONS, rules=rules,
+    index=index, ending=end, pod_sets_doc="`master`, `worker`",
+    count_doc="`replicas` (a Master's must be given as 1; a Worker's defaults to 1)",
+)  # fmt: skip

@@ -45,6 +45,7 @@ from broker.manifest.workloads.allowlist import (
 )
 from broker.manifest.workloads.batchjob import MANAGED_BY, SUSPENDED
 from broker.manifest.workloads.injection import Injection
+from broker.manifest.workloads.integration import Integration
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     Path,
@@ -58,17 +59,22 @@ from broker.manifest.workloads.reading import (
     pods_of_job,
     text,
 )
-from broker.ports import RunEnd
+from broker.manifest.workloads.status import condition_end
+from broker.ports import MemberResource, RunEnd
 
 GROUP = "trainer.kubeflow.org"
-API_VERSION = f"{GROUP}/v1alpha1"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "TrainJob"
 PLURAL = "trainjobs"
 CLUSTER_RUNTIME = "ClusterTrainingRuntime"
 RUNTIME = "TrainingRuntime"
 RUNTIME_PLURALS = {CLUSTER_RUNTIME: "clustertrainingruntimes", RUNTIME: "trainingruntimes"}
 # What the launcher reads besides the kind itself: both runtime kinds (RBAC get/list/watch).
-READS = tuple((GROUP, plural) for plural in RUNTIME_PLURALS.values())
+READS = tuple(
+    MemberResource(kind, GROUP, VERSION, plural, kind == RUNTIME)
+    for kind, plural in RUNTIME_PLURALS.items()
+)
 LATE_POD_SETS: frozenset[str] = frozenset()
 # The Trainer adds no container to the pods beyond its runtime's, which the template policy
 # sees whole (the runtime's templates are checked as the pods will be made).
@@ -255,12 +261,13 @@ def pod_index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None
 def end(obj: Mapping[str, Any]) -> RunEnd | None:
     """How a TrainJob ended by its conditions (``Complete`` or ``Failed`` True, as the
     controller copies them from its JobSet), or None while it runs."""
-    found: dict[str, Mapping[str, Any]] = {}
-    for condition in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("status") == "True":
-            found[str(condition.get("type"))] = condition
-    for kind, ok in (("Failed", False), ("Complete", True)):
-        if kind in found:
-            c = found[kind]
-            return RunEnd(ok, str(c.get("reason") or kind), str(c.get("message") or ""))
-    return None
+    return condition_end(obj, "Complete", "Failed")
+
+
+INTEGRATION = Integration(
+    GROUP, VERSION, KIND, PLURAL, pod_sets, FIELDS, INJECTIONS, rules=rules,
+    index=pod_index, ending=end, reads=READS, runtime_pod_sets=pod_sets_with,
+    launch_form=launch_form, runtime_ref=runtime_ref, templates_name_scheduler=False,
+    pod_sets_doc="one per replicated job of its runtime's JobSet, by its name",
+    count_doc="the trainer's `numNodes` (TrainJob, else the runtime); a JobSet's otherwise",
+)  # fmt: skip

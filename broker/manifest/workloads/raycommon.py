@@ -1,6 +1,8 @@
-"""ray.io/v1 RayJob and RayCluster: a ``head`` pod set of one pod
-(``headGroupSpec.template``) and one per ``workerGroupSpecs[i]``, named by its
-``groupName`` in lowercase (Kueue's names), its template ``workerGroupSpecs[i].template``.
+"""What KubeRay's two kinds (``rayjob``, ``raycluster``) share: a Ray cluster's pod sets,
+a ``head`` pod set of one pod (``headGroupSpec.template``) and one per
+``workerGroupSpecs[i]``, named by its ``groupName`` in lowercase (Kueue's names), its
+template ``workerGroupSpecs[i].template``; the table of a cluster spec's fields a tenant may
+set; what KubeRay adds to the pods; the names KubeRay takes.
 
 A worker group's count is the pods KubeRay keeps for it without its autoscaler:
 ``replicas`` (defaulting to ``minReplicas``) clamped to ``[minReplicas, maxReplicas]``,
@@ -11,24 +13,14 @@ Autoscaling: refused. ``enableInTreeAutoscaling: true`` is a 4xx naming that fie
 broker admits and places a fixed gang, and an autoscaler would grow the cluster beyond
 what was placed (Kueue, too, requires autoscaling off for a RayJob).
 
-RayJob only: ``spec.rayClusterSpec`` is required (running on an existing cluster through
-``clusterSelector`` leaves nothing to place), and in ``K8sJobMode`` (the default
-``submissionMode``) KubeRay runs a submitter Job, so there is a ``submitter`` pod set of one
-pod from ``spec.submitterPodTemplate``, as in Kueue. When that is left out, ``completed``
-writes KubeRay's default submitter template into the object (the head's image; requests
-500m CPU and 200Mi, limits 1 CPU and 1Gi) so that the pod is counted, checked by the
-template policy and launched from one template; the default also sets
-``automountServiceAccountToken: false`` and a restricted security context (non-root, no
-privilege escalation, every capability dropped, RuntimeDefault seccomp) so it passes every
-Pod Security level: the submitter only talks to the Ray dashboard, never to the API.
-
-``CLUSTER``, ``RAY_CLUSTER_FIELDS`` and ``RAY_JOB_FIELDS``: what a tenant may set, names
-from the real CRDs (ray-project/kuberay, ``helm-chart/kuberay-operator/crds``). A group's
-``labels`` are a label map: KubeRay merges them into its pods' labels
-(``ray-operator/controllers/ray/common/pod.go``, ``DefaultWorkerPodTemplate``).
-``injections``: KubeRay adds the init container ``wait-gcs-ready`` to every worker pod
-(same file; on unless the operator sets ``ENABLE_INIT_CONTAINER_INJECTION=false``), with
-the Ray container's securityContext, image, env and volume mounts and 200m CPU / 256Mi."""
+``CLUSTER``: what a tenant may set, names from the real CRDs (ray-project/kuberay,
+``helm-chart/kuberay-operator/crds``). A group's ``labels`` are a label map: KubeRay merges
+them into its pods' labels (``ray-operator/controllers/ray/common/pod.go``,
+``DefaultWorkerPodTemplate``). ``injections``: KubeRay adds the init container
+``wait-gcs-ready`` to every worker pod (same file; on unless the operator sets
+``ENABLE_INIT_CONTAINER_INJECTION=false``), with the Ray container's securityContext,
+image, env and volume mounts and 200m CPU / 256Mi. KubeRay's pods carry no index label:
+each takes the lowest free slot of its pod set."""
 
 from __future__ import annotations
 
@@ -40,19 +32,15 @@ from broker.manifest.errors import FieldError, show
 from broker.manifest.podrequests import Violation
 from broker.manifest.workloads.allowlist import (
     LABELS,
-    MAX_RETRIES,
     TEMPLATE,
     Table,
-    boolean,
     false_only,
-    number,
     one_of,
     refused,
     string,
-    under,
     whole,
 )
-from broker.manifest.workloads.batchjob import MANAGED_BY, RETRIES, SUSPENDED
+from broker.manifest.workloads.batchjob import MANAGED_BY, SUSPENDED
 from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
@@ -67,33 +55,25 @@ from broker.manifest.workloads.reading import (
     text,
 )
 
-API_VERSION = "ray.io/v1"
-RAY_JOB = "RayJob"
-RAY_CLUSTER = "RayCluster"
+GROUP, VERSION = "ray.io", "v1"
 HEAD = "head"
-SUBMITTER = "submitter"
-K8S_JOB_MODE = "K8sJobMode"
 _INT32_MAX = 2**31 - 1
 # KubeRay's longest names (ray-operator/controllers/ray/utils/constant.go): a RayCluster's
 # services append to its name; a RayJob's cluster is its name and 6 more characters.
 MAX_RAY_CLUSTER_NAME = 53
-MAX_RAY_JOB_NAME = MAX_RAY_CLUSTER_NAME - 6
+POD_SETS_DOC = "`head` (1), one per worker group (`groupName` in lowercase)"
+COUNT_DOC = (
+    "`replicas` (default `minReplicas`) clamped to `[minReplicas, maxReplicas]`, "
+    "x `numOfHosts`; a group of 0 pods is no pod set"
+)
 
 
-def _name_rules(name: str, most: int, kind: str) -> list[Violation]:
+def name_rules(name: str, most: int, kind: str) -> list[Violation]:
     """KubeRay's ``ValidateRayClusterMetadata``/``ValidateRayJobMetadata``."""
     problem = name_problem(name, DNS1035_LABEL, most, "a DNS-1035 label (a letter first)")
     return (
         [] if problem is None else [Violation(("metadata", "name"), f"a {kind}'s name: {problem}")]
     )
-
-
-def ray_cluster_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
-    return _name_rules(name, MAX_RAY_CLUSTER_NAME, RAY_CLUSTER)
-
-
-def ray_job_rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
-    return _name_rules(name, MAX_RAY_JOB_NAME, RAY_JOB)
 
 
 AUTOSCALING_OFF = "autoscaling is off: the broker places a fixed gang"
@@ -153,58 +133,6 @@ CLUSTER: Table = (
     ("suspend", false_only(SUSPENDED)),
     ("managedBy", refused(MANAGED_BY)),
 )
-RAY_CLUSTER_FIELDS = CLUSTER
-RAY_JOB_FIELDS: Table = (
-    ("entrypoint", string()),
-    ("entrypointNumCpus", number(0)),
-    ("entrypointNumGpus", number(0)),
-    ("entrypointResources", string()),
-    ("jobId", string()),
-    ("metadata.*", string()),
-    ("runtimeEnvYAML", string()),
-    ("shutdownAfterJobFinishes", boolean()),
-    (
-        "ttlSecondsAfterFinished",
-        whole(0, why="deletes the Ray cluster once the job ended; the RayJob and its status stay"),
-    ),
-    ("activeDeadlineSeconds", whole(1, why="ends the job sooner, never later")),
-    ("preRunningDeadlineSeconds", whole(1, why="ends the job sooner, never later")),
-    (
-        "backoffLimit",
-        whole(0, MAX_RETRIES, "each retry makes a new Ray cluster, inside the placement"),
-    ),
-    (
-        "submissionMode",
-        one_of(
-            K8S_JOB_MODE,
-            "HTTPMode",
-            why=(
-                "InteractiveMode waits for a person while the gang holds its GPUs; "
-                "SidecarMode adds a container to the head pod, outside the template policy"
-            ),
-        ),
-    ),
-    *under("rayClusterSpec", CLUSTER),
-    ("submitterConfig.backoffLimit", whole(0, MAX_RETRIES, RETRIES)),
-    ("submitterPodTemplate", TEMPLATE),
-    (
-        "clusterSelector",
-        refused(
-            "KubeRay would submit to an existing Ray cluster, maybe another tenant's, while the "
-            "broker holds a gang that never gets pods"
-        ),
-    ),
-    (
-        "deletionStrategy",
-        refused(
-            "the broker deletes the workload when its job ends; a RayJob deleted sooner reads as "
-            "deleted behind its back"
-        ),
-    ),
-    ("suspend", false_only(SUSPENDED)),
-    ("managedBy", refused(MANAGED_BY)),
-)
-
 # KubeRay's wait-gcs-ready init container as far as Pod Security sees it (its image, env
 # and volume mounts are the Ray container's too).
 WAIT_GCS_READY = {
@@ -234,76 +162,11 @@ def injections(cluster: str) -> tuple[Injection, ...]:
     )
 
 
-def ray_cluster_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
-    return _cluster(spec, ("spec",), reserved=(HEAD,))
-
-
-def ray_job_pod_sets(spec: Mapping[str, Any]) -> list[DerivedPodSet]:
-    at = ("spec",)
-    if spec.get("rayClusterSpec") is None:
-        raise FieldError(
-            (*at, "rayClusterSpec"),
-            "required: the broker places the Ray cluster (clusterSelector is not supported)",
-        )
-    cluster = mapping(spec, "rayClusterSpec", at)
-    out = _cluster(cluster, (*at, "rayClusterSpec"), reserved=(HEAD, SUBMITTER))
-    if text(spec, "submissionMode", at, default=K8S_JOB_MODE) == K8S_JOB_MODE:
-        template, path = pod_template(spec, "submitterPodTemplate", at)
-        out.append(DerivedPodSet(SUBMITTER, 1, template, path))
-    return out
-
-
-def completed_ray_job(spec: dict[str, Any]) -> dict[str, Any]:
-    """The RayJob spec with KubeRay's default submitter template written in when it runs a
-    submitter Job (``K8sJobMode``) and names no template of its own."""
-    mode = spec.get("submissionMode", K8S_JOB_MODE)
-    if mode != K8S_JOB_MODE or spec.get("submitterPodTemplate") is not None:
-        return spec
-    head = _dig(spec, "rayClusterSpec", "headGroupSpec", "template", "spec")
-    containers = head.get("containers") if head is not None else None
-    if not isinstance(containers, list) or not containers or not isinstance(containers[0], Mapping):
-        return spec  # ray_job_pod_sets names what is missing
-    image = containers[0].get("image")
-    if not isinstance(image, str):
-        path = ("spec", "rayClusterSpec", "headGroupSpec", "template", "spec", "containers", 0)
-        raise FieldError((*path, "image"), "required: the default submitter runs the head's image")
-    return {**spec, "submitterPodTemplate": default_submitter(image)}
-
-
-def _dig(obj: Mapping[str, Any], *keys: str) -> Mapping[str, Any] | None:
-    for key in keys:
-        value = obj.get(key)
-        if not isinstance(value, Mapping):
-            return None
-        obj = value
-    return obj
-
-
-def default_submitter(image: str) -> dict[str, Any]:
-    """KubeRay's default submitter pod template (as Kueue counts it), made to pass every Pod
-    Security level."""
-    security = {
-        "runAsNonRoot": True,
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    container = {
-        "name": "ray-job-submitter",
-        "image": image,
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "200Mi"},
-            "limits": {"cpu": "1", "memory": "1Gi"},
-        },
-        "securityContext": security,
-    }
-    return {"spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
-                     "containers": [container]}}  # fmt: skip
-
-
-def _cluster(
+def cluster_pod_sets(
     cluster: Mapping[str, Any], at: Path, reserved: tuple[str, ...]
 ) -> list[DerivedPodSet]:
+    """The pod sets of the Ray cluster spec ``cluster`` (at ``at``), no worker group taking
+    a name of ``reserved``."""
     if flag(cluster, "enableInTreeAutoscaling", at):
         raise FieldError(
             (*at, "enableInTreeAutoscaling"),
