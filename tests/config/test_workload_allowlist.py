@@ -129,7 +129,9 @@ def test_matches(pattern: str, path: tuple[str | int, ...], expected: bool) -> N
 # -- every path of every table is a real field of its kind -------------------------------
 
 CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
-        "RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}  # fmt: skip
+        "RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml",
+        "MPIJob": "kubeflow.org_mpijobs-v2beta1.yaml",
+        "LeaderWorkerSet": "leaderworkerset.x-k8s.io_leaderworkersets.yaml"}  # fmt: skip
 
 
 def _crd_spec(kind: str, version: str) -> Mapping[str, Any]:

@@ -8,6 +8,8 @@ pod sets the kind's controller will make: their names, counts and pod templates.
 | jobset.x-k8s.io/v1alpha2 JobSet | ``jobset`` | one per replicated job, by its name |
 | kubeflow.org/v1 PyTorchJob | ``pytorchjob`` | ``master``, ``worker`` |
 | ray.io/v1 RayJob, RayCluster | ``ray`` | ``head``, one per worker group, ``submitter`` |
+| kubeflow.org/v2beta1 MPIJob | ``mpijob`` | ``launcher``, ``worker`` |
+| leaderworkerset.x-k8s.io/v1 LeaderWorkerSet | ``leaderworkerset`` | ``leader``, ``worker`` |
 
 Each kind also declares, as data in its module, the fields of its ``spec`` a tenant may set
 (``FIELDS``: an allowlist, checked by ``allowlist``; a pod template is one of its leaves,
@@ -30,7 +32,16 @@ from broker.manifest.errors import FieldError, show
 from broker.manifest.fields import MAX_POD_SETS, MAX_PODS
 from broker.manifest.podrequests import Violation
 from broker.manifest.podsecurity import Level
-from broker.manifest.workloads import allowlist, batchjob, injection, jobset, pytorchjob, ray
+from broker.manifest.workloads import (
+    allowlist,
+    batchjob,
+    injection,
+    jobset,
+    leaderworkerset,
+    mpijob,
+    pytorchjob,
+    ray,
+)
 from broker.manifest.workloads.allowlist import Table
 from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import DerivedPodSet, Path
@@ -76,6 +87,10 @@ INTEGRATIONS = (
                 ray.injections("rayClusterSpec"), ray.completed_ray_job, ray.ray_job_rules),
     Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets,
                 ray.RAY_CLUSTER_FIELDS, ray.injections(""), rules=ray.ray_cluster_rules),
+    Integration(mpijob.API_VERSION, mpijob.KIND, mpijob.pod_sets, mpijob.FIELDS,
+                rules=mpijob.rules),
+    Integration(leaderworkerset.API_VERSION, leaderworkerset.KIND, leaderworkerset.pod_sets,
+                leaderworkerset.FIELDS, rules=leaderworkerset.rules),
 )  # fmt: skip
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)
