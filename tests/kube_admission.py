@@ -29,6 +29,10 @@ CRD_FILES: Mapping[tuple[str, str], str] = {
     ("kubeflow.org", "pytorchjobs"): "kubeflow.org_pytorchjobs.yaml",
     ("ray.io", "rayjobs"): "ray.io_rayjobs.yaml",
     ("ray.io", "rayclusters"): "ray.io_rayclusters.yaml",
+    ("kubeflow.org", "mpijobs"): "kubeflow.org_mpijobs-v2beta1.yaml",
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): (
+        "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    ),
     ("scheduling.x-k8s.io", "podgroups"): "scheduling.x-k8s.io_podgroups.yaml",
     ("scheduling.volcano.sh", "podgroups"): "scheduling.volcano.sh_podgroups.yaml",
 }

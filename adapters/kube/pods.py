@@ -48,6 +48,13 @@ INDEX_LABELS = (
     "jobset.sigs.k8s.io/job-index",
     "training.kubeflow.org/replica-index",
 )
+# The MPI Operator's launcher: one pod at a time, of a Job, with no index label.
+MPI_ROLE = ("training.kubeflow.org/job-role", "launcher")
+# LeaderWorkerSet: a pod's group and its index in the group (0: the leader), and the
+# group's size (an annotation on every pod).
+LWS_GROUP = "leaderworkerset.sigs.k8s.io/group-index"
+LWS_WORKER = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"
 CHUNK_BYTES = 64 << 10
 # A followed log's request ends after this long at most (the client follows again).
 FOLLOW_SECONDS = 6 * 3600.0
@@ -59,6 +66,36 @@ def restarts_of(pod: Mapping[str, Any]) -> int:
     return sum(int(s.get("restartCount") or 0) for s in statuses if isinstance(s, Mapping))
 
 
+def _lws_index(pod: Mapping[str, Any], pod_set: str) -> int | None:
+    """A LeaderWorkerSet pod's index in its pod set: a leader's (pod set ``leader``) is its
+    group, a worker's ``group * (size - 1) + worker - 1``, a ``main`` pod's (one template
+    for all) ``group * size + worker``."""
+    labels = labels_of(pod)
+    size = str(((pod.get("metadata") or {}).get("annotations") or {}).get(LWS_SIZE) or "")
+    group, worker = labels.get(LWS_GROUP, ""), labels.get(LWS_WORKER, "")
+    if not (group.isdigit() and worker.isdigit() and size.isdigit()):
+        return None
+    g, w, n = int(group), int(worker), int(size)
+    if pod_set == "leader":
+        return g
+    return g * (n - 1) + w - 1 if pod_set == "worker" else g * n + w
+
+
+def index_of(pod: Mapping[str, Any]) -> int | None:
+    """The pod's index in its pod set as its controller labels it (Job, JobSet, Kubeflow,
+    the MPI Operator's launcher, LeaderWorkerSet), if it does."""
+    labels = labels_of(pod)
+    if LWS_GROUP in labels:
+        return _lws_index(pod, labels.get(LABEL_POD_SET, ""))
+    if labels.get(MPI_ROLE[0]) == MPI_ROLE[1]:
+        return 0
+    for key in INDEX_LABELS:
+        value = labels.get(key)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
 def slot_of(pod: Mapping[str, Any], spec: LaunchSpec) -> tuple[str, str]:
     """``(pod set, slot)`` of one of the job's pods (see the module's docstring)."""
     meta = pod.get("metadata") or {}
@@ -66,7 +103,8 @@ def slot_of(pod: Mapping[str, Any], spec: LaunchSpec) -> tuple[str, str]:
     labels = labels_of(pod)
     annotations = cast(Mapping[str, str], meta.get("annotations") or {})
     pod_set = labels.get(LABEL_POD_SET) or ""
-    index = next((labels[k] for k in INDEX_LABELS if k in labels), None)
+    known = index_of(pod)
+    index = None if known is None else str(known)
     if not pod_set and index is None and name.startswith(f"{spec.job}-"):
         pod_set = pod_set_of(name, spec)  # the launcher's own <job>-<podset>-<index>
     if index is None and pod_set and name.startswith(f"{spec.job}-{pod_set}-"):
@@ -212,4 +250,12 @@ class KubePods:
         return MemberLog(response, what)
 
 
-__all__ = ["ANNOTATION_SLOT", "KubePods", "MemberLog", "containers_of", "restarts_of", "slot_of"]
+__all__ = [
+    "ANNOTATION_SLOT",
+    "KubePods",
+    "MemberLog",
+    "containers_of",
+    "index_of",
+    "restarts_of",
+    "slot_of",
+]

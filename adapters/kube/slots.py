@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from adapters.kube.objects import LABEL_POD_SET, labels_of, pinned_to, pod_name, pod_set_of
-from adapters.kube.pods import ANNOTATION_SLOT, INDEX_LABELS
+from adapters.kube.pods import ANNOTATION_SLOT, index_of
 from adapters.kube.translate import ANNOTATION_GPUS, ANNOTATION_POD
 from adapters.kube.workloads import GATE
 from broker.model import Placement, PodPlacement
@@ -69,16 +69,6 @@ def slot_name(slot: PodPlacement, spec: LaunchSpec) -> str:
     return pod_name(slot, spec)[len(spec.job) + 1 :]
 
 
-def _index(pod: Mapping[str, Any]) -> int | None:
-    """The pod's index as its controller labelled it (Job, JobSet, Kubeflow), if any."""
-    labels = labels_of(pod)
-    for key in INDEX_LABELS:
-        value = labels.get(key)
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-    return None
-
-
 def _slot_index(slot: PodPlacement) -> int:
     tail = slot.pod.rpartition("-")[2]
     return int(tail) if tail.isdigit() else 0
@@ -89,7 +79,7 @@ def _recorded(pod: Mapping[str, Any]) -> str:
 
 
 def _order(pod: Mapping[str, Any]) -> tuple[int, str, str]:
-    index = _index(pod)
+    index = index_of(pod)
     meta = _meta(pod)
     created = str(meta.get("creationTimestamp") or "")
     return (index if index is not None else 1 << 30, created, str(meta.get("name") or ""))
@@ -128,7 +118,7 @@ def grants(
         if not choices:
             left.append(pod)
             continue
-        index = _index(pod)
+        index = index_of(pod)
         same = [s for s in choices.values() if _slot_index(s) == index]
         slot = same[0] if same else min(choices.values(), key=_slot_index)
         del choices[slot.pod]

@@ -1,8 +1,9 @@
 """A job's embedded workload (``LaunchSpec.workload``) as the launcher creates it (pure).
 
 Supported kinds and their resources (``WORKLOAD_KINDS``): batch/v1 ``Job``,
-``jobset.x-k8s.io`` ``JobSet``, ``kubeflow.org`` ``PyTorchJob``, ``ray.io`` ``RayJob`` and
-``RayCluster``. The object goes into the tenant's namespace (``GangObjects.namespace``)
+``jobset.x-k8s.io`` ``JobSet``, ``kubeflow.org`` ``PyTorchJob`` (v1) and ``MPIJob``
+(v2beta1), ``ray.io`` ``RayJob`` and ``RayCluster``, ``leaderworkerset.x-k8s.io``
+``LeaderWorkerSet``. The object goes into the tenant's namespace (``GangObjects.namespace``)
 named after the job, carrying the user's labels and annotations plus ours (origin, tenant,
 job). Every pod template at the paths admission derived (``WorkloadSpec.pod_sets``) carries
 our labels and ``fedbroker.io/pod-set`` too, so the pods the workload's controller makes are
@@ -16,9 +17,9 @@ recognised as the job's, and its GPU names are this cluster's. Then, by mode:
 No rendezvous Service: each kind's controller makes its own.
 
 ``workload_end`` reads a workload's own status: Job conditions ``Complete``/``Failed``,
-JobSet ``Completed``/``Failed``, PyTorchJob ``Succeeded``/``Failed``, RayJob
+JobSet ``Completed``/``Failed``, PyTorchJob and MPIJob ``Succeeded``/``Failed``, RayJob
 ``status.jobStatus`` ``SUCCEEDED``/``FAILED``/``STOPPED`` or ``jobDeploymentStatus``
-``Failed``; a RayCluster runs until cancelled.
+``Failed``; a RayCluster and a LeaderWorkerSet run until cancelled.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ WORKLOAD_KINDS: Mapping[str, WorkloadKind] = {
         WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs"),
         WorkloadKind("RayJob", "ray.io", "v1", "rayjobs"),
         WorkloadKind("RayCluster", "ray.io", "v1", "rayclusters"),
+        WorkloadKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs"),
+        WorkloadKind("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
     )
 }
 
@@ -71,6 +74,7 @@ _CONDITION_ENDS: Mapping[str, tuple[str, str]] = {
     "Job": ("Complete", "Failed"),
     "JobSet": ("Completed", "Failed"),
     "PyTorchJob": ("Succeeded", "Failed"),
+    "MPIJob": ("Succeeded", "Failed"),
 }
 _RAY_JOB_ENDS: Mapping[str, bool] = {"SUCCEEDED": True, "FAILED": False, "STOPPED": False}
 
@@ -170,7 +174,7 @@ def _condition_end(obj: Mapping[str, Any], succeeded: str, failed: str) -> RunEn
 
 def workload_end(kind: str, obj: Mapping[str, Any]) -> RunEnd | None:
     """How the workload ended, by its own status, with its reason and message; None while
-    it has not (a RayCluster never ends by itself)."""
+    it has not (a RayCluster or a LeaderWorkerSet never ends by itself)."""
     if kind in _CONDITION_ENDS:
         return _condition_end(obj, *_CONDITION_ENDS[kind])
     if kind != "RayJob":

@@ -159,6 +159,9 @@ PT_DONE, PT_FAILED = (
     f"{PT} successfully completed.",
     f"{PT} is failed because 1 Worker replica(s) failed.",
 )
+MPI = f"MPIJob {NS}/{JOB}"
+MPI_DONE = f"{MPI} successfully completed."
+MPI_FAILED = "Job has reached the specified backoff limit: exit code 1"
 RAY_FAILED = "Job entrypoint command failed with exit code 1"
 RAY_LATE = "The RayJob has passed the activeDeadlineSeconds."
 # (kind, status as its controller writes it, the run's end)
@@ -195,7 +198,19 @@ ENDS: list[tuple[str, dict[str, Any], RunEnd]] = [
                 "message": RAY_LATE},
      RunEnd(False, "DeadlineExceeded", RAY_LATE)),
     ("RayJob", {"jobDeploymentStatus": "Failed"}, RunEnd(False, "DeploymentFailed", "")),
+    ("MPIJob", {"conditions": [
+        _true("Created", "MPIJobCreated", f"{MPI} is created."),
+        {**_true("Running", "MPIJobRunning", f"{MPI} is running."), "status": "False"},
+        _true("Succeeded", "MPIJobSucceeded", MPI_DONE)],
+        "replicaStatuses": {"Launcher": {"succeeded": 1}, "Worker": {}}},
+     RunEnd(True, "MPIJobSucceeded", MPI_DONE)),
+    ("MPIJob", {"conditions": [_true("Failed", "BackoffLimitExceeded/Error", MPI_FAILED)],
+                "replicaStatuses": {"Launcher": {"failed": 1}}},
+     RunEnd(False, "BackoffLimitExceeded/Error", MPI_FAILED)),
+    ("MPIJob", {"conditions": [_true("Failed", "MPIJobEvicted", "1/2 workers are evicted")]},
+     RunEnd(False, "MPIJobEvicted", "1/2 workers are evicted")),
 ]  # fmt: skip
+AVAILABLE = _true("Available", "AllGroupsReady", "All replicas are ready")
 # Statuses of a run that goes on: finished() keeps polling.
 RUNNING: list[tuple[str, dict[str, Any]]] = [
     ("Job", {"active": 3, "conditions": [{"type": "Complete", "status": "False"}]}),
@@ -203,6 +218,8 @@ RUNNING: list[tuple[str, dict[str, Any]]] = [
     ("PyTorchJob", {"conditions": [_true("Running", "PyTorchJobRunning", "running")]}),
     ("RayJob", {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}),
     ("RayCluster", {"state": "ready", "readyWorkerReplicas": 1}),
+    ("MPIJob", {"conditions": [_true("Running", "MPIJobRunning", "running")]}),
+    ("LeaderWorkerSet", {"conditions": [AVAILABLE], "replicas": 2, "readyReplicas": 2}),
 ]
 
 

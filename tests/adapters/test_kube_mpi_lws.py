@@ -1,0 +1,206 @@
+"""MPIJob v2beta1 and LeaderWorkerSet run end to end in a Kubernetes member (kmock over real
+HTTP, the real ``kubernetes.aio`` client), their controllers played as upstream names,
+labels and reports pods (tests/adapters/workload_players.py), in pin mode and both delegate
+modes: an MPIJob runs to its own Succeeded or Failed, the launcher made at once or once its
+workers are Ready; a LeaderWorkerSet's groups all run (it never ends) and a cancel leaves
+nothing. In pin mode each pod holds the slot of its own index, as the kind's module reads
+it from its controller's labels."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+from crds import schema_problems
+from kmock_namespaces import NamespacedEmulator
+from kubernetes.aio.client import ApiClient
+from test_kube_workload_pins import assert_pinned, split
+from test_workloads import CPU, GPU8, INIT, lws, mpijob
+from workload_cluster import (
+    COSCHED,
+    CRD_FILES,
+    JOB,
+    KIND_RES,
+    LABELLED,
+    NS,
+    PODS,
+    VOLCANO,
+    WORKLOADS,
+    Cluster,
+    Emulator,
+    admitted,
+    cluster,
+    launcher,
+    stored,
+    workload,
+)
+from workload_players import JOBS
+
+from adapters.kube.objects import LABEL_POD_SET, Flavor, Mode
+from adapters.kube.pods import index_of
+from adapters.kube.translate import ANNOTATION_POD
+from broker.manifest.workloads import leaderworkerset
+from broker.manifest.workloads import mpijob as mpi_kind
+from broker.model import Placement
+from broker.ports import RunEnd
+
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
+
+Obj = dict[str, Any]
+MODES: list[tuple[Mode, Flavor]] = [
+    ("pin", "coscheduling"), ("delegate", "coscheduling"), ("delegate", "volcano")]  # fmt: skip
+IDS = [f"{m}-{f}" for m, f in MODES]
+PodIndex = Callable[[Mapping[str, Any], Mapping[str, Any]], "int | None"]
+
+
+def _t(template: Obj) -> Obj:
+    return {**template, **LABELLED}
+
+
+def _with_workload(monkeypatch: pytest.MonkeyPatch, kind: str, body: Obj) -> None:
+    """The member's job of ``kind`` is ``body`` for this test (``admitted`` reads it)."""
+    monkeypatch.setitem(WORKLOADS, kind, body)
+
+
+def assert_own_index(member: Cluster, pod_index: PodIndex) -> None:
+    """Every granted pod holds the slot of the index its kind's module reads from its
+    controller's labels, and the adapter reads the same index."""
+    obj = member.workload()
+    assert obj is not None
+    for name, pod in split(member.pods())[0].items():
+        index = pod_index(obj, pod)
+        assert index is not None and index_of(pod) == index, name
+        slot = pod["metadata"]["annotations"][ANNOTATION_POD]
+        pod_set = pod["metadata"]["labels"][LABEL_POD_SET]
+        assert slot == f"acme.{JOB}-{pod_set}-{index}", name
+
+
+def _written_as_the_crd_says(member: Cluster) -> None:
+    """The status the played controller wrote is one its CRD takes, the launcher Job's one
+    the Job API takes."""
+    obj = member.workload()
+    assert obj is not None and obj.get("status")
+    assert schema_problems(obj, CRD_FILES[member.kind]) == []
+    for job in member.stored(JOBS).values():
+        kubernetes_validate.validate(job, "1.31", strict=True)
+
+
+async def _run(api: ApiClient, member: Cluster, placement: Placement, mode: Mode,
+               flavor: Flavor, then: Callable[[], None]) -> RunEnd:  # fmt: skip
+    """Launch the job, check it started as planned, then poll to its end, ``then`` played
+    at the first poll (the kubelet ending a pod)."""
+    kube = launcher(api, member.step, mode, flavor)
+    await kube.launch(placement, member.spec)
+    pods = member.pods()
+    assert len(pods) == len(placement.pods)
+    assert {p["status"]["phase"] for p in pods.values()} == {"Running"}
+    if mode == "pin":
+        assert_pinned(member, placement, split(pods)[0])
+    else:
+        assert list(stored(member.k8s, COSCHED if flavor == "coscheduling" else VOLCANO)) == [JOB]
+    played: list[int] = []
+
+    async def poll(_: float) -> None:
+        if not played:
+            then()
+            played.append(1)
+        await member.step(0)
+
+    kube.pause = poll
+    end = await kube.finished(placement, member.spec)
+    _written_as_the_crd_says(member)
+    await kube.delete(placement, member.spec)
+    member.control()  # the controller and the garbage collector see the workload gone
+    assert workload(member.k8s, member.kind) is None
+    assert member.pods() == {}
+    assert stored(member.k8s, JOBS) == {}
+    assert stored(member.k8s, COSCHED) == stored(member.k8s, VOLCANO) == {}
+    return end
+
+
+# A delegated gang with the launcher made late needs it out of the PodGroup's minMember
+# (the kind's LATE_POD_SETS), which the launcher's PodGroup does not read yet: pin only.
+MPI_CASES = [(*m, "AtStartup") for m in MODES] + [("pin", "coscheduling", "WaitForWorkersReady")]
+
+
+@pytest.mark.parametrize(("mode", "flavor", "policy"), MPI_CASES,
+                         ids=[f"{m}-{f}-{p}" for m, f, p in MPI_CASES])  # fmt: skip
+@pytest.mark.parametrize("succeeds", [True, False], ids=["Succeeded", "Failed"])
+async def test_an_mpijob_runs_to_its_own_end(
+    api: ApiClient, k8s: Emulator, monkeypatch: pytest.MonkeyPatch,
+    mode: Mode, flavor: Flavor, policy: str, succeeds: bool,
+) -> None:  # fmt: skip
+    body = mpijob(3, _t(GPU8), _t(CPU), launcherCreationPolicy=policy,
+                  runPolicy={"backoffLimit": 0, "cleanPodPolicy": "Running"})  # fmt: skip
+    _with_workload(monkeypatch, "MPIJob", body)
+    placement, spec = admitted("MPIJob")
+    member = cluster(k8s, "MPIJob", placement, spec)
+    launcher_pod = f"{JOB}-launcher-00001"
+
+    def exit_launcher() -> None:  # the kubelet: mpirun exits
+        phase = {"phase": "Succeeded"} if succeeds else {
+            "phase": "Failed", "reason": "Error", "message": "exit code 1"}  # fmt: skip
+        k8s.objects[PODS, NS, launcher_pod].patch({"status": phase})
+
+    end = await _run(api, member, placement, mode, flavor, exit_launcher)
+    if succeeds:
+        assert end == RunEnd(True, "MPIJobSucceeded", f"MPIJob {NS}/{JOB} successfully completed.")
+    else:
+        message = "Job has reached the specified backoff limit: exit code 1"
+        assert end == RunEnd(False, "BackoffLimitExceeded/Error", message)
+
+
+@pytest.mark.parametrize(("mode", "flavor"), MODES, ids=IDS)
+@pytest.mark.parametrize("leader", [True, False], ids=["leaderTemplate", "one template"])
+async def test_a_leaderworkerset_runs_every_group_until_cancelled(
+    api: ApiClient, k8s: Emulator, monkeypatch: pytest.MonkeyPatch,
+    mode: Mode, flavor: Flavor, leader: bool,
+) -> None:  # fmt: skip
+    body = lws(3, 3, _t(CPU) if leader else None, _t(INIT))
+    _with_workload(monkeypatch, "LeaderWorkerSet", body)
+    placement, spec = admitted("LeaderWorkerSet")
+    member = cluster(k8s, "LeaderWorkerSet", placement, spec)
+    kube = launcher(api, member.step, mode, flavor)
+    await kube.launch(placement, spec)
+    pods = member.pods()
+    assert sorted(pods) == sorted(
+        [f"{JOB}-{g}" for g in range(3)] + [f"{JOB}-{g}-{w}" for g in range(3) for w in (1, 2)]
+    )
+    assert {p["status"]["phase"] for p in pods.values()} == {"Running"}
+    if mode == "pin":
+        assert_pinned(member, placement, split(pods)[0])
+        assert_own_index(member, leaderworkerset.pod_index)
+    member.control()  # LWS sees its pods run
+    obj = workload(k8s, "LeaderWorkerSet")
+    assert obj is not None and obj["status"]["readyReplicas"] == 3
+    _written_as_the_crd_says(member)
+
+    polls: list[int] = []
+
+    async def poll(_: float) -> None:  # it serves on: cancelled after a few polls
+        polls.append(1)
+        await member.step(0)
+        if len(polls) == 3:
+            await kube.delete(placement, spec)
+
+    kube.pause = poll
+    end = await kube.finished(placement, spec)
+    assert end.reason == "WorkloadDeleted" and len(polls) == 3
+    member.control()
+    assert workload(k8s, "LeaderWorkerSet") is None
+    assert member.pods() == {}
+    assert stored(k8s, COSCHED) == stored(k8s, VOLCANO) == {}
+
+
+async def test_an_mpijobs_workers_hold_the_slots_of_their_replica_index(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    placement, spec = admitted("MPIJob")
+    member = cluster(k8s, "MPIJob", placement, spec)
+    await launcher(api, member.step).launch(placement, spec)
+    assert_own_index(member, mpi_kind.pod_index)
+    member.control()  # the operator sees its pods run
+    status = k8s.objects[KIND_RES["MPIJob"], NS, JOB].raw["status"]
+    assert [c["type"] for c in status["conditions"]] == ["Created", "Running"]
