@@ -14,6 +14,8 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 from crds import schema_problems
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient
 from test_kube_workload_pins import assert_pinned, split
@@ -41,7 +43,7 @@ from workload_players import JOBS
 from adapters.kube.objects import LABEL_POD_SET, Flavor, Mode
 from adapters.kube.pods import index_of
 from adapters.kube.translate import ANNOTATION_POD
-from broker.manifest.workloads import leaderworkerset
+from broker.manifest.workloads import derive, leaderworkerset
 from broker.manifest.workloads import mpijob as mpi_kind
 from broker.model import Placement
 from broker.ports import RunEnd
@@ -204,3 +206,29 @@ async def test_an_mpijobs_workers_hold_the_slots_of_their_replica_index(
     member.control()  # the operator sees its pods run
     status = k8s.objects[KIND_RES["MPIJob"], NS, JOB].raw["status"]
     assert [c["type"] for c in status["conditions"]] == ["Created", "Running"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.integers(1, 8), size=st.integers(1, 8), leader=st.booleans())
+def test_lws_pods_take_each_index_of_their_pod_set_once(
+    groups: int, size: int, leader: bool
+) -> None:
+    """Whatever the groups and their size, the pods LWS makes (labelled as its controller
+    and webhook label them) map one to one onto the indexes of the pod sets admission
+    derived, as the kind's module and the adapter both read them."""
+    body = lws(groups, size, CPU if leader else None, GPU8)
+    counts = {ps.name: ps.count for ps in derive(body)}
+    seen: dict[str, list[int]] = {}
+    for g in range(groups):
+        for w in range(size):
+            pod_set = "main" if not leader else "leader" if w == 0 else "worker"
+            pod = {"metadata": {
+                "labels": {LABEL_POD_SET: pod_set, leaderworkerset.GROUP_LABEL: str(g),
+                           leaderworkerset.WORKER_LABEL: str(w)},
+                "annotations": {"leaderworkerset.sigs.k8s.io/size": str(size)}}}  # fmt: skip
+            index = leaderworkerset.pod_index(body, pod)
+            assert index is not None and index_of(pod) == index
+            seen.setdefault(pod_set, []).append(index)
+    assert {name: sorted(found) for name, found in seen.items()} == {
+        name: list(range(n)) for name, n in counts.items()
+    }
