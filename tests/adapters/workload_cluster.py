@@ -3,8 +3,10 @@ with Namespaces and every workload kind served, jobs admitted from real manifest
 WorkloadSpec comes from admission, not hand-built paths), their placements, and the
 parts of Kubernetes the launcher leaves to others, played by the test: each kind's
 controller making pods from the stored workload's templates, named and index-labelled
-as that controller does, and a scheduler + kubelet that binds an ungated pod to the node
-its required affinity names and runs it (recording how full each node ever got)."""
+as that controller does (the MPI Operator and LeaderWorkerSet, which make more than pods
+and write status, in tests/adapters/workload_players.py, one class each), and a scheduler +
+kubelet that binds an ungated pod to the node its required affinity names and runs it, Ready
+(recording how full each node ever got)."""
 
 from __future__ import annotations
 
