@@ -88,9 +88,9 @@ INTEGRATIONS = (
     Integration(ray.API_VERSION, ray.RAY_CLUSTER, ray.ray_cluster_pod_sets,
                 ray.RAY_CLUSTER_FIELDS, ray.injections(""), rules=ray.ray_cluster_rules),
     Integration(mpijob.API_VERSION, mpijob.KIND, mpijob.pod_sets, mpijob.FIELDS,
-                rules=mpijob.rules),
+                mpijob.INJECTIONS, rules=mpijob.rules),
     Integration(leaderworkerset.API_VERSION, leaderworkerset.KIND, leaderworkerset.pod_sets,
-                leaderworkerset.FIELDS, rules=leaderworkerset.rules),
+                leaderworkerset.FIELDS, leaderworkerset.INJECTIONS, rules=leaderworkerset.rules),
 )  # fmt: skip
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)

@@ -43,6 +43,7 @@ from typing import Any
 from broker.manifest.apirules import DNS1035_LABEL, DNS1123_LABEL, name_problem
 from broker.manifest.podrequests import Violation
 from broker.manifest.workloads.allowlist import TEMPLATE, Table, one_of, refused, whole
+from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -57,6 +58,7 @@ KIND = "LeaderWorkerSet"
 PLURAL = "leaderworkersets"
 LEADER, WORKER, MAIN = "leader", "worker", "main"
 LATE_POD_SETS: frozenset[str] = frozenset()
+INJECTIONS: tuple[Injection, ...] = ()  # no container added (see above)
 GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 # A StatefulSet's controller-revision-hash label is its name, "-" and a hash of up to 10.

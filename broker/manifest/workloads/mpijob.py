@@ -57,6 +57,7 @@ from broker.manifest.workloads.allowlist import (
     whole,
 )
 from broker.manifest.workloads.batchjob import MANAGED_BY, RETRIES, SUSPENDED, TTL
+from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.pytorchjob import GANG_IS_THE_BROKERS
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
@@ -74,6 +75,7 @@ PLURAL = "mpijobs"
 REPLICA_TYPES = ("Launcher", "Worker")
 LAUNCHER, WORKER = "launcher", "worker"
 LATE_POD_SETS = frozenset({LAUNCHER})
+INJECTIONS: tuple[Injection, ...] = ()  # no container added (see above)
 ROLE_LABEL = "training.kubeflow.org/job-role"
 INDEX_LABEL = "training.kubeflow.org/replica-index"
 
