@@ -34,6 +34,10 @@ CRD_FILES: Mapping[tuple[str, str], str] = {
         "trainer.kubeflow.org_clustertrainingruntimes.yaml"
     ),
     ("trainer.kubeflow.org", "trainingruntimes"): "trainer.kubeflow.org_trainingruntimes.yaml",
+    ("kubeflow.org", "mpijobs"): "kubeflow.org_mpijobs-v2beta1.yaml",
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): (
+        "leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+    ),
     ("scheduling.x-k8s.io", "podgroups"): "scheduling.x-k8s.io_podgroups.yaml",
     ("scheduling.volcano.sh", "podgroups"): "scheduling.volcano.sh_podgroups.yaml",
 }

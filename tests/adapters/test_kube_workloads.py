@@ -44,8 +44,10 @@ from adapters.kube.objects import (
     Flavor,
     KubeLaunchError,
     Mode,
+    pod_set_of,
 )
 from adapters.kube.workloads import GATE, template_at
+from broker.manifest.workloads import INTEGRATIONS
 from broker.ports import LaunchError, RunEnd
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
@@ -144,8 +146,9 @@ async def test_each_kind_is_created_dressed_and_valid(
     else:
         # Pods of late pod sets (a RayJob's submitter, made once the Ray cluster is ready)
         # are left out: the gang scheduler would wait for them for ever.
-        late = [p for p in placement.pods if p.pod.startswith(f"acme.{JOB}-submitter-")]
-        assert bool(late) == (kind == "RayJob")
+        late_sets = next(i for i in INTEGRATIONS if i.kind == kind).late_pod_sets
+        late = [p for p in placement.pods if pod_set_of(p.pod[len("acme.") :], spec) in late_sets]
+        assert bool(late) == (kind in ("RayJob", "MPIJob"))
         assert groups[JOB]["spec"]["minMember"] == len(placement.pods) - len(late)
         assert groups[JOB]["metadata"]["labels"] == OURS
 
@@ -166,6 +169,9 @@ PT_DONE, PT_FAILED = (
     f"{PT} successfully completed.",
     f"{PT} is failed because 1 Worker replica(s) failed.",
 )
+MPI = f"MPIJob {NS}/{JOB}"
+MPI_DONE = f"{MPI} successfully completed."
+MPI_FAILED = "Job has reached the specified backoff limit: exit code 1"
 RAY_FAILED = "Job entrypoint command failed with exit code 1"
 RAY_LATE = "The RayJob has passed the activeDeadlineSeconds."
 RAY_INVALID = "The RayJob spec is invalid: backoffLimit must be a positive integer"
@@ -207,7 +213,19 @@ ENDS: list[tuple[str, dict[str, Any], RunEnd]] = [
     ("RayJob", {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
                 "message": RAY_INVALID},
      RunEnd(False, "ValidationFailed", RAY_INVALID)),
+    ("MPIJob", {"conditions": [
+        _true("Created", "MPIJobCreated", f"{MPI} is created."),
+        {**_true("Running", "MPIJobRunning", f"{MPI} is running."), "status": "False"},
+        _true("Succeeded", "MPIJobSucceeded", MPI_DONE)],
+        "replicaStatuses": {"Launcher": {"succeeded": 1}, "Worker": {}}},
+     RunEnd(True, "MPIJobSucceeded", MPI_DONE)),
+    ("MPIJob", {"conditions": [_true("Failed", "BackoffLimitExceeded/Error", MPI_FAILED)],
+                "replicaStatuses": {"Launcher": {"failed": 1}}},
+     RunEnd(False, "BackoffLimitExceeded/Error", MPI_FAILED)),
+    ("MPIJob", {"conditions": [_true("Failed", "MPIJobEvicted", "1/2 workers are evicted")]},
+     RunEnd(False, "MPIJobEvicted", "1/2 workers are evicted")),
 ]  # fmt: skip
+AVAILABLE = _true("Available", "AllGroupsReady", "All replicas are ready")
 # Statuses of a run that goes on: finished() keeps polling.
 RUNNING: list[tuple[str, dict[str, Any]]] = [
     ("Job", {"active": 3, "conditions": [{"type": "Complete", "status": "False"}]}),
@@ -226,6 +244,8 @@ RUNNING: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("RayCluster", {"state": "ready", "readyWorkerReplicas": 1}),
+    ("MPIJob", {"conditions": [_true("Running", "MPIJobRunning", "running")]}),
+    ("LeaderWorkerSet", {"conditions": [AVAILABLE], "replicas": 2, "readyReplicas": 2}),
 ]
 
 

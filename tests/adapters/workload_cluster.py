@@ -3,8 +3,10 @@ with Namespaces and every workload kind served, jobs admitted from real manifest
 WorkloadSpec comes from admission, not hand-built paths), their placements, and the
 parts of Kubernetes the launcher leaves to others, played by the test: each kind's
 controller making pods from the stored workload's templates, named and index-labelled
-as that controller does, and a scheduler + kubelet that binds an ungated pod to the node
-its required affinity names and runs it (recording how full each node ever got)."""
+as that controller does (the MPI Operator and LeaderWorkerSet, which make more than pods
+and write status, in tests/adapters/workload_players.py, one class each), and a scheduler +
+kubelet that binds an ungated pod to the node its required affinity names and runs it, Ready
+(recording how full each node ever got)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,20 @@ import kmock as kmocklib
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient, Configuration
 from tenacity import wait_none
-from test_workloads import CPU, GPU8, INIT, batch_job, group, jobset, pytorch, ray_cluster, rj
+from test_workloads import (
+    CPU,
+    GPU8,
+    INIT,
+    batch_job,
+    group,
+    jobset,
+    lws,
+    mpijob,
+    pytorch,
+    ray_cluster,
+    rj,
+)
+from workload_players import PLAYERS, Player
 
 from adapters.kube.launch import KubeLauncher
 from adapters.kube.objects import LABEL_POD_SET, Flavor, Mode
@@ -46,6 +61,8 @@ CRD_FILES = {
     "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
     "RayJob": "ray.io_rayjobs.yaml",
     "RayCluster": "ray.io_rayclusters.yaml",
+    "MPIJob": "kubeflow.org_mpijobs-v2beta1.yaml",
+    "LeaderWorkerSet": "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
 }
 MAX_POLLS = 30
 USER_META = {"labels": {"team": "vision"}, "annotations": {"owner": "ana"}}
@@ -81,6 +98,8 @@ WORKLOADS: Mapping[str, Obj] = {
     "RayCluster": {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": ray_cluster(
         group("GPU-Workers", _t(INIT), replicas=1, minReplicas=1, maxReplicas=1,
               numOfHosts=2), head=_t(CPU))},
+    "MPIJob": mpijob(2, _t(GPU8), _t(CPU), runPolicy={"backoffLimit": 0}),
+    "LeaderWorkerSet": lws(2, 2, _t(CPU), _t(INIT)),
 }  # fmt: skip
 
 
@@ -88,7 +107,7 @@ async def emulator(kmock: Any) -> Emulator:
     k8s = cast(Emulator, kmock)
     info = kmocklib.ResourceInfo(namespaced=True)
     for name in ("v1/pods", "v1/events", "v1/services", "scheduling.x-k8s.io/v1alpha1/podgroups",
-                 "scheduling.volcano.sh/v1beta1/podgroups"):  # fmt: skip
+                 "scheduling.volcano.sh/v1beta1/podgroups", "batch/v1/jobs"):  # fmt: skip
         k8s.resources[name] = info
     for kind in INTEGRATIONS:
         k8s.resources[f"{api_version(kind)}/{kind.plural}"] = info
@@ -227,6 +246,37 @@ class Cluster:
     polls: int = 0  # poll pauses so far; past MAX_POLLS the test fails instead of hanging
     counter: itertools.count[int] = field(default_factory=itertools.count)
     peak: dict[str, int] = field(default_factory=dict)  # node -> most pods running at once
+    player: Player | None = None  # the kind's controller, when workload_players plays it
+    ns: str = NS
+
+    def __post_init__(self) -> None:
+        if self.player is None and self.kind in PLAYERS:
+            self.player = PLAYERS[self.kind]()
+
+    @property
+    def resource(self) -> Any:
+        return KIND_RES[self.kind]
+
+    def stored(self, res: Any) -> dict[str, Obj]:
+        return stored(self.k8s, res)
+
+    def workload(self) -> Obj | None:
+        return workload(self.k8s, self.kind, self.spec.job)
+
+    def patch(self, res: Any, obj: Obj, status: Obj) -> None:
+        """Write ``status`` on a stored object, as its controller does."""
+        self.k8s.objects[res, self.ns, obj["metadata"]["name"]].patch({"status": status})
+
+    def create_pod(self, name: str, meta: Obj, spec: Obj) -> str:
+        """One pod made by a controller, through the member's rules (a template that
+        cannot become a pod fails the test here)."""
+        self.made += 1
+        return self.k8s.controller_create(PODS, NS, {
+            "apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {**meta, "name": name, "namespace": NS, "uid": f"uid-{name}",
+                         "resourceVersion": "1",
+                         "creationTimestamp": f"2026-01-01T00:00:{len(self.pods()):02d}Z"},
+        })  # fmt: skip
 
     def bounded(self) -> None:
         self.polls += 1
@@ -259,6 +309,9 @@ class Cluster:
         """Make the workload's pods (``extra`` more in its last pod set), at most ``limit``
         more this time."""
         assert self.spec.workload is not None
+        if self.player is not None:
+            self.player.reconcile(self, limit)
+            return
         obj = workload(self.k8s, self.kind, self.spec.job)
         if obj is None:
             return
@@ -282,8 +335,9 @@ class Cluster:
         for (res, _, _name), obj in list(self.k8s.objects.items()):
             if res != PODS or obj.deleted or gated(obj.raw) or obj.raw["spec"].get("nodeName"):
                 continue
+            ready = {"type": "Ready", "status": "True"}
             obj.patch({"spec": {"nodeName": node_of(obj.raw) or "node-x"},
-                       "status": {"phase": "Running"}})  # fmt: skip
+                       "status": {"phase": "Running", "conditions": [ready]}})  # fmt: skip
         running: dict[str, list[Obj]] = {}
         for pod in self.pods().values():
             if (pod.get("status") or {}).get("phase") == "Running":

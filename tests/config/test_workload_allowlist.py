@@ -130,7 +130,9 @@ def test_matches(pattern: str, path: tuple[str | int, ...], expected: bool) -> N
 
 CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "PyTorchJob": "kubeflow.org_pytorchjobs.yaml",
         "RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml",
-        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}  # fmt: skip
+        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
+        "MPIJob": "kubeflow.org_mpijobs-v2beta1.yaml",
+        "LeaderWorkerSet": "leaderworkerset.x-k8s.io_leaderworkersets.yaml"}  # fmt: skip
 
 
 def _crd_spec(kind: str, version: str) -> Mapping[str, Any]:

@@ -118,6 +118,34 @@ def group(name: str, template: Obj = GPU8, **counts: Any) -> Obj:
     return {"groupName": name, "template": template, **counts}
 
 
+def mpijob(workers: int | None = 2, template: Obj = GPU8, launcher: Obj = CPU, **extra: Any) -> Obj:
+    """An MPIJob v2beta1 of a launcher and ``workers`` workers (None: no Worker spec)."""
+    specs: Obj = {"Launcher": {"replicas": 1, "template": launcher}}
+    if workers is not None:
+        specs["Worker"] = {"replicas": workers, "template": template}
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+            "spec": {"slotsPerWorker": 8, "mpiReplicaSpecs": specs, **extra}}  # fmt: skip
+
+
+def lws(
+    replicas: int | None = 2,
+    size: int = 4,
+    leader: Obj | None = CPU,
+    workers: Obj = GPU8,
+    **extra: Any,
+) -> Obj:
+    """A LeaderWorkerSet of ``replicas`` groups of ``size`` pods (leader: its template, or
+    None for the worker template's)."""
+    template: Obj = {"size": size, "workerTemplate": workers}
+    if leader is not None:
+        template["leaderTemplate"] = leader
+    spec: Obj = {"leaderWorkerTemplate": template, **extra}
+    if replicas is not None:
+        spec["replicas"] = replicas
+    return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+            "spec": spec}  # fmt: skip
+
+
 def ray_job(cluster: Obj, **extra: Any) -> Obj:
     spec = {"entrypoint": "python train.py", "rayClusterSpec": cluster, **extra}
     return {"apiVersion": "ray.io/v1", "kind": "RayJob", "spec": spec}
@@ -139,6 +167,8 @@ SPEC_T = ("spec", "template")
 # INIT by hand: running = main 4 + sidecar 2 = 6 CPU, 8Gi + 1Gi = 9Gi; init peaks: log 2 CPU
 # 1Gi, fetch 2 + 16 = 18 CPU, 1 + 2 = 3Gi; max -> 18 CPU, 9Gi.
 RINIT = Resources(gpus=1, cpu_milli=18_000, memory_mib=9 * 1024)
+MPI = ("spec", "mpiReplicaSpecs")
+LWT = ("spec", "leaderWorkerTemplate")
 
 # (id, workload, [(pod set, count, per-pod resources, template path in the object)])
 KINDS: list[tuple[str, Obj, list[tuple[str, int, Resources, tuple[str | int, ...]]]]] = [
@@ -182,6 +212,21 @@ KINDS: list[tuple[str, Obj, list[tuple[str, int, Resources, tuple[str | int, ...
                                                submissionMode="HTTPMode"),
      [("head", 1, RCPU, ("spec", "rayClusterSpec", "headGroupSpec", "template")),
       ("gpu", 1, R8, ("spec", "rayClusterSpec", "workerGroupSpecs", 0, "template"))]),
+    ("MPIJob", mpijob(3, INIT),
+     [("launcher", 1, RCPU, (*MPI, "Launcher", "template")),
+      ("worker", 3, RINIT, (*MPI, "Worker", "template"))]),
+    ("MPIJob launcher as worker, no Worker", mpijob(None, launcher=GPU8, runLauncherAsWorker=True),
+     [("launcher", 1, R8, (*MPI, "Launcher", "template"))]),
+    ("MPIJob waits for workers", mpijob(1, launcherCreationPolicy="WaitForWorkersReady"),
+     [("launcher", 1, RCPU, (*MPI, "Launcher", "template")),
+      ("worker", 1, R8, (*MPI, "Worker", "template"))]),
+    ("LeaderWorkerSet", lws(3, 4, leader=INIT),
+     [("leader", 3, RINIT, (*LWT, "leaderTemplate")),
+      ("worker", 9, R8, (*LWT, "workerTemplate"))]),
+    ("LeaderWorkerSet one template", lws(None, 2, leader=None),
+     [("main", 2, R8, (*LWT, "workerTemplate"))]),
+    ("LeaderWorkerSet leaders only", lws(2, 1),
+     [("leader", 2, RCPU, (*LWT, "leaderTemplate"))]),
 ]  # fmt: skip
 
 
@@ -310,6 +355,21 @@ BAD: list[tuple[str, Obj, str, str]] = [
     ("Ray no head", ray_job({"workerGroupSpecs": []}), f"{W}.spec.rayClusterSpec.headGroupSpec",
      "required"),
     ("not plain JSON", _with(JS, ("spec", "x"), float("inf")), f"{W}.spec.x", "finite"),
+    ("MPIJob v1 is not v2beta1", {**mpijob(), "apiVersion": "kubeflow.org/v1"}, f"{W}.kind",
+     '"kubeflow.org/v1" "MPIJob" is not a supported'),
+    ("MPIJob no launcher", _with(mpijob(), ("spec", "mpiReplicaSpecs"), {"Worker": {
+        "replicas": 1, "template": GPU8}}), f"{W}.spec.mpiReplicaSpecs.Launcher", "required"),
+    ("MPIJob two launchers", _with(mpijob(), (*MPI, "Launcher", "replicas"), 2),
+     f"{W}.spec.mpiReplicaSpecs.Launcher.replicas", "must be 1"),
+    ("MPIJob Worker without replicas", _with(mpijob(), (*MPI, "Worker"), {"template": GPU8}),
+     f"{W}.spec.mpiReplicaSpecs.Worker.replicas", "defaults it to 0"),
+    ("MPIJob Server", _with(mpijob(), (*MPI, "Server"), {"replicas": 1, "template": CPU}),
+     f"{W}.spec.mpiReplicaSpecs.Server", "not Launcher or Worker"),
+    ("LWS no groups", lws(0), f"{W}.spec.replicas", ">= 1"),
+    ("LWS size 0", lws(size=0), f"{W}.spec.leaderWorkerTemplate.size", ">= 1"),
+    ("LWS no worker template", _with(lws(), (*LWT, "workerTemplate"), None),
+     f"{W}.spec.leaderWorkerTemplate.workerTemplate", "required"),
+    ("LWS of 1025 workers", lws(1025, 2), f"{W}.spec.leaderWorkerTemplate", "at most 1024"),
 ]  # fmt: skip
 
 
@@ -340,6 +400,63 @@ def test_exactly_one_of_pod_sets_and_workload(spec: Obj, path: str, words: str) 
     assert words in str(refused.value)
 
 
+# Fields the allowlist refuses (admission, past parsing): (id, workload, path, words)
+REFUSED: list[tuple[str, Obj, str, str]] = [
+    ("MPIJob gang policy", mpijob(runPolicy={"schedulingPolicy": {"minAvailable": 1}}),
+     f"{W}.spec.runPolicy.schedulingPolicy.minAvailable", "the broker makes the gang"),
+    ("MPIJob suspended", mpijob(runPolicy={"suspend": True}), f"{W}.spec.runPolicy.suspend",
+     "must be false"),
+    ("MPIJob ExitCode", _with(mpijob(), (*MPI, "Worker", "restartPolicy"), "ExitCode"),
+     f"{W}.spec.mpiReplicaSpecs.Worker.restartPolicy", "Never or OnFailure"),
+    ("LWS LeaderReady", lws(startupPolicy="LeaderReady"), f"{W}.spec.startupPolicy",
+     "gang scheduler holds the leader"),
+    ("LWS surge", lws(rolloutStrategy={"rollingUpdateConfiguration": {"maxSurge": 1}}),
+     f"{W}.spec.rolloutStrategy.rollingUpdateConfiguration.maxSurge", "beyond the placement"),
+    ("LWS sub-groups", _with(lws(), (*LWT, "subGroupPolicy"), {"subGroupSize": 2}),
+     f"{W}.spec.leaderWorkerTemplate.subGroupPolicy", "not allowed"),
+    ("LWS volume claims", _with(lws(), (*LWT, "volumeClaimTemplates"), []),
+     f"{W}.spec.leaderWorkerTemplate.volumeClaimTemplates", "PersistentVolumeClaims"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("workload", "path", "words"), [r[1:] for r in REFUSED],
+                         ids=[r[0] for r in REFUSED])  # fmt: skip
+def test_the_allowlist_refuses_what_the_broker_cannot_honour(
+    workload: Obj, path: str, words: str
+) -> None:
+    parsed = parse_manifest(manifest(workload), None)
+    with pytest.raises(PolicyViolation) as refused:
+        admit_templates(parsed, "baseline", ["default"])
+    message = str(refused.value)
+    assert message.startswith(f"{path}: "), message
+    assert words in message
+
+
+# (id, job name, workload, words in the refusal at metadata.name; "" admitted)
+NAMES: list[tuple[str, str, Obj, str]] = [
+    ("MPIJob a digit first", "7b", mpijob(), "DNS-1035"),
+    ("MPIJob last worker's hostname", "m" * 52, mpijob(2), ""),
+    ("MPIJob last worker's hostname too long", "m" * 55, mpijob(10), "worker-9"),
+    ("LWS a digit first", "7b", lws(), "DNS-1035"),
+    ("LWS last StatefulSet at the bound", "l" * 50, lws(10, 2), ""),
+    ("LWS last StatefulSet too long", "l" * 50, lws(11, 2), "controller-revision-hash"),
+    ("LWS of one-pod groups: no worker StatefulSet", "l" * 52, lws(11, 1), ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "workload", "words"), [n[1:] for n in NAMES],
+                         ids=[n[0] for n in NAMES])  # fmt: skip
+def test_the_names_a_controller_makes_are_valid(name: str, workload: Obj, words: str) -> None:
+    body = federated({"workload": workload}, name=name)
+    if not words:
+        admit_templates(parse_manifest(body, None), "baseline", ["default"])
+        return
+    with pytest.raises(ManifestError) as refused:
+        admit_templates(parse_manifest(body, None), "baseline", ["default"])
+    assert str(refused.value).startswith("metadata.name: "), str(refused.value)
+    assert words in str(refused.value)
+
+
 # (id, workload, level, field path of the refusal, status-like kind)
 POLICY: list[tuple[str, Obj, str, type[ManifestError]]] = [
     ("JobSet privileged container", jobset(rj("w", pod(container("m") | {
@@ -362,6 +479,16 @@ POLICY: list[tuple[str, Obj, str, type[ManifestError]]] = [
     ("MIG slice", batch_job(pod(container("m", {"nvidia.com/mig-1g.5gb": 1}))),
      f"{W}.spec.template.spec.containers[0].resources.limits.nvidia.com/mig-1g.5gb",
      ManifestError),
+    ("MPIJob launcher hostNetwork", mpijob(launcher={"spec": {"hostNetwork": True,
+                                                            "containers": [container("l")]}}),
+     f"{W}.spec.mpiReplicaSpecs.Launcher.template.spec.hostNetwork", PolicyViolation),
+    ("LWS leader privileged", lws(leader=pod(container("m") | {
+        "securityContext": {"privileged": True}})),
+     f"{W}.spec.leaderWorkerTemplate.leaderTemplate.spec.containers[0].securityContext"
+     ".privileged", PolicyViolation),
+    ("LWS uncounted worker template hostPath", lws(2, 1, workers={"spec": {
+        "containers": [container("m")], "volumes": [{"name": "r", "hostPath": {"path": "/"}}]}}),
+     f"{W}.spec.leaderWorkerTemplate.workerTemplate.spec.volumes[0].hostPath", PolicyViolation),
 ]  # fmt: skip
 
 

@@ -22,7 +22,10 @@ CASES: list[tuple[str, str | None, list[tuple[str, int, int]]]] = [
     ("rayjob.yaml", "ray.io_rayjobs.yaml", [("head", 1, 0), ("gpu", 2, 1), ("submitter", 1, 0)]),
     ("raycluster.yaml", "ray.io_rayclusters.yaml", [("head", 1, 0), ("gpu", 2, 1)]),
     ("indexed-job.yaml", None, [("main", 4, 1)]),
-]
+    ("mpijob.yaml", "kubeflow.org_mpijobs-v2beta1.yaml", [("launcher", 1, 0), ("worker", 4, 8)]),
+    ("leaderworkerset.yaml", "leaderworkerset.x-k8s.io_leaderworkersets.yaml",
+     [("leader", 2, 8), ("worker", 6, 8)]),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "crd", "expected"), CASES, ids=[c[0] for c in CASES])

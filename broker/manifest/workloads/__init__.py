@@ -13,6 +13,8 @@ RBAC, example and docs checks read it too.
 | ray.io/v1 RayJob | ``rayjob`` (+ ``raycommon``) | ``head``, one per worker group, ``submitter`` |
 | ray.io/v1 RayCluster | ``raycluster`` (+ ``raycommon``) | ``head``, one per worker group |
 | trainer.kubeflow.org/v1alpha1 TrainJob | ``trainjob`` | one per replicated job of its runtime |
+| kubeflow.org/v2beta1 MPIJob | ``mpijob`` | ``launcher``, ``worker`` |
+| leaderworkerset.x-k8s.io/v1 LeaderWorkerSet | ``leaderworkerset`` | ``leader``, ``worker`` |
 
 Each kind also declares, as data in its module, the fields of its ``spec`` a tenant may set
 (``FIELDS``: an allowlist, checked by ``allowlist``; a pod template is one of its leaves,
@@ -40,6 +42,8 @@ from broker.manifest.workloads import (
     batchjob,
     injection,
     jobset,
+    leaderworkerset,
+    mpijob,
     pytorchjob,
     raycluster,
     rayjob,
@@ -55,6 +59,8 @@ INTEGRATIONS: tuple[Integration, ...] = (
     rayjob.INTEGRATION,
     raycluster.INTEGRATION,
     trainjob.INTEGRATION,
+    mpijob.INTEGRATION,
+    leaderworkerset.INTEGRATION,
 )
 _BY_KIND = {(i.api_version, i.kind): i for i in INTEGRATIONS}
 SUPPORTED = ", ".join(i.name for i in INTEGRATIONS)

@@ -44,6 +44,7 @@ from broker.manifest.workloads.allowlist import (
 from broker.manifest.workloads.batchjob import MANAGED_BY, RETRIES, SUSPENDED, TTL
 from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.integration import Integration
+from broker.manifest.workloads.kubeflow import GANG_IS_THE_BROKERS, GROUP
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     bounded,
@@ -55,7 +56,7 @@ from broker.manifest.workloads.reading import (
 from broker.manifest.workloads.status import condition_end, label_index
 from broker.ports import RunEnd
 
-GROUP, VERSION = "kubeflow.org", "v1"
+VERSION = "v1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "PyTorchJob"
 # The training operator's index of a replica's pod (kubeflow/common, ReplicaIndexLabel).
@@ -63,7 +64,6 @@ REPLICA_INDEX = "training.kubeflow.org/replica-index"
 REPLICA_TYPES = ("Master", "Worker")
 CONTAINER = "pytorch"
 
-GANG_IS_THE_BROKERS = "the broker makes the gang, its size and its timeout (spec.gang)"
 _RESTART = one_of("Always", "OnFailure", "Never", "ExitCode")
 _REPLICAS = "pytorchReplicaSpecs"
 FIELDS: Table = (

@@ -1,0 +1,289 @@
+"""Controllers the workload tests play as their upstream code does, one class per kind, each
+reconciling from the stored object only (tests/adapters/workload_cluster.py calls
+``reconcile`` at every poll; a kind x mode matrix can do the same):
+
+* ``MPIOperator``: the standalone MPI Operator v2 (kubeflow/mpi-operator,
+  ``pkg/controller/mpi_job_controller.go``): workers ``<name>-worker-<i>`` made as pods,
+  labelled ``training.kubeflow.org/{operator-name,job-name,job-role}`` and
+  ``replica-index``, with ``hostname``/``subdomain``, the replica's restartPolicy, the env and
+  the SSH Secret mount it adds; the launcher a batch Job ``<name>-launcher`` (through the
+  member's Job rules) made at once or, with ``launcherCreationPolicy: WaitForWorkersReady``,
+  once every worker is Ready; then the Job controller's pod ``<name>-launcher-<x>``. Status:
+  ``Created``, ``Running`` (launcher and every worker running), ``Succeeded``/``Failed`` from
+  the launcher Job's ``Complete``/``Failed`` (itself from its pod's phase, the Job
+  controller's part), reasons and messages as upstream writes them.
+* ``LeaderWorkerSetController``: kubernetes-sigs/lws (``pkg/controllers``, ``pkg/webhooks``):
+  the leader StatefulSet ``<name>``'s pods ``<name>-<group>`` (from ``leaderTemplate`` or
+  else ``workerTemplate``), then, once a group's leader exists (``LeaderCreated``), its
+  worker StatefulSet ``<name>-<group>``'s pods ``<name>-<group>-<worker>`` (ordinals from 1);
+  labels ``leaderworkerset.sigs.k8s.io/{name,group-index,worker-index,group-key}``, the size
+  annotation, the ``LWS_*`` env the pod webhook adds, and the StatefulSet controller's own
+  labels. Status: ``Available`` once every group's pods run. Never ends.
+
+Each also plays the member's garbage collector for what it made besides pods (the launcher
+Job): gone with its owner."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import kmock as kmocklib
+
+if TYPE_CHECKING:
+    from workload_cluster import Cluster
+
+Obj = dict[str, Any]
+JOBS = kmocklib.resource("batch", "v1", "jobs")
+NOW = "2026-01-01T01:00:00Z"
+
+
+class Player(Protocol):
+    """A controller the test plays: makes what it makes (at most ``limit`` pods this time),
+    writes the status it writes."""
+
+    def reconcile(self, member: Cluster, limit: int | None) -> None: ...
+
+
+def condition(kind: str, reason: str, message: str, status: str = "True", **times: str) -> Obj:
+    """A condition as its controller writes it (``times``: the kind's other timestamps)."""
+    return {"type": kind, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": NOW, **times}  # fmt: skip
+
+
+def mpi_condition(kind: str, reason: str, message: str) -> Obj:
+    return condition(kind, reason, message, lastUpdateTime=NOW)
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _phase(pod: Mapping[str, Any] | None) -> str:
+    return str(((pod or {}).get("status") or {}).get("phase") or "Pending")
+
+
+def _copy(template: Mapping[str, Any]) -> Obj:
+    return json.loads(json.dumps(template))  # type: ignore[no-any-return]
+
+
+def _env(template: Obj, *env: tuple[str, str]) -> None:
+    """``env`` appended to the first container's (the MPI Operator's) or every one's."""
+    for c in template["spec"]["containers"]:
+        c["env"] = [*c.get("env", ()), *({"name": k, "value": v} for k, v in env)]
+
+
+# -- the MPI Operator ---------------------------------------------------------------------
+
+MPI = "training.kubeflow.org"
+
+
+class MPIOperator:
+    def __init__(self) -> None:
+        self.launcher_pods = 0
+
+    @staticmethod
+    def _labels(name: str, role: str) -> Obj:
+        return {f"{MPI}/operator-name": "mpi-operator", f"{MPI}/job-name": name,
+                f"{MPI}/job-role": role}  # fmt: skip
+
+    @staticmethod
+    def _ssh(template: Obj, name: str, spec: Mapping[str, Any]) -> None:
+        pod_spec = template["spec"]
+        pod_spec["volumes"] = [*pod_spec.get("volumes", ()), {"name": "ssh-auth", "secret": {
+            "secretName": f"{name}-ssh", "defaultMode": 0o600}}]  # fmt: skip
+        first = pod_spec["containers"][0]
+        mount = {"name": "ssh-auth", "mountPath": spec.get("sshAuthMountPath", "/root/.ssh")}
+        first["volumeMounts"] = [*first.get("volumeMounts", ()), mount]
+
+    def _worker(self, member: Cluster, obj: Obj, i: int) -> None:
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        replica = spec["mpiReplicaSpecs"]["Worker"]
+        template = _copy(replica["template"])
+        meta = template.setdefault("metadata", {})
+        labels = {**meta.get("labels", {}), **self._labels(name, "worker"),
+                  f"{MPI}/replica-index": str(i)}  # fmt: skip
+        pod_spec = template["spec"]
+        pod_spec |= {"hostname": f"{name}-worker-{i}", "subdomain": name,
+                     "restartPolicy": replica.get("restartPolicy", "Never")}  # fmt: skip
+        first = pod_spec["containers"][0]
+        if not first.get("command") and not first.get("args"):
+            first["command"] = ["/usr/sbin/sshd", "-De"]
+        _env({"spec": {"containers": [first]}}, ("K_MPI_JOB_ROLE", "worker"))
+        self._ssh(template, name, spec)
+        member.create_pod(f"{name}-worker-{i}", {**meta, "labels": labels}, pod_spec)
+
+    def _launcher_job(self, member: Cluster, obj: Obj) -> None:
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        replica = spec["mpiReplicaSpecs"]["Launcher"]
+        template = _copy(replica["template"])
+        meta = template.setdefault("metadata", {})
+        meta["labels"] = {**meta.get("labels", {}), **self._labels(name, "launcher")}
+        pod_spec = template["spec"]
+        pod_spec |= {"hostname": f"{name}-launcher", "subdomain": name,
+                     "restartPolicy": replica.get("restartPolicy", "OnFailure")}  # fmt: skip
+        hostfile = ("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile")
+        _env({"spec": {"containers": [pod_spec["containers"][0]]}},
+             ("K_MPI_JOB_ROLE", "launcher"), hostfile)  # fmt: skip
+        self._ssh(template, name, spec)
+        items = [{"key": "hostfile", "path": "hostfile"}]
+        config = {"name": "mpi-job-config", "configMap": {"name": f"{name}-config", "items": items}}
+        pod_spec["volumes"].append(config)
+        run = spec.get("runPolicy") or {}
+        passed = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
+        job_spec = {"template": template, **{k: run[k] for k in passed if k in run}}
+        owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": name,
+                 "uid": obj["metadata"].get("uid", "mpijob-uid"), "controller": True}  # fmt: skip
+        member.k8s.controller_create(JOBS, member.ns, {
+            "apiVersion": "batch/v1", "kind": "Job", "spec": job_spec,
+            "metadata": {"name": f"{name}-launcher", "namespace": member.ns,
+                         "labels": {"app": name}, "ownerReferences": [owner]}})  # fmt: skip
+
+    def _job_controller(self, member: Cluster, name: str, budget: int) -> None:
+        """The batch Job controller for the launcher Job: a pod while none is active, its
+        end as the Job's conditions (1.31+: SuccessCriteriaMet/FailureTarget first)."""
+        job = member.stored(JOBS).get(f"{name}-launcher")
+        if job is None or (job.get("status") or {}).get("conditions"):
+            return
+        pods = [p for n, p in member.pods().items() if n.startswith(f"{name}-launcher-")]
+        if any(_phase(p) == "Succeeded" for p in pods):
+            done = "Reached expected number of succeeded pods"
+            conditions = [condition("SuccessCriteriaMet", "CompletionsReached", done),
+                          condition("Complete", "CompletionsReached", done)]  # fmt: skip
+            member.patch(JOBS, job, {"conditions": conditions, "succeeded": 1})
+            return
+        failed = [p for p in pods if _phase(p) == "Failed"]
+        if len(failed) > int(job["spec"].get("backoffLimit", 6)):
+            limit = "Job has reached the specified backoff limit"
+            conditions = [condition("FailureTarget", "BackoffLimitExceeded", limit),
+                          condition("Failed", "BackoffLimitExceeded", limit)]  # fmt: skip
+            member.patch(JOBS, job, {"conditions": conditions, "failed": len(failed)})
+            return
+        if len(pods) - len(failed) == 0 and budget > 0:
+            template = job["spec"]["template"]
+            self.launcher_pods += 1
+            owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"],
+                     "uid": job["metadata"]["uid"], "controller": True}  # fmt: skip
+            meta = {**template.get("metadata", {}), "ownerReferences": [owner]}
+            member.create_pod(f"{name}-launcher-{self.launcher_pods:05d}", meta, template["spec"])
+
+    def reconcile(self, member: Cluster, limit: int | None) -> None:
+        obj = member.workload()
+        if obj is None:  # the garbage collector: the launcher Job goes with its owner
+            for owned in list(member.stored(JOBS)):
+                member.k8s.objects[JOBS, member.ns, owned].delete()
+            return
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        worker = spec["mpiReplicaSpecs"].get("Worker")
+        workers = int(worker["replicas"]) + member.extra if worker else 0
+        job = member.stored(JOBS).get(f"{name}-launcher")
+        done = bool(job and (job.get("status") or {}).get("conditions"))
+        budget = 0 if done else limit if limit is not None else 1 << 30
+        for i in range(workers):
+            if f"{name}-worker-{i}" not in member.pods() and budget > 0:
+                self._worker(member, obj, i)
+                budget -= 1
+        pods = member.pods()
+        made = [pods[f"{name}-worker-{i}"] for i in range(workers) if f"{name}-worker-{i}" in pods]
+        waits = spec.get("launcherCreationPolicy") == "WaitForWorkersReady"
+        ready = len(made) == workers and all(_ready(p) for p in made)
+        if job is None and (ready or not waits) and budget > 0:
+            self._launcher_job(member, obj)
+        if not done:
+            self._job_controller(member, name, budget)
+        self._status(member, obj, made)
+
+    def _status(self, member: Cluster, obj: Obj, workers: list[Obj]) -> None:
+        name = obj["metadata"]["name"]
+        what = f"MPIJob {member.ns}/{name}"
+        conditions = [mpi_condition("Created", "MPIJobCreated", f"{what} is created.")]
+        job = member.stored(JOBS).get(f"{name}-launcher")
+        pods = [p for n, p in member.pods().items() if n.startswith(f"{name}-launcher-")]
+        running = all(_phase(p) == "Running" for p in workers)
+        if job is not None and any(_phase(p) == "Running" for p in pods) and running:
+            conditions.append(mpi_condition("Running", "MPIJobRunning", f"{what} is running."))
+        ended = {c["type"]: c for c in (job or {}).get("status", {}).get("conditions") or ()}
+        if "Complete" in ended:
+            done = f"{what} successfully completed."
+            conditions.append(mpi_condition("Succeeded", "MPIJobSucceeded", done))
+        elif "Failed" in ended:
+            last = [p for p in pods if _phase(p) == "Failed"][-1]
+            reason = f"BackoffLimitExceeded/{last['status'].get('reason', 'Error')}"
+            message = f"{ended['Failed']['message']}: {last['status'].get('message', '')}"
+            conditions.append(mpi_condition("Failed", reason, message))
+        member.patch(member.resource, obj, {"conditions": conditions, "startTime": NOW})
+
+
+# -- LeaderWorkerSet ----------------------------------------------------------------------
+
+LWS = "leaderworkerset.sigs.k8s.io"
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:10]  # a name, not a secret
+
+
+class LeaderWorkerSetController:
+    def _pod(self, member: Cluster, obj: Obj, group: int, worker: int) -> None:
+        name, lwt = obj["metadata"]["name"], obj["spec"]["leaderWorkerTemplate"]
+        size = int(lwt.get("size", 1))
+        leader = worker == 0
+        use_leader = leader and lwt.get("leaderTemplate") is not None
+        template = _copy(lwt["leaderTemplate" if use_leader else "workerTemplate"])
+        meta = template.setdefault("metadata", {})
+        sts = name if leader else f"{name}-{group}"
+        pod = f"{name}-{group}" if leader else f"{name}-{group}-{worker}"
+        meta["labels"] = {
+            **meta.get("labels", {}), f"{LWS}/name": name, f"{LWS}/group-index": str(group),
+            f"{LWS}/worker-index": str(worker), f"{LWS}/group-key": _hash(f"{member.ns}/{sts}"),
+            "controller-revision-hash": f"{sts}-{_hash(sts)}",
+            "statefulset.kubernetes.io/pod-name": pod,
+            "apps.kubernetes.io/pod-index": str(group if leader else worker),
+        }  # fmt: skip
+        notes = {f"{LWS}/size": str(size)}
+        if not leader:
+            notes[f"{LWS}/leader-name"] = f"{name}-{group}"
+        meta["annotations"] = {**meta.get("annotations", {}), **notes}
+        _env(template, ("LWS_LEADER_ADDRESS", f"{name}-{group}.{name}.{member.ns}"),
+             ("LWS_GROUP_SIZE", str(size)), ("LWS_WORKER_INDEX", str(worker)))  # fmt: skip
+        template["spec"] |= {"hostname": pod, "subdomain": name}
+        member.create_pod(pod, meta, template["spec"])
+
+    def reconcile(self, member: Cluster, limit: int | None) -> None:
+        obj = member.workload()
+        if obj is None:
+            return
+        name, spec = obj["metadata"]["name"], obj["spec"]
+        groups = int(spec.get("replicas", 1))
+        size = int(spec["leaderWorkerTemplate"].get("size", 1))
+        budget = limit if limit is not None else 1 << 30
+        wanted = [(g, 0) for g in range(groups)]
+        for g in range(groups):
+            if f"{name}-{g}" in member.pods():  # the leader exists: its workers' StatefulSet
+                last = size - 1 + (member.extra if g == groups - 1 else 0)
+                wanted += [(g, w) for w in range(1, last + 1)]
+        for g, w in wanted:
+            pod = f"{name}-{g}" if w == 0 else f"{name}-{g}-{w}"
+            if pod not in member.pods() and budget > 0:
+                self._pod(member, obj, g, w)
+                budget -= 1
+        pods = member.pods()
+        ready = sum(
+            1 for g in range(groups)
+            if all(_phase(pods.get(f"{name}-{g}" + (f"-{w}" if w else ""))) == "Running"
+                   for w in range(size))
+        )  # fmt: skip
+        available = "True" if ready == groups else "False"
+        message = "All replicas are ready" if ready == groups else "Replicas are not ready"
+        conditions = [condition("Available", "AllGroupsReady", message, available)]
+        member.patch(member.resource, obj, {"conditions": conditions, "replicas": groups,
+                                            "readyReplicas": ready})  # fmt: skip
+
+
+PLAYERS: Mapping[str, type[Player]] = {
+    "MPIJob": MPIOperator,
+    "LeaderWorkerSet": LeaderWorkerSetController,
+}
