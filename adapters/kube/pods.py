@@ -36,18 +36,13 @@ from adapters.kube.objects import (
     namespace_of,
     pod_set_of,
 )
+from adapters.kube.translate import INDEX_LABELS
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.ports import LaunchSpec, LogRequest, LogStream, PodNotFound, PodReadError, PodRow
 
 log = logging.getLogger(__name__)
 
 ANNOTATION_SLOT = "fedbroker.io/slot"
-# Where a workload's controller writes a pod's index (batch Job and JobSet, Kubeflow).
-INDEX_LABELS = (
-    "batch.kubernetes.io/job-completion-index",
-    "jobset.sigs.k8s.io/job-index",
-    "training.kubeflow.org/replica-index",
-)
 CHUNK_BYTES = 64 << 10
 # A followed log's request ends after this long at most (the client follows again).
 FOLLOW_SECONDS = 6 * 3600.0

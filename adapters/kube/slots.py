@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from adapters.kube.objects import LABEL_POD_SET, labels_of, pinned_to, pod_name, pod_set_of
-from adapters.kube.pods import ANNOTATION_SLOT, INDEX_LABELS
-from adapters.kube.translate import ANNOTATION_GPUS, ANNOTATION_POD
+from adapters.kube.pods import ANNOTATION_SLOT
+from adapters.kube.translate import ANNOTATION_GPUS, ANNOTATION_POD, pod_index
 from adapters.kube.workloads import GATE
 from broker.model import Placement, PodPlacement
 from broker.ports import LaunchSpec
@@ -69,14 +69,7 @@ def slot_name(slot: PodPlacement, spec: LaunchSpec) -> str:
     return pod_name(slot, spec)[len(spec.job) + 1 :]
 
 
-def _index(pod: Mapping[str, Any]) -> int | None:
-    """The pod's index as its controller labelled it (Job, JobSet, Kubeflow), if any."""
-    labels = labels_of(pod)
-    for key in INDEX_LABELS:
-        value = labels.get(key)
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-    return None
+_index = pod_index  # the pod's index as its controller labelled it, if any
 
 
 def _slot_index(slot: PodPlacement) -> int:

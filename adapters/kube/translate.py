@@ -65,19 +65,66 @@ def node_name(obj: Obj) -> str:
 
 ANNOTATION_POD = "fedbroker.io/pod"  # on the broker's own pods: the ledger's pod name
 ANNOTATION_GPUS = "fedbroker.io/gpus"  # on them too: GPU indexes the broker picked, "0,1"
+# Our labels (``adapters.kube.objects`` builds objects with them): a workload's pod
+# templates carry them, so its controller's pods do too.
+LABEL_ORIGIN = "fedbroker.io/origin"
+LABEL_TENANT = "fedbroker.io/tenant"
+LABEL_JOB = "fedbroker.io/job"
+LABEL_POD_SET = "fedbroker.io/pod-set"
+# Where a workload's controller writes a pod's index (batch Job and JobSet, Kubeflow).
+INDEX_LABELS = (
+    "batch.kubernetes.io/job-completion-index",
+    "jobset.sigs.k8s.io/job-index",
+    "training.kubeflow.org/replica-index",
+)
 
 
-def pod_key(obj: Obj) -> str:
-    """Pods are keyed ``namespace/name`` (names are only unique per namespace); the
-    broker's own pods by the ledger pod name they carry (``ANNOTATION_POD``), so a pod
-    the broker placed is recognised as its reservation, not counted a second time."""
+def pod_index(obj: Obj) -> int | None:
+    """The pod's index within its pod set, as its workload's controller labelled it; None
+    when it carries none. The one place the ledger's keying reads a controller's labels."""
+    labels = _meta(obj).get("labels")
+    if not isinstance(labels, Mapping):
+        return None
+    for key in INDEX_LABELS:
+        value = labels.get(key)
+        if isinstance(value, str) and value.isdigit():
+            return int(value)
+    return None
+
+
+def ledger_name(obj: Obj) -> str | None:
+    """The ledger's name of one of the broker's pods (``<tenant>.<job>-<podset>-<index>``,
+    as a placement names it), None for another's. A pod the broker made, or gave a slot,
+    carries it (``ANNOTATION_POD``); a pod a delegated workload's controller made carries
+    our labels and its controller's index (``pod_index``), whatever node the member's gang
+    scheduler chose. Without an index it is None: the pod is counted by its own name."""
     meta = _meta(obj)
     annotations = meta.get("annotations")
     if isinstance(annotations, Mapping):
         own = annotations.get(ANNOTATION_POD)
         if isinstance(own, str) and own:
             return own
+    labels = meta.get("labels")
+    if not isinstance(labels, Mapping) or not labels.get(LABEL_ORIGIN):
+        return None
+    tenant, job = labels.get(LABEL_TENANT), labels.get(LABEL_JOB)
+    pod_set, index = labels.get(LABEL_POD_SET), pod_index(obj)
+    if not (tenant and job and pod_set) or index is None:
+        return None
+    return f"{tenant}.{job}-{pod_set}-{index}"
+
+
+def own_name(obj: Obj) -> str:
+    """``namespace/name``: a pod's own key (names are only unique per namespace)."""
+    meta = _meta(obj)
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def pod_key(obj: Obj) -> str:
+    """The ledger's key of a pod: its ledger name for the broker's pods (``ledger_name``),
+    so a pod of a placed job is recognised as its reservation, not counted a second time;
+    ``namespace/name`` for any other."""
+    return ledger_name(obj) or own_name(obj)
 
 
 def own_gpus(obj: Obj) -> tuple[int, ...] | None:

@@ -15,6 +15,7 @@ never a request, a header or the client's configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -30,7 +31,7 @@ from adapters.kube.translate import (
     DEFAULT_GPU,
     GpuConfig,
     node_name,
-    pod_key,
+    own_name,
     translate_node,
     translate_pod,
 )
@@ -134,7 +135,11 @@ class ClusterWatcher(CapacitySource):
         self._server_timeout = server_timeout
         self._request_timeout = request_timeout
         self._nodes: dict[str, Node] = {}
+        # Bound pods by their own namespace/name, each with the key it is counted under,
+        # and who holds each key: two live pods with one ledger name (a replacement made
+        # while its predecessor still runs) are both counted, the second by its own name.
         self._pods: dict[str, PodBound] = {}
+        self._holders: dict[str, str] = {}
         self._rv: dict[Kind, str] = {}
         self.connected = False
         self.lists = 0  # how many full relists (for tests and metrics)
@@ -153,15 +158,22 @@ class ClusterWatcher(CapacitySource):
             node = translate_node(obj, self._gpu)
             nodes[node.name] = node
             events.append(NodeUpdated(self.cluster, node))
-        pods: dict[str, PodBound] = {}
-        for obj in pods_doc.get("items") or ():
+        before, self._pods, self._holders = self._pods, {}, {}
+        # Pods counted before keep their key first: a newcomer never takes it from them.
+        items = sorted(pods_doc.get("items") or (), key=lambda o: own_name(o) not in before)
+        for obj in items:
             ev = translate_pod(self.cluster, obj, self._gpu)
             if isinstance(ev, PodBound):
-                pods[ev.pod] = ev
-        events.extend(PodDeleted(self.cluster, key) for key in self._pods if key not in pods)
+                self._hold(own_name(obj), ev)
+        pods = self._pods
+        events.extend(
+            PodDeleted(self.cluster, old.pod)
+            for name, old in before.items()
+            if name not in pods or pods[name].pod != old.pod
+        )
         events.extend(pods.values())
         events.extend(NodeDeleted(self.cluster, name) for name in self._nodes if name not in nodes)
-        self._nodes, self._pods = nodes, pods
+        self._nodes = nodes
         self._rv["nodes"] = resource_version(nodes_doc)
         self._rv["pods"] = resource_version(pods_doc)
         return events
@@ -246,11 +258,32 @@ class ClusterWatcher(CapacitySource):
 
     def _pod_event(self, deleted: bool, obj: Mapping[str, Any]) -> list[CapacityEvent]:
         ev = translate_pod(self.cluster, obj, self._gpu, deleted=deleted)
+        name = own_name(obj)
+        old = self._release(name)
+        events: list[CapacityEvent] = []
         if isinstance(ev, PodBound):
-            self._pods[ev.pod] = ev
-        elif self._pods.pop(pod_key(obj), None) is None:
-            return []  # a pending or unknown pod: nothing to tell
-        return [ev]
+            ev = self._hold(name, ev)
+            if old is not None and old.pod != ev.pod:
+                events.append(PodDeleted(self.cluster, old.pod))  # counted under a new key
+            events.append(ev)
+        elif old is not None:
+            events.append(PodDeleted(self.cluster, old.pod))  # the key it was counted under
+        return events  # none for a pending or unknown pod
+
+    def _hold(self, name: str, ev: PodBound) -> PodBound:
+        """Count pod ``name`` under its key, or under its own name when another live pod
+        holds that key (a pod is never lost to a name clash)."""
+        if self._holders.get(ev.pod, name) != name:
+            ev = dataclasses.replace(ev, pod=name)
+        self._pods[name] = ev
+        self._holders[ev.pod] = name
+        return ev
+
+    def _release(self, name: str) -> PodBound | None:
+        old = self._pods.pop(name, None)
+        if old is not None and self._holders.get(old.pod) == name:
+            del self._holders[old.pod]
+        return old
 
     # -- HTTP -----------------------------------------------------------------------------
 
