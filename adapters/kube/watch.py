@@ -2,7 +2,10 @@
 
 ``ClusterWatcher`` implements ``broker.ports.CapacitySource``: ``run`` lists nodes and pods,
 emits the translated events (with deletions for objects that vanished since the last list),
-then watches both from the lists' resourceVersions with bookmarks. A 410 Gone (HTTP status
+then watches both from the lists' resourceVersions with bookmarks. A pod is counted under
+``translate.pod_key`` (the ledger's name for a pod of ours), or under its own
+``namespace/name`` while another live pod holds that key, so no pod is ever lost to a clash;
+its deletion removes the key it was counted under. A 410 Gone (HTTP status
 or an ERROR event) relists at once; any other failure reports the cluster disconnected and
 reconnects (relisting) after an exponential, jittered backoff. The owner marks a cluster
 stale with ``StaleTracker``. ``watch_events`` (one watch request's decoded events, errors
