@@ -346,6 +346,8 @@ class Recovery:
             for pod in bound:
                 s.ledger.apply(pod)
             return False
+        for pod in bound:  # bound where it runs: no guess a gang scheduler's choice moves
+            s.ledger.apply(pod)
         types = s.ledger.gpu_types(placement)  # no snapshot: see Ledger.gpu_types
         s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
         s.lifecycle.placed(pending, placement, now)

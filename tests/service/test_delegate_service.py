@@ -273,7 +273,7 @@ async def run_delegated(service: Service, k8s: NamespacedEmulator, flavor: str,
     await until(lambda: set(live(k8s, PYTORCHJOBS)) == set(names))
     operator(k8s)
     bound = await gang_scheduler(k8s, flavor)
-    assert len(bound) == 2 * len(names)
+    assert len(bound) == 2 * len(names), sorted(live(k8s, GROUPS[flavor]))  # none rolled back
     await service.launches_done(timeout=10)
     for name in names:
         assert (await service.get("team-a", name)).state == "Running"
