@@ -24,7 +24,6 @@ from adapters.kube.translate import (
     ANNOTATION_POD,
     GpuConfig,
     own_gpus,
-    pod_key,
     pod_resources,
 )
 from broker.model import Placement, PodBound, PodPlacement, Resources
@@ -345,14 +344,13 @@ class GangObjects:
 
     # -- reading back ------------------------------------------------------------------------
 
-    def bound_of(self, pod: Mapping[str, Any]) -> PodBound:
-        """A pod of ours as the ledger's ``PodBound`` (node ``""`` while it is unbound),
-        keyed as the cluster's watcher keys it (``translate.pod_key``): a restore that
-        trades the counted pods for its reservation, or gives them back, finds them."""
+    def bound_of(self, pod: Mapping[str, Any], key: str) -> PodBound:
+        """A pod of ours as the ledger's ``PodBound`` under ``key`` (node ``""`` while it
+        is unbound)."""
         spec = pod.get("spec") or {}
         return PodBound(
             self.cluster,
-            pod_key(pod),
+            key,
             str(spec.get("nodeName") or ""),
             pod_resources(spec, self._gpu),
             own_gpus(pod),

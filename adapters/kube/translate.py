@@ -7,6 +7,7 @@ are built). Quantities are parsed by ``adapters.kubeapi.quantity``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -112,6 +113,58 @@ def ledger_name(obj: Obj) -> str | None:
     if not (tenant and job and pod_set) or index is None:
         return None
     return f"{tenant}.{job}-{pod_set}-{index}"
+
+
+def pod_set_prefix(obj: Obj) -> str | None:
+    """``<tenant>.<job>-<podset>-``: the ledger's names of the pod set a pod of ours is of
+    (from our labels), None for a pod without them."""
+    labels = _meta(obj).get("labels")
+    if not isinstance(labels, Mapping) or not labels.get(LABEL_ORIGIN):
+        return None
+    tenant, job, pod_set = (
+        labels.get(LABEL_TENANT),
+        labels.get(LABEL_JOB),
+        labels.get(LABEL_POD_SET),
+    )
+    return f"{tenant}.{job}-{pod_set}-" if tenant and job and pod_set else None
+
+
+class PodKeys:
+    """The keys the bound pods of one cluster are counted under, as a watcher (or a read
+    back) meets them: ``pod_key``; a pod of ours whose controller writes no index (a
+    RayCluster's workers) takes the lowest index of its pod set no live pod holds, and keeps
+    it while it lives; a pod whose key another live pod holds (a replacement beside its
+    predecessor) is counted under its own ``namespace/name``. So no pod is ever lost to a
+    clash, and two readers meeting the same pods in the same order key them alike."""
+
+    def __init__(self) -> None:
+        self._holders: dict[str, str] = {}  # key -> namespace/name of the pod holding it
+        self._keys: dict[str, str] = {}  # namespace/name -> its key
+
+    def hold(self, obj: Obj) -> str:
+        """The key ``obj`` is counted under (given it, or kept)."""
+        name = own_name(obj)
+        key = ledger_name(obj)
+        prefix = pod_set_prefix(obj) if key is None else None
+        old = self._keys.get(name)
+        if prefix is not None and old is not None and old.startswith(prefix):
+            return old  # an index given to a pod without one is kept while it lives
+        self.release(name)
+        if prefix is not None:
+            key = next(
+                f"{prefix}{i}" for i in itertools.count() if f"{prefix}{i}" not in self._holders
+            )
+        if key is None or self._holders.get(key, name) != name:
+            key = name
+        self._holders[key] = name
+        self._keys[name] = key
+        return key
+
+    def release(self, name: str) -> None:
+        """Pod ``name`` (``namespace/name``) no longer counts: its key is free again."""
+        key = self._keys.pop(name, None)
+        if key is not None and self._holders.get(key) == name:
+            del self._holders[key]
 
 
 def own_name(obj: Obj) -> str:

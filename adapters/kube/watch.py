@@ -33,6 +33,7 @@ import aiohttp
 from adapters.kube.translate import (
     DEFAULT_GPU,
     GpuConfig,
+    PodKeys,
     node_name,
     own_name,
     translate_node,
@@ -138,11 +139,9 @@ class ClusterWatcher(CapacitySource):
         self._server_timeout = server_timeout
         self._request_timeout = request_timeout
         self._nodes: dict[str, Node] = {}
-        # Bound pods by their own namespace/name, each with the key it is counted under,
-        # and who holds each key: two live pods with one ledger name (a replacement made
-        # while its predecessor still runs) are both counted, the second by its own name.
+        # Bound pods by their own namespace/name, each as counted (under its key: _keys).
         self._pods: dict[str, PodBound] = {}
-        self._holders: dict[str, str] = {}
+        self._keys = PodKeys()
         self._rv: dict[Kind, str] = {}
         self.connected = False
         self.lists = 0  # how many full relists (for tests and metrics)
@@ -161,13 +160,19 @@ class ClusterWatcher(CapacitySource):
             node = translate_node(obj, self._gpu)
             nodes[node.name] = node
             events.append(NodeUpdated(self.cluster, node))
-        before, self._pods, self._holders = self._pods, {}, {}
+        before, self._pods = self._pods, {}
+        listed = [(own_name(o), o) for o in pods_doc.get("items") or ()]
+        bound = {
+            n: ev
+            for n, o in listed
+            if isinstance(ev := translate_pod(self.cluster, o, self._gpu), PodBound)
+        }
+        for name in before.keys() - bound.keys():
+            self._keys.release(name)
         # Pods counted before keep their key first: a newcomer never takes it from them.
-        items = sorted(pods_doc.get("items") or (), key=lambda o: own_name(o) not in before)
-        for obj in items:
-            ev = translate_pod(self.cluster, obj, self._gpu)
-            if isinstance(ev, PodBound):
-                self._hold(own_name(obj), ev)
+        for name, obj in sorted(listed, key=lambda item: item[0] not in before):
+            if name in bound:
+                self._pods[name] = self._keyed(bound[name], obj)
         pods = self._pods
         events.extend(
             PodDeleted(self.cluster, old.pod)
@@ -262,31 +267,21 @@ class ClusterWatcher(CapacitySource):
     def _pod_event(self, deleted: bool, obj: Mapping[str, Any]) -> list[CapacityEvent]:
         ev = translate_pod(self.cluster, obj, self._gpu, deleted=deleted)
         name = own_name(obj)
-        old = self._release(name)
+        old = self._pods.pop(name, None)
         events: list[CapacityEvent] = []
         if isinstance(ev, PodBound):
-            ev = self._hold(name, ev)
+            ev = self._pods[name] = self._keyed(ev, obj)
             if old is not None and old.pod != ev.pod:
                 events.append(PodDeleted(self.cluster, old.pod))  # counted under a new key
             events.append(ev)
         elif old is not None:
+            self._keys.release(name)
             events.append(PodDeleted(self.cluster, old.pod))  # the key it was counted under
         return events  # none for a pending or unknown pod
 
-    def _hold(self, name: str, ev: PodBound) -> PodBound:
-        """Count pod ``name`` under its key, or under its own name when another live pod
-        holds that key (a pod is never lost to a name clash)."""
-        if self._holders.get(ev.pod, name) != name:
-            ev = dataclasses.replace(ev, pod=name)
-        self._pods[name] = ev
-        self._holders[ev.pod] = name
-        return ev
-
-    def _release(self, name: str) -> PodBound | None:
-        old = self._pods.pop(name, None)
-        if old is not None and self._holders.get(old.pod) == name:
-            del self._holders[old.pod]
-        return old
+    def _keyed(self, ev: PodBound, obj: Mapping[str, Any]) -> PodBound:
+        key = self._keys.hold(obj)
+        return ev if key == ev.pod else dataclasses.replace(ev, pod=key)
 
     # -- HTTP -----------------------------------------------------------------------------
 

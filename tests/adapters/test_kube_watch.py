@@ -663,3 +663,33 @@ async def test_a_delegated_pod_counted_by_the_watch_under_its_ledger_name(
     await km.patch("/api/v1/namespaces/ml/pods/w0-again", json={"metadata": {"labels": {"x": "y"}}})
     await km.request("DELETE", "/api/v1/namespaces/ml/pods/w0-again")
     await sink.until(lambda: sink.used("n1") == 2)
+
+
+async def test_pods_without_an_index_take_the_lowest_free_one_of_their_pod_set(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    """A RayCluster's workers carry no index: each takes the lowest index of its pod set no
+    live pod holds, keeps it while it lives, and a replacement takes the one freed."""
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    for name in ("ray-gpu-worker-aaaaa", "ray-gpu-worker-bbbbb"):
+        kmock.objects[PODS, "ml", name] = delegated(name, "n1", None, gpus=2)
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    watcher = ClusterWatcher("a", clients["a"], lambda _: None)
+
+    try:
+        first = [e.pod for e in await watcher.list_once() if isinstance(e, PodBound)]
+        assert sorted(first) == ["acme.train-worker-0", "acme.train-worker-1"]
+        held = dict(zip(("ray-gpu-worker-aaaaa", "ray-gpu-worker-bbbbb"), first, strict=True))
+        kmock.objects[PODS, "ml", "ray-gpu-worker-aaaaa"].delete()
+        kmock.objects[PODS, "ml", "ray-gpu-worker-ccccc"] = delegated(
+            "ray-gpu-worker-ccccc", "n1", None, gpus=2
+        )
+        events = await watcher.list_once()
+        assert PodDeleted("a", held["ray-gpu-worker-aaaaa"]) in events
+        now = sorted(e.pod for e in events if isinstance(e, PodBound))
+        assert now == ["acme.train-worker-0", "acme.train-worker-1"]  # b kept its own
+        assert [e for e in events if isinstance(e, PodDeleted)] == [
+            PodDeleted("a", held["ray-gpu-worker-aaaaa"])
+        ]
+    finally:
+        await clients["a"].close()  # type: ignore[no-untyped-call]
