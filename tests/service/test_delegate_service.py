@@ -452,3 +452,24 @@ async def test_a_delegated_ray_clusters_pods_without_an_index_are_counted_once(
         await service.cancel("team-a", "ray")
         assert await history(service, "ray") == ["Queued", "Placed", "Running", "Cancelled"]
         await until(lambda: ledger_gpus(service) == {})
+
+
+async def test_a_restart_restores_a_delegated_ray_cluster_keyed_as_the_watcher_keys_it(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    k8s = member(kmock, nodes=3)
+    async with broker(k8s, tmp_path, "coscheduling") as service:
+        await service.submit("team-a", workload_manifest("ray", RAYCLUSTER))
+        await service.schedule_once()
+        await until(lambda: "ray" in live(k8s, RAYCLUSTERS))
+        kuberay(k8s)
+        await gang_scheduler(k8s, "coscheduling")
+        await service.launches_done(timeout=10)
+        assert (await service.get("team-a", "ray")).state == "Running"
+    async with broker(k8s, tmp_path, "coscheduling") as service:
+        assert await history(service, "ray") == ["Queued", "Placed", "Running"]
+        assert "ray" in live(k8s, RAYCLUSTERS) and len(live(k8s, PODS)) == 3
+        assert ledger_gpus(service) == pods_gpus(k8s)
+        await service.cancel("team-a", "ray")
+        await until(lambda: ledger_gpus(service) == {})
+        assert not service.ledger.reservations()
