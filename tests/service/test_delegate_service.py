@@ -9,9 +9,9 @@ KubeRay (head and workers named with a random suffix, no index label, ``wait-gcs
 workers), the gang scheduler (scheduler-plugins coscheduling or Volcano: a group's pods
 bound all at once when ``minMember`` of them exist, each to the free node it likes best by
 the pods bound there, last node first, so not where the broker reserved it; then the
-group's phase Running) and the kubelet. What must hold: a placed job's pods are counted once, where they
-run, so no job is rolled back for its own pods; and a restart restores a delegated job
-from its pods."""
+group's phase Running) and the kubelet. What must hold: a placed job's pods are counted
+once, where they run, so no job is rolled back for its own pods; and a restart restores a
+delegated job from its pods."""
 
 from __future__ import annotations
 
