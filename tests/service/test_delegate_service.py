@@ -5,10 +5,10 @@ scheduler places the pods, on nodes of its own choosing.
 
 The test plays the training operator (v1.9: pods ``<job>-<type>-<index>`` labelled
 ``training.kubeflow.org/replica-type``/``replica-index``, ``init-pytorch`` on workers), the
-gang scheduler (scheduler-plugins coscheduling or Volcano: a group's pods
-bound all at once when ``minMember`` of them exist, each to the free node it likes best by
-the pods bound there, last node first, so not where the broker reserved it; then the
-group's phase Running) and the kubelet. What must hold: a placed job's pods are counted
+gang scheduler (scheduler-plugins coscheduling or Volcano: a group's pods bound all at once
+when ``minMember`` of them exist, each to the free node it likes best by the pods bound
+there, last node first, so not where the broker reserved it; then the group's phase
+Running) and the kubelet. What must hold: a placed job's pods are counted
 once, where they run, so no job is rolled back for its own pods; and a restart restores a
 delegated job from its pods."""
 
