@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from kubernetes.aio.client import ApiClient
 
@@ -69,6 +70,7 @@ from adapters.kube.removal import GangRemoval
 from adapters.kube.run_watch import GangPods
 from adapters.kube.settings import LaunchSettings
 from adapters.kube.tenancy import TenantNamespaces
+from adapters.kube.translate import PodKeys
 from adapters.kube.workload_runs import WorkloadLauncher
 from adapters.kubeapi.calls import ApiCalls, describe
 from broker.model import Placement, PodBound
@@ -209,17 +211,19 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
 
     async def read_back(self) -> dict[str, list[PodBound]]:
         """Our non-terminal pods as the ledger's ``PodBound`` events keyed by job key
-        (``tenant/name``): what rebuilds reservations after a broker restart. A pod the
+        (``tenant/name``): what rebuilds reservations after a broker restart. Each is named
+        as the cluster's watcher counts it (``translate.PodKeys``, met in the order it lists
+        them), so a restore trades exactly the pods counted for its reservation. A pod the
         cluster has not bound yet has node ``""``: the caller's stored placement says which
         node was reserved for it. A pod that cannot be read (say, a quantity the client
         cannot parse) is left out, with a warning: its job, one pod short, is requeued
         and its objects garbage-collected rather than adopted."""
         out: dict[str, list[PodBound]] = {}
-        for pod in await self.api.our_pods():
-            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
+        keys = PodKeys()  # keyed as the cluster's watcher keys them, bound pods first
+        live = [p for p in await self.api.our_pods() if not _ended(p)]
+        for pod in sorted(live, key=lambda p: not (p.get("spec") or {}).get("nodeName")):
             try:
-                bound = self.objects.bound_of(pod)
+                bound = self.objects.bound_of(pod, keys.hold(pod))
             except Exception as exc:  # one unreadable pod must not cost the others
                 log.warning("cluster %s: pod %s/%s of %s not read back: %s", self.cluster,
                             namespace_of(pod), (pod.get("metadata") or {}).get("name"),
@@ -235,3 +239,7 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
             await self.delete(placement, spec)
         except Exception as exc:  # the launch's own error is the one to raise
             log.warning("rollback of %s incomplete: %s", spec.key, describe(exc))
+
+
+def _ended(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")

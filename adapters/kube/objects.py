@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from adapters.kube import translate
 from adapters.kube.rendezvous import Rendezvous
 from adapters.kube.translate import (
     ANNOTATION_GPUS,
@@ -31,10 +32,12 @@ from broker.ports import LaunchError, LaunchSpec
 Mode = Literal["delegate", "pin"]
 Flavor = Literal["coscheduling", "volcano"]
 
-LABEL_ORIGIN = "fedbroker.io/origin"
-LABEL_TENANT = "fedbroker.io/tenant"
-LABEL_JOB = "fedbroker.io/job"
-LABEL_POD_SET = "fedbroker.io/pod-set"
+# Our labels, named where pods are keyed by them (``translate.ledger_name``).
+LABEL_ORIGIN = translate.LABEL_ORIGIN
+LABEL_TENANT = translate.LABEL_TENANT
+LABEL_JOB = translate.LABEL_JOB
+LABEL_POD_SET = translate.LABEL_POD_SET
+
 TENANT_PLACEHOLDER = "{tenant}"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -355,14 +358,13 @@ class GangObjects:
 
     # -- reading back ------------------------------------------------------------------------
 
-    def bound_of(self, pod: Mapping[str, Any]) -> PodBound:
-        """A pod of ours as the ledger's ``PodBound`` (node ``""`` while it is unbound)."""
-        meta = pod["metadata"]
-        annotations = cast(Mapping[str, str], meta.get("annotations") or {})
+    def bound_of(self, pod: Mapping[str, Any], key: str) -> PodBound:
+        """A pod of ours as the ledger's ``PodBound`` under ``key`` (node ``""`` while it
+        is unbound)."""
         spec = pod.get("spec") or {}
         return PodBound(
             self.cluster,
-            annotations.get(ANNOTATION_POD, meta["name"]),
+            key,
             str(spec.get("nodeName") or ""),
             pod_resources(spec, self._gpu),
             own_gpus(pod),

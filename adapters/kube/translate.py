@@ -7,6 +7,7 @@ are built). Quantities are parsed by ``adapters.kubeapi.quantity``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,19 +66,92 @@ def node_name(obj: Obj) -> str:
 
 ANNOTATION_POD = "fedbroker.io/pod"  # on the broker's own pods: the ledger's pod name
 ANNOTATION_GPUS = "fedbroker.io/gpus"  # on them too: GPU indexes the broker picked, "0,1"
+# Our labels (``adapters.kube.objects`` builds objects with them): a workload's pod
+# templates carry them, so its controller's pods do too.
+LABEL_ORIGIN = "fedbroker.io/origin"
+LABEL_TENANT = "fedbroker.io/tenant"
+LABEL_JOB = "fedbroker.io/job"
+LABEL_POD_SET = "fedbroker.io/pod-set"
 
 
-def pod_key(obj: Obj) -> str:
-    """Pods are keyed ``namespace/name`` (names are only unique per namespace); the
-    broker's own pods by the ledger pod name they carry (``ANNOTATION_POD``), so a pod
-    the broker placed is recognised as its reservation, not counted a second time."""
-    meta = _meta(obj)
-    annotations = meta.get("annotations")
+def ledger_name(obj: Obj) -> str | None:
+    """The ledger's name of a pod the broker made, or gave a slot (``ANNOTATION_POD``:
+    ``<tenant>.<job>-<podset>-<index>``, as a placement names it); None for any other,
+    among them a delegated workload's pod, which ``PodKeys`` names."""
+    annotations = _meta(obj).get("annotations")
     if isinstance(annotations, Mapping):
         own = annotations.get(ANNOTATION_POD)
         if isinstance(own, str) and own:
             return own
+    return None
+
+
+def pod_set_prefix(obj: Obj) -> str | None:
+    """``<tenant>.<job>-<podset>-``: the ledger's names of the pod set a pod of ours is of
+    (from our labels), None for a pod without them."""
+    labels = _meta(obj).get("labels")
+    if not isinstance(labels, Mapping) or not labels.get(LABEL_ORIGIN):
+        return None
+    tenant, job, pod_set = (
+        labels.get(LABEL_TENANT),
+        labels.get(LABEL_JOB),
+        labels.get(LABEL_POD_SET),
+    )
+    return f"{tenant}.{job}-{pod_set}-" if tenant and job and pod_set else None
+
+
+class PodKeys:
+    """The keys the bound pods of one cluster are counted under, as a watcher (or a read
+    back) meets them: ``pod_key``; a pod of ours without the ledger's name (a delegated
+    workload's pod, placed by the member's gang scheduler) takes the lowest index of its pod
+    set no live pod holds, and keeps it while it lives: in delegate mode a slot is only a
+    share of the reservation, which follows its pod to the node it runs on, so any
+    one-to-one naming counts each pod once, and no kind's labels need reading. A pod whose
+    key another live pod holds is counted under its own ``namespace/name``: no pod is ever
+    lost to a clash, and two readers meeting the same pods in the same order key them
+    alike."""
+
+    def __init__(self) -> None:
+        self._holders: dict[str, str] = {}  # key -> namespace/name of the pod holding it
+        self._keys: dict[str, str] = {}  # namespace/name -> its key
+
+    def hold(self, obj: Obj) -> str:
+        """The key ``obj`` is counted under (given it, or kept)."""
+        name = own_name(obj)
+        key = ledger_name(obj)
+        prefix = pod_set_prefix(obj) if key is None else None
+        old = self._keys.get(name)
+        if prefix is not None and old is not None and old.startswith(prefix):
+            return old  # an index given to a pod without one is kept while it lives
+        self.release(name)
+        if prefix is not None:
+            key = next(
+                f"{prefix}{i}" for i in itertools.count() if f"{prefix}{i}" not in self._holders
+            )
+        if key is None or self._holders.get(key, name) != name:
+            key = name
+        self._holders[key] = name
+        self._keys[name] = key
+        return key
+
+    def release(self, name: str) -> None:
+        """Pod ``name`` (``namespace/name``) no longer counts: its key is free again."""
+        key = self._keys.pop(name, None)
+        if key is not None and self._holders.get(key) == name:
+            del self._holders[key]
+
+
+def own_name(obj: Obj) -> str:
+    """``namespace/name``: a pod's own key (names are only unique per namespace)."""
+    meta = _meta(obj)
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def pod_key(obj: Obj) -> str:
+    """The ledger's key of a pod: its ledger name for the broker's pods (``ledger_name``),
+    so a pod of a placed job is recognised as its reservation, not counted a second time;
+    ``namespace/name`` for any other."""
+    return ledger_name(obj) or own_name(obj)
 
 
 def own_gpus(obj: Obj) -> tuple[int, ...] | None:

@@ -2,7 +2,10 @@
 
 ``ClusterWatcher`` implements ``broker.ports.CapacitySource``: ``run`` lists nodes and pods,
 emits the translated events (with deletions for objects that vanished since the last list),
-then watches both from the lists' resourceVersions with bookmarks. A 410 Gone (HTTP status
+then watches both from the lists' resourceVersions with bookmarks. A pod is counted under
+``translate.pod_key`` (the ledger's name for a pod of ours), or under its own
+``namespace/name`` while another live pod holds that key, so no pod is ever lost to a clash;
+its deletion removes the key it was counted under. A 410 Gone (HTTP status
 or an ERROR event) relists at once; any other failure reports the cluster disconnected and
 reconnects (relisting) after an exponential, jittered backoff. The owner marks a cluster
 stale with ``StaleTracker``. ``watch_events`` (one watch request's decoded events, errors
@@ -15,6 +18,7 @@ never a request, a header or the client's configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -29,8 +33,9 @@ import aiohttp
 from adapters.kube.translate import (
     DEFAULT_GPU,
     GpuConfig,
+    PodKeys,
     node_name,
-    pod_key,
+    own_name,
     translate_node,
     translate_pod,
 )
@@ -134,7 +139,9 @@ class ClusterWatcher(CapacitySource):
         self._server_timeout = server_timeout
         self._request_timeout = request_timeout
         self._nodes: dict[str, Node] = {}
+        # Bound pods by their own namespace/name, each as counted (under its key: _keys).
         self._pods: dict[str, PodBound] = {}
+        self._keys = PodKeys()
         self._rv: dict[Kind, str] = {}
         self.connected = False
         self.lists = 0  # how many full relists (for tests and metrics)
@@ -153,15 +160,28 @@ class ClusterWatcher(CapacitySource):
             node = translate_node(obj, self._gpu)
             nodes[node.name] = node
             events.append(NodeUpdated(self.cluster, node))
-        pods: dict[str, PodBound] = {}
-        for obj in pods_doc.get("items") or ():
-            ev = translate_pod(self.cluster, obj, self._gpu)
-            if isinstance(ev, PodBound):
-                pods[ev.pod] = ev
-        events.extend(PodDeleted(self.cluster, key) for key in self._pods if key not in pods)
+        before, self._pods = self._pods, {}
+        listed = [(own_name(o), o) for o in pods_doc.get("items") or ()]
+        bound = {
+            n: ev
+            for n, o in listed
+            if isinstance(ev := translate_pod(self.cluster, o, self._gpu), PodBound)
+        }
+        for name in before.keys() - bound.keys():
+            self._keys.release(name)
+        # Pods counted before keep their key first: a newcomer never takes it from them.
+        for name, obj in sorted(listed, key=lambda item: item[0] not in before):
+            if name in bound:
+                self._pods[name] = self._keyed(bound[name], obj)
+        pods = self._pods
+        events.extend(
+            PodDeleted(self.cluster, old.pod)
+            for name, old in before.items()
+            if name not in pods or pods[name].pod != old.pod
+        )
         events.extend(pods.values())
         events.extend(NodeDeleted(self.cluster, name) for name in self._nodes if name not in nodes)
-        self._nodes, self._pods = nodes, pods
+        self._nodes = nodes
         self._rv["nodes"] = resource_version(nodes_doc)
         self._rv["pods"] = resource_version(pods_doc)
         return events
@@ -246,11 +266,22 @@ class ClusterWatcher(CapacitySource):
 
     def _pod_event(self, deleted: bool, obj: Mapping[str, Any]) -> list[CapacityEvent]:
         ev = translate_pod(self.cluster, obj, self._gpu, deleted=deleted)
+        name = own_name(obj)
+        old = self._pods.pop(name, None)
+        events: list[CapacityEvent] = []
         if isinstance(ev, PodBound):
-            self._pods[ev.pod] = ev
-        elif self._pods.pop(pod_key(obj), None) is None:
-            return []  # a pending or unknown pod: nothing to tell
-        return [ev]
+            ev = self._pods[name] = self._keyed(ev, obj)
+            if old is not None and old.pod != ev.pod:
+                events.append(PodDeleted(self.cluster, old.pod))  # counted under a new key
+            events.append(ev)
+        elif old is not None:
+            self._keys.release(name)
+            events.append(PodDeleted(self.cluster, old.pod))  # the key it was counted under
+        return events  # none for a pending or unknown pod
+
+    def _keyed(self, ev: PodBound, obj: Mapping[str, Any]) -> PodBound:
+        key = self._keys.hold(obj)
+        return ev if key == ev.pod else dataclasses.replace(ev, pod=key)
 
     # -- HTTP -----------------------------------------------------------------------------
 

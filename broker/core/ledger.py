@@ -47,6 +47,7 @@ class _Pod:
     gpus: tuple[int, ...]
     job: str | None
     assumed: bool
+    seen: bool = True  # reported by its cluster; False: only the broker's guess of where
 
 
 class Ledger:
@@ -163,15 +164,21 @@ class Ledger:
         known = self._pods.get((cluster, pod))
         if known is not None and known.node == node:
             known.assumed = False  # our own pod reported running where we put it
+            known.seen = True
             return []
-        if known is not None:
+        job = None
+        if known is not None:  # a reserved pod bound elsewhere: the reservation follows it
+            job = known.job
             self._unbind(cluster, pod)
         state = view.nodes.get(node)
         if state is None:
             return []  # pods on nodes we do not track (no GPU node, or not yet listed)
+        if known is not None and job is not None and state.gpus_for(resources) is None:
+            self._make_room(cluster, node, known.node, job, resources)
+            state = view.nodes[node]
         if gpus is None or not _fits_on(state, resources, gpus):
             gpus = state.gpus_for(resources)
-        self._pods[(cluster, pod)] = _Pod(cluster, node, resources, gpus or (), None, False)
+        self._pods[(cluster, pod)] = _Pod(cluster, node, resources, gpus or (), job, False)
         self._pods_on_node.setdefault((cluster, node), set()).add(pod)
         if gpus is not None:
             view._put(state.take(resources, gpus))
@@ -179,6 +186,34 @@ class Ledger:
         # Reality disagrees with our books: a pod runs where our reservations said there
         # was no room. Reality wins; the reservations on that node give way.
         return self._replay_node(cluster, node)
+
+    def _make_room(
+        self, cluster: str, node: str, vacated: str, job: str, resources: Resources
+    ) -> None:
+        """A gang scheduler (delegate mode) bound a reserved pod to ``node`` instead of
+        ``vacated``, and it does not fit there beside reservations of pods not bound yet:
+        those guesses move to the room it left (its own job's first; a gang scheduler
+        swaps a gang's pods between the nodes it was given, and may take a node another
+        gang was given before that gang's pods are bound), while it does not fit and they
+        fit there. Each move is checked, so bound + assumed never exceeds a node."""
+        view = self._views[cluster]
+        on_node = self._pods_on_node.get((cluster, node), set())
+        guesses = [
+            p for p in on_node if not self._pods[(cluster, p)].seen and self._pods[(cluster, p)].job
+        ]
+        for other in sorted(guesses, key=lambda p: (self._pods[(cluster, p)].job != job, p)):
+            target = view.nodes.get(vacated)
+            if view.nodes[node].gpus_for(resources) is not None or target is None:
+                return
+            record = self._pods[(cluster, other)]
+            gpus = target.gpus_for(record.resources)
+            if gpus is None:
+                continue
+            self._unbind(cluster, other)
+            record.node, record.gpus = vacated, gpus
+            self._pods[(cluster, other)] = record
+            self._pods_on_node.setdefault((cluster, vacated), set()).add(other)
+            view._put(view.nodes[vacated].take(record.resources, gpus))
 
     def _unbind(self, cluster: str, pod: str) -> None:
         record = self._pods.pop((cluster, pod), None)
@@ -223,7 +258,7 @@ class Ledger:
             view._put(state)
         for pod in placement.pods:
             self._pods[(placement.cluster, pod.pod)] = _Pod(
-                placement.cluster, pod.node, pod.resources, pod.gpus, placement.job, True
+                placement.cluster, pod.node, pod.resources, pod.gpus, placement.job, True, False
             )
             self._pods_on_node.setdefault((placement.cluster, pod.node), set()).add(pod.pod)
         self._assumed[placement.job] = placement
@@ -252,6 +287,12 @@ class Ledger:
         """A confirmed job ended: its pods are gone."""
         for pod in placement.pods:
             self._unbind(placement.cluster, pod.pod)
+
+    def counted(self, cluster: str, pod: str) -> tuple[str, tuple[int, ...]] | None:
+        """The node and GPUs ``pod`` is counted on (None: it is not): where a restore finds
+        a pod the ledger chose the GPUs of (a delegated pod carries none of the broker's)."""
+        record = self._pods.get((cluster, pod))
+        return None if record is None else (record.node, record.gpus)
 
     def reservations(self) -> Mapping[str, Placement]:
         return MappingProxyType(self._assumed)
@@ -295,9 +336,12 @@ class Ledger:
             if view is base.clusters[placement.cluster]:
                 view = views[placement.cluster] = view._copy()
             for pod in placement.pods:
-                state = view.nodes.get(pod.node)
+                # Where the pod is counted now: a delegated pod may run elsewhere.
+                record = self._pods.get((placement.cluster, pod.pod))
+                node, gpus = (record.node, record.gpus) if record else (pod.node, pod.gpus)
+                state = view.nodes.get(node)
                 if state is not None:
-                    view._put(state.give_back(pod.resources, pod.gpus))
+                    view._put(state.give_back(pod.resources, gpus))
         return Snapshot(MappingProxyType(views), base.version)
 
     def snapshot_hiding(self, nodes: Mapping[str, Iterable[str]]) -> Snapshot:

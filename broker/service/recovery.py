@@ -21,8 +21,8 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -301,20 +301,31 @@ class Recovery:
         make its gang."""
         key = f"{record.tenant}/{record.name}"
         stored = record.placement or {}
-        reserved = {str(p["pod"]): str(p["node"]) for p in stored.get("pods") or ()}
+        reserved = {str(p["pod"]): p for p in stored.get("pods") or ()}
         if len(pods) != len(reserved):
             return None
         bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
-        # A pod the cluster has not bound yet holds the node the broker reserved for it.
-        pods = [p if p.node else dataclasses.replace(p, node=reserved.get(p.pod, "")) for p in pods]
-        if not all(p.node for p in pods):
+        slots = [self._slot(p, reserved.get(p.pod)) for p in pods]
+        if not all(slots):
             return None
         placement = Placement(
-            key, pods[0].cluster,
-            tuple(PodPlacement(p.pod, p.node, p.gpus or (), p.resources) for p in pods),
-            str(stored.get("policy") or ""),
-        )  # fmt: skip
+            key, pods[0].cluster, tuple(s for s in slots if s), str(stored.get("policy") or "")
+        )
         return pending_of(record), placement, bound
+
+    def _slot(self, pod: PodBound, reserved: Mapping[str, Any] | None) -> PodPlacement | None:
+        """Where a pod read back is reserved: where it is bound, on the GPUs the ledger
+        counts it on (the broker's pick, or the ledger's for a pod whose node a delegate
+        member's gang scheduler chose); a pod not bound yet, on the node and GPUs the
+        broker reserved for it (None: it reserved none of that name)."""
+        if pod.node:
+            counted = self.s.ledger.counted(pod.cluster, pod.pod)
+            gpus = counted[1] if counted and counted[0] == pod.node else pod.gpus
+            return PodPlacement(pod.pod, pod.node, gpus or (), pod.resources)
+        if reserved is None:
+            return None
+        gpus = pod.gpus or tuple(int(g) for g in reserved.get("gpus") or ())
+        return PodPlacement(pod.pod, str(reserved["node"]), gpus, pod.resources)
 
     def _restore(
         self,
@@ -336,6 +347,8 @@ class Recovery:
             for pod in bound:
                 s.ledger.apply(pod)
             return False
+        for pod in bound:  # bound where it runs: no guess a gang scheduler's choice moves
+            s.ledger.apply(pod)
         types = s.ledger.gpu_types(placement)  # no snapshot: see Ledger.gpu_types
         s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
         s.lifecycle.placed(pending, placement, now)

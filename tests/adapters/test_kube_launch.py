@@ -350,6 +350,27 @@ async def test_read_back_returns_bound_pods(api: ApiClient, k8s: Emulator) -> No
     ]
 
 
+async def test_read_back_keys_a_delegated_workloads_pods_as_the_watcher_does(
+    api: ApiClient, k8s: Emulator
+) -> None:
+    """A pod a delegated workload's controller made carries our labels and its index, not
+    the ledger's name: read back under that name (as the watcher counts it); one without
+    an index takes the lowest index of its pod set no other pod holds; never its bare name."""
+    ours = {"fedbroker.io/origin": "fedbroker", "fedbroker.io/tenant": "acme",
+            "fedbroker.io/job": "train", "fedbroker.io/pod-set": "worker"}  # fmt: skip
+    for name, extra in (("train-worker-1", {"training.kubeflow.org/replica-index": "1"}),
+                        ("train-worker-zz", {})):  # fmt: skip
+        k8s.objects[PODS, NS, name] = {
+            "metadata": {"name": name, "namespace": NS, "labels": {**ours, **extra}},
+            "spec": {"nodeName": "node-y", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running"},
+        }
+    back = await launcher(api, k8s).read_back()
+    assert sorted(p.pod for p in back["acme/train"]) == [
+        "acme.train-worker-0", "acme.train-worker-1"
+    ]  # fmt: skip
+
+
 async def test_canary_token_never_logged_nor_in_errors(
     api: ApiClient, k8s: Emulator, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -573,3 +573,124 @@ async def test_scripted_410_relists_and_misses_no_change(
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+# -- delegate mode: a workload's pods keyed as the ledger keys them ---------------------------
+
+OUR_LABELS = {"fedbroker.io/origin": "fedbroker", "fedbroker.io/tenant": "acme",
+              "fedbroker.io/job": "train", "fedbroker.io/pod-set": "worker"}  # fmt: skip
+
+
+def delegated(name: str, node: str | None, index: str | None, gpus: int = 8) -> dict[str, Any]:
+    """A pod a delegated PyTorchJob's operator made from our template: our labels, its
+    replica index, no annotation of ours (the template is every pod's)."""
+    obj = pod_obj(name, node, gpus)
+    labels = dict(OUR_LABELS)
+    if index is not None:
+        labels["training.kubeflow.org/replica-index"] = index
+    obj["metadata"]["labels"] = labels
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "key"),
+    [
+        # Alone, a delegated pod is its own name: no controller's labels are read (the
+        # cluster's PodKeys gives it a free index of its pod set).
+        ({}, {}, "ml/p"),
+        ({"training.kubeflow.org/replica-index": None}, {}, "ml/p"),
+        ({"fedbroker.io/origin": None}, {}, "ml/p"),  # not ours
+        ({}, {"fedbroker.io/pod": "acme.train-worker-0"}, "acme.train-worker-0"),  # a slot
+        ({"fedbroker.io/origin": None}, {"fedbroker.io/pod": "acme.train-worker-2"},
+         "acme.train-worker-2"),
+    ],
+)  # fmt: skip
+def test_a_pod_is_keyed_by_the_ledger_name_it_carries_else_its_own(
+    labels: dict[str, str | None], annotations: dict[str, str], key: str
+) -> None:
+    obj = delegated("p", "n1", "1")
+    for k, v in labels.items():
+        if v is None:
+            obj["metadata"]["labels"].pop(k, None)
+        else:
+            obj["metadata"]["labels"][k] = v
+    obj["metadata"]["annotations"] = annotations
+    event = translate_pod("a", obj)
+    assert isinstance(event, PodBound) and event.pod == key
+    assert translate_pod("a", obj, deleted=True) == PodDeleted("a", key)
+
+
+async def test_pods_sharing_a_ledger_name_are_each_counted_and_each_freed(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    # A replacement made while its predecessor still runs carries the same controller
+    # index; each takes its own free index of the pod set, and the GPUs of both count.
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    kmock.objects[PODS, "ml", "old"] = delegated("old", "n1", "0", gpus=2)
+    kmock.objects[PODS, "ml", "new"] = delegated("new", "n1", "0", gpus=3)
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    sink = Sink()
+    watcher = ClusterWatcher("a", clients["a"], sink)
+    try:
+        events = await watcher.list_once()
+        sink(events)
+        keys = sorted(e.pod for e in events if isinstance(e, PodBound))
+        assert keys == ["acme.train-worker-0", "acme.train-worker-1"]
+        assert sink.used("n1") == 5
+        kmock.objects[PODS, "ml", "old"].delete()
+        sink(await watcher.list_once())
+        assert sink.used("n1") == 3  # the old one's GPUs only; the new one counted still
+        kmock.objects[PODS, "ml", "new"].delete()
+        sink(await watcher.list_once())
+        assert sink.used("n1") == 0
+    finally:
+        await clients["a"].close()  # type: ignore[no-untyped-call]
+
+
+async def test_a_delegated_pod_counted_by_the_watch_under_its_ledger_name(
+    harness: Harness,
+) -> None:
+    """Through the watch: bound, then its replacement beside it, then each deleted."""
+    km, sink = harness.km, harness.sink
+    await sink.until(lambda: sink.used("n1") == 2)  # p1 of the fixture
+    await watching(km)
+    await km.post("/api/v1/namespaces/ml/pods", json=delegated("w0", "n1", "0", gpus=1))
+    await sink.until(lambda: sink.used("n1") == 3)
+    await km.post("/api/v1/namespaces/ml/pods", json=delegated("w0-again", "n1", "0", gpus=1))
+    await sink.until(lambda: sink.used("n1") == 4)
+    await km.request("DELETE", "/api/v1/namespaces/ml/pods/w0")
+    await sink.until(lambda: sink.used("n1") == 3)
+    # Changed: it now takes the name the first one left (counted once all along).
+    await km.patch("/api/v1/namespaces/ml/pods/w0-again", json={"metadata": {"labels": {"x": "y"}}})
+    await km.request("DELETE", "/api/v1/namespaces/ml/pods/w0-again")
+    await sink.until(lambda: sink.used("n1") == 2)
+
+
+async def test_pods_without_an_index_take_the_lowest_free_one_of_their_pod_set(
+    kmock: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    """A RayCluster's workers carry no index: each takes the lowest index of its pod set no
+    live pod holds, keeps it while it lives, and a replacement takes the one freed."""
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    for name in ("ray-gpu-worker-aaaaa", "ray-gpu-worker-bbbbb"):
+        kmock.objects[PODS, "ml", name] = delegated(name, "n1", None, gpus=2)
+    clients, _ = await load_clients(write_kubeconfig(tmp_path / "kc", {"a": str(kmock.url)}))
+    watcher = ClusterWatcher("a", clients["a"], lambda _: None)
+
+    try:
+        first = [e.pod for e in await watcher.list_once() if isinstance(e, PodBound)]
+        assert sorted(first) == ["acme.train-worker-0", "acme.train-worker-1"]
+        held = dict(zip(("ray-gpu-worker-aaaaa", "ray-gpu-worker-bbbbb"), first, strict=True))
+        kmock.objects[PODS, "ml", "ray-gpu-worker-aaaaa"].delete()
+        kmock.objects[PODS, "ml", "ray-gpu-worker-ccccc"] = delegated(
+            "ray-gpu-worker-ccccc", "n1", None, gpus=2
+        )
+        events = await watcher.list_once()
+        assert PodDeleted("a", held["ray-gpu-worker-aaaaa"]) in events
+        now = sorted(e.pod for e in events if isinstance(e, PodBound))
+        assert now == ["acme.train-worker-0", "acme.train-worker-1"]  # b kept its own
+        assert [e for e in events if isinstance(e, PodDeleted)] == [
+            PodDeleted("a", held["ray-gpu-worker-aaaaa"])
+        ]
+    finally:
+        await clients["a"].close()  # type: ignore[no-untyped-call]
