@@ -22,7 +22,10 @@ member, its controller's pods pinned to the placement, its end read from its own
 
 Listings of pods and of each kind's workloads are shared by every gang polling at the same
 time (``NamespaceApi.shared_listing``/``shared_workloads``): a poll costs one LIST per kind
-per cluster, whatever the number of jobs. Slot grants decide on a fresh listing of the one
+per cluster, whatever the number of jobs. A poll joins only a listing begun after its own
+create, and a workload absent from it is read once directly before it counts as gone: a
+listing that began before the create (another tenant's launch polling meanwhile) cannot
+roll a launch back as "disappeared". Slot grants decide on a fresh listing of the one
 job's pods, so a grant made in the previous poll is always seen.
 """
 
@@ -95,18 +98,22 @@ class WorkloadRuns:
 
     # -- confirm -----------------------------------------------------------------------------
 
-    async def _workload(self, spec: LaunchSpec) -> dict[str, Any] | None:
-        """The job's workload from the shared listing of its kind (None: not there)."""
-        namespace = self.objects.namespace(spec.tenant)
-        for obj in await self.api.shared_workloads(self.kind(spec)):
+    async def _workload(self, spec: LaunchSpec, since: int) -> dict[str, Any] | None:
+        """The job's workload from the shared listing of its kind, one begun after ``since``
+        (a ``listings_begun`` mark taken after the caller's create). Not there: read once
+        directly before the caller concludes it is gone (None: it is, or is not ours)."""
+        kind, namespace = self.kind(spec), self.objects.namespace(spec.tenant)
+        for obj in await self.api.shared_workloads(kind, after=since):
             meta = obj.get("metadata") or {}
             here = meta.get("name") == spec.job and namespace_of(obj) == namespace
             if here and self.objects.ours(obj, spec):
                 return obj
-        return None
+        obj = await self.api.read_workload(kind, namespace, spec.job)
+        return obj if obj is not None and self.objects.ours(obj, spec) else None
 
-    async def _pods(self, spec: LaunchSpec) -> list[dict[str, Any]]:
-        return [p for p in await self.api.shared_listing() if self.objects.ours(p, spec)]
+    async def _pods(self, spec: LaunchSpec, since: int) -> list[dict[str, Any]]:
+        listing = await self.api.shared_listing(after=since)
+        return [p for p in listing if self.objects.ours(p, spec)]
 
     async def wait_running(self, placement: Placement, spec: LaunchSpec) -> None:
         """Return once the gang has started (see the module's docstring); raise
@@ -114,14 +121,15 @@ class WorkloadRuns:
         applies the gang timeout."""
         kind = self.kind(spec)
         what = f"{kind.kind} {self.objects.namespace(spec.tenant)}/{spec.job}"
+        since = self.api.listings_begun()  # the create is done: later listings show it
         while True:
-            obj = await self._workload(spec)
+            obj = await self._workload(spec, since)
             if obj is None:
                 raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
             end = workload_end(kind.kind, obj)
             if end is not None and not end.succeeded:
                 raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
-            pods = await self._pods(spec)
+            pods = await self._pods(spec, since)
             failed = sorted(p["metadata"]["name"] for p in pods if _phase(p) == "Failed")
             if failed:
                 raise KubeLaunchError(
@@ -190,9 +198,10 @@ class WorkloadRuns:
         not end a job); any other failure ``FOLLOW_ATTEMPTS`` polls in a row is raised."""
         kind = self.kind(spec)
         failed = 0
+        since = self.api.listings_begun()
         while True:
             try:
-                end = await self._poll_end(placement, spec, kind)
+                end = await self._poll_end(placement, spec, kind, since)
                 failed = 0
                 if end is not None:
                     return end
@@ -207,17 +216,17 @@ class WorkloadRuns:
             await self.launcher.pause(self.launcher.run_poll_seconds)
 
     async def _poll_end(
-        self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind
+        self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind, since: int
     ) -> RunEnd | None:
         """One look at a running workload: its end, or None while it runs (its gated pods
         granted slots meanwhile, in pin mode)."""
-        obj = await self._workload(spec)
+        obj = await self._workload(spec, since)
         if obj is None:
             where = f"{self.objects.namespace(spec.tenant)}/{spec.job}"
             return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
         end = workload_end(kind.kind, obj)
         if end is None and self.objects.mode == "pin":
-            await self.grant_slots(placement, spec, await self._pods(spec))
+            await self.grant_slots(placement, spec, await self._pods(spec, since))
         return end
 
     # -- delete ------------------------------------------------------------------------------
