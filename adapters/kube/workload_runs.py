@@ -108,8 +108,8 @@ class WorkloadRuns:
             here = meta.get("name") == spec.job and namespace_of(obj) == namespace
             if here and self.objects.ours(obj, spec):
                 return obj
-        obj = await self.api.read_workload(kind, namespace, spec.job)
-        return obj if obj is not None and self.objects.ours(obj, spec) else None
+        read = await self.api.read_workload(kind, namespace, spec.job)
+        return read if read is not None and self.objects.ours(read, spec) else None
 
     async def _pods(self, spec: LaunchSpec, since: int) -> list[dict[str, Any]]:
         listing = await self.api.shared_listing(after=since)

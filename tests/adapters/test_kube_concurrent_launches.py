@@ -20,7 +20,7 @@ import pytest
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient
 from test_workloads import INIT, batch_job
-from workload_cluster import KIND_RES, PODS, Emulator, launcher, node_of, stored
+from workload_cluster import KIND_RES, PODS, Emulator, launcher, node_of
 
 from adapters.kube.slots import gated
 from broker.manifest import admit_templates, parse_manifest, to_job, workload_of
@@ -89,15 +89,17 @@ class Member:
         self.k8s = k8s
         self.pauses = 0
 
-    async def step(self, _: float) -> None:
+    async def step(self, pause: float) -> None:
         self.pauses += 1
         assert self.pauses < 100 * PER_TENANT, "the launches never all ran"
-        made = {p["metadata"]["labels"].get("job-name") for p in stored(self.k8s, PODS).values()}
-        for (res, namespace, name), obj in list(self.k8s.objects.items()):
-            if res == KIND_RES["Job"] and not obj.deleted and name not in made:
-                self.make(namespace, obj.raw)
-        for (res, _, _), obj in list(self.k8s.objects.items()):
-            if res != PODS or obj.deleted or gated(obj.raw) or obj.raw["spec"].get("nodeName"):
+        objects = [(key, o) for key, o in list(self.k8s.objects.items()) if not o.deleted]
+        made = {(ns, o.raw["metadata"]["labels"]["job-name"]) for (r, ns, _), o in objects
+                if r == PODS}  # fmt: skip
+        for (res, namespace, name), obj in objects:
+            if res == KIND_RES["Job"] and (namespace, name) not in made:
+                self.make(str(namespace), obj.raw)
+        for (res, _ns, _name), obj in objects:
+            if res != PODS or gated(obj.raw) or obj.raw["spec"].get("nodeName"):
                 continue
             obj.patch({"spec": {"nodeName": node_of(obj.raw)}, "status": {"phase": "Running"}})
         await asyncio.sleep(0)
