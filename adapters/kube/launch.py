@@ -8,7 +8,8 @@ is not this job's); ``delete(placement)`` removes every object of the gang:
 ``adapters.kube.removal``), ``RunWatcher`` (``finished``), ``RunNotifier`` (``watch``: from
 one list+watch of our pods per cluster, ``adapters.kube.our_pods`` and
 ``adapters.kube.run_watch``; a follow that fails for good calls back with a
-``RunEnd.error``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
+``RunEnd.error``) and ``GangRecovery`` (``read_back``, ``read_back_workloads``,
+``collect_garbage``) in the tenant
 namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
 
 Each tenant's gangs go into its own namespace (the pattern with ``{tenant}`` replaced,
@@ -71,10 +72,19 @@ from adapters.kube.removal import GangRemoval
 from adapters.kube.rendezvous import Rendezvous
 from adapters.kube.run_watch import GangPods
 from adapters.kube.tenancy import TenantNamespaces
+from adapters.kube.workload_found import workloads_found
 from adapters.kube.workload_runs import WorkloadRuns
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe, refused
 from broker.model import Placement, PodBound, PodPlacement
-from broker.ports import GangRecovery, Launcher, LaunchSpec, RunEnd, RunHandle, RunWatcher
+from broker.ports import (
+    GangRecovery,
+    Launcher,
+    LaunchSpec,
+    RunEnd,
+    RunHandle,
+    RunWatcher,
+    WorkloadFound,
+)
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +405,15 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
                 continue
             out.setdefault(job_key(pod), []).append(bound)
         return out
+
+    async def read_back_workloads(self) -> dict[str, WorkloadFound]:
+        """Our workload objects with their recorded plans and their pods as they stand, by
+        job key (``adapters.kube.workload_found``): what restores a running workload job
+        after a restart. Pin mode only: in delegate mode the gang scheduler, not a plan,
+        put the pods, and the job is restored from its pods (``read_back``)."""
+        if self.mode != "pin":
+            return {}
+        return await workloads_found(self.api, self.objects)
 
     async def _delete_quietly(self, placement: Placement, spec: LaunchSpec) -> None:
         """A failed launch's objects deleted, best effort: the caller deletes the gang

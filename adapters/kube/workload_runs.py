@@ -3,7 +3,9 @@ member, its controller's pods pinned to the placement, its end read from its own
 
 * launch: the tenant's namespace, then (delegate mode) the PodGroup, then the workload
   (``adapters.kube.workloads.workload_body``; one already there with this job's labels is
-  adopted, so a restarted broker creates no second one). Its controller makes the pods.
+  adopted, so a restarted broker creates no second one), in pin mode with the placement
+  recorded on it (``adapters.kube.plan``: what a restart restores the job from,
+  ``adapters.kube.workload_found``). Its controller makes the pods.
 * wait_running: every poll, in pin mode, the job's gated pods get slots of the placement
   (``adapters.kube.slots``; a pod left without one stays gated, with one Warning Event).
   The gang has started when as many of the job's pods run (or already succeeded) as the
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.aio.client.exceptions import ApiException
 
 from adapters.kube.objects import KubeLaunchError, job_key, namespace_of, pod_group_name
+from adapters.kube.plan import ANNOTATION_PLAN, plan_annotation
 from adapters.kube.slots import gated, grants, no_slot_event, slot_name, terminal, ungate_patch
 from adapters.kube.workloads import (
     WORKLOAD_KINDS,
@@ -84,6 +87,8 @@ class WorkloadRuns:
     async def create(self, placement: Placement, spec: LaunchSpec) -> None:
         kind = self.kind(spec)
         body = workload_body(self.objects, spec)
+        if self.objects.mode == "pin":  # what a restart restores it from (adapters.kube.plan)
+            self._record_plan(body, placement, spec)
         launcher = self.launcher
         await launcher.ensure_namespace(spec)
         if self.objects.mode == "delegate":
@@ -95,6 +100,16 @@ class WorkloadRuns:
         )  # fmt: skip
         where = f"{launcher.cluster}/{self.objects.namespace(spec.tenant)}"
         log.info("created %s %s (%s) in %s", kind.kind, spec.key, self.objects.mode, where)
+
+    @staticmethod
+    def _record_plan(body: dict[str, Any], placement: Placement, spec: LaunchSpec) -> None:
+        plan = plan_annotation(placement, spec)
+        if plan is None:
+            what = f"plan of {spec.key} ({len(placement.pods)} pods)"
+            log.info("%s too large to record; a restart reads the stored placement", what)
+            return
+        meta = body.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN: plan}
 
     # -- confirm -----------------------------------------------------------------------------
 
