@@ -225,6 +225,35 @@ async def test_a_jobset_whose_driver_finished_meanwhile_keeps_its_workers(
         await second.close()
 
 
+async def test_a_job_still_starting_is_adopted_and_its_gated_pods_granted(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock
+) -> None:
+    first = await started(k8s, tmp_path, clock)
+    try:
+        await first.submit("team-a", submission(INDEXED_JOB))
+        await first.schedule_once()
+        await until(lambda: "train" in live(k8s, JOBS))
+        made = [job_index(k8s, 0)]  # the controller is slow: 1 pod of 3 so far
+        await run_pods(first, k8s, made)
+        assert (await first.get("team-a", "train")).state == "Placed"
+    finally:
+        await first.close()
+    later = [job_index(k8s, i) for i in (1, 2)]  # made, gated, while the broker is away
+    second = await started(k8s, tmp_path, clock)
+    try:
+        launch = second.lifecycle.get("team-a/train")
+        assert launch is not None and not launch.running  # adopted, still starting
+        await run_pods(second, k8s, later)
+        await second.launches_done(timeout=10)
+        assert await states(second) == ["Queued", "Placed", "Running"]
+        slots = {live(k8s, PODS)[n].raw["metadata"]["annotations"]["fedbroker.io/pod"]
+                 for n in [*made, *later]}  # fmt: skip
+        assert slots == {"team-a.train-main-0", "team-a.train-main-1", "team-a.train-main-2"}
+        assert not books(second, k8s)
+    finally:
+        await second.close()
+
+
 async def test_a_workload_that_ended_while_the_broker_was_away_is_recorded_so(
     k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock
 ) -> None:
