@@ -39,6 +39,12 @@ class HeldListings(NamespacedEmulator):
         self.lists = 0
         self.reads = 0  # GETs of one Job
         self.all_created = asyncio.Event()
+        self.all_created.set()  # nothing held until a test says how many creates to await
+
+    def hold_until(self, creates: int) -> None:
+        """Hold each LIST of Jobs from now until ``creates`` more Job creates are answered."""
+        self.expected = self.created + creates
+        self.all_created.clear()
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         listing = raw_request.method == "GET" and raw_request.path == "/apis/batch/v1/jobs"
@@ -126,7 +132,7 @@ async def test_sixty_launches_at_once_by_two_tenants_all_run(k8s: Emulator, api:
         for t, tenant in enumerate(TENANTS)
         for i in range(PER_TENANT)
     ]
-    cast(HeldListings, k8s).expected = len(jobs)
+    cast(HeldListings, k8s).hold_until(len(jobs))
     results = await asyncio.gather(
         *(kube.launch(placement, spec) for placement, spec in jobs), return_exceptions=True
     )
