@@ -7,7 +7,8 @@ reservation is the whole plan; the pods that hold a slot are bound into it under
 slot's ledger pod name (the watcher had counted them as pods of no job); a slot no live pod
 holds (its pod finished, its successor still gated) is ``idle``: a running job's idle
 slots are released, as the watch releases a finished pod's, until the launcher grants them
-to the successors and those bind. A job whose workload ended while the broker was away is
+to the successors and those bind (a slot granted to a pod not yet bound stays held: that
+pod is pinned to its node). A job whose workload ended while the broker was away is
 restored too, and its end recorded from the workload's status. It cannot be restored (and
 is requeued, as a job of the store alone is) when its plan is unreadable, when the plan on
 the object is not the placement the store holds (the object was made for another
