@@ -282,9 +282,8 @@ async def test_a_workload_that_ended_while_the_broker_was_away_is_recorded_so(
         await second.close()
 
 
-async def test_a_workload_whose_plan_is_unreadable_is_requeued(
-    k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock
-) -> None:
+async def running_indexed_job(k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock) -> None:
+    """A broker runs the Indexed Job's first 3 indexes, then stops."""
     first = await started(k8s, tmp_path, clock)
     try:
         await first.submit("team-a", submission(INDEXED_JOB))
@@ -294,7 +293,40 @@ async def test_a_workload_whose_plan_is_unreadable_is_requeued(
         await first.launches_done(timeout=10)
     finally:
         await first.close()
-    live(k8s, JOBS)["train"].patch({"metadata": {"annotations": {ANNOTATION_PLAN: "{not json"}}})
+
+
+async def test_a_workload_recording_no_plan_is_restored_from_the_stored_placement(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock
+) -> None:
+    # Made by a broker that recorded no plan (one too large to record, or an older one).
+    await running_indexed_job(k8s, tmp_path, clock)
+    live(k8s, JOBS)["train"].patch({"metadata": {"annotations": {ANNOTATION_PLAN: None}}})
+    assert ANNOTATION_PLAN not in live(k8s, JOBS)["train"].raw["metadata"]["annotations"]
+    second = await started(k8s, tmp_path, clock)
+    try:
+        launch = second.lifecycle.get("team-a/train")
+        assert launch is not None and launch.running
+        assert await states(second) == ["Queued", "Placed", "Running"]
+        assert not books(second, k8s)
+    finally:
+        await second.close()
+
+
+def on_other_nodes(k8s: kmock.KubernetesEmulator) -> str:
+    """The Job's recorded plan with every slot on the other node of the two."""
+    plan = json.loads(live(k8s, JOBS)["train"].raw["metadata"]["annotations"][ANNOTATION_PLAN])
+    for slot in plan["slots"]:
+        slot[1] = {"n1": "n2", "n2": "n1"}[slot[1]]
+    return json.dumps(plan)
+
+
+@pytest.mark.parametrize("plan", ["unreadable", "another"])
+async def test_a_workload_whose_plan_is_unreadable_or_another_is_requeued(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path, clock: Clock, plan: str
+) -> None:
+    await running_indexed_job(k8s, tmp_path, clock)
+    text = "{not json" if plan == "unreadable" else on_other_nodes(k8s)
+    live(k8s, JOBS)["train"].patch({"metadata": {"annotations": {ANNOTATION_PLAN: text}}})
     second = await started(k8s, tmp_path, clock)
     try:
         record = await second.get("team-a", "train")
