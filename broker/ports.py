@@ -222,6 +222,35 @@ class RunEnd:
     error: Exception | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedSlot:
+    """One slot of a placement as the launcher recorded it with the job's objects: the
+    ledger's pod name (``<tenant>.<job>-<pod set>-<index>``), its node and GPU indexes."""
+
+    pod: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadFound:
+    """A workload job's object as a restarted broker finds it in its member.
+
+    ``plan``: the placement recorded on the object when it was created (None: none was,
+    say it was too large to record); ``plan_error`` says why a recorded plan could not be
+    read (the job cannot be restored then). ``end``: how the workload ended while the
+    broker was away (None: it has not). ``slotted``: its live pods that hold a slot, under
+    the slot's ledger pod name (node ``""`` while unbound); ``gated``: how many of its
+    live pods still wait for a slot; ``finished``: how many ended."""
+
+    plan: tuple[PlannedSlot, ...] | None
+    end: RunEnd | None = None
+    slotted: tuple[PodBound, ...] = ()
+    gated: int = 0
+    finished: int = 0
+    plan_error: str = ""
+
+
 @runtime_checkable
 class RunWatcher(Protocol):
     """A launcher that also reports when a running job's pods have exited."""
@@ -255,6 +284,11 @@ class GangRecovery(Protocol):
 
     async def read_back(self) -> dict[str, list[PodBound]]:
         """The launcher's live pods as ``PodBound`` events, by job key (``tenant/name``)."""
+        ...
+
+    async def read_back_workloads(self) -> dict[str, WorkloadFound]:
+        """The launcher's workload objects whose pods it pins, by job key: what restores a
+        running workload job as it was (empty where the launcher pins no workload)."""
         ...
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:

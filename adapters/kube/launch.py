@@ -8,7 +8,8 @@ is not this job's); ``delete(placement)`` removes every object of the gang:
 ``adapters.kube.removal``), ``RunWatcher`` (``finished``), ``RunNotifier`` (``watch``: from
 one list+watch of our pods per cluster, ``adapters.kube.our_pods`` and
 ``adapters.kube.run_watch``; a follow that fails for good calls back with a
-``RunEnd.error``) and ``GangRecovery`` (``read_back``, ``collect_garbage``) in the tenant
+``RunEnd.error``) and ``GangRecovery`` (``read_back``, ``read_back_workloads``,
+``collect_garbage``) in the tenant
 namespaces of one cluster, with the official client's asyncio API (``kubernetes.aio``).
 
 Each tenant's gangs go into its own namespace (the pattern with ``{tenant}`` replaced,
@@ -71,6 +72,7 @@ from adapters.kube.run_watch import GangPods
 from adapters.kube.settings import LaunchSettings
 from adapters.kube.tenancy import TenantNamespaces
 from adapters.kube.translate import PodKeys
+from adapters.kube.workload_found import workloads_found
 from adapters.kube.workload_runs import WorkloadLauncher
 from adapters.kubeapi.calls import ApiCalls, describe
 from broker.model import Placement, PodBound
@@ -81,6 +83,7 @@ from broker.ports import (
     RunEnd,
     RunHandle,
     RunWatcher,
+    WorkloadFound,
     WorkloadKind,
 )
 
@@ -208,6 +211,15 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:
         """Delete our objects whose job is not live (``removal.GangRemoval``)."""
         return await self.removal.collect_garbage(live_jobs)
+
+    async def read_back_workloads(self) -> dict[str, WorkloadFound]:
+        """Our workload objects with their recorded plans and their pods as they stand, by
+        job key (``adapters.kube.workload_found``): what restores a running workload job
+        after a restart. Pin mode only: in delegate mode the gang scheduler, not a plan,
+        put the pods, and the job is restored from its pods (``read_back``)."""
+        if self.settings.mode != "pin":
+            return {}
+        return await workloads_found(self.api, self.objects, self.workloads.kinds)
 
     async def read_back(self) -> dict[str, list[PodBound]]:
         """Our non-terminal pods as the ledger's ``PodBound`` events keyed by job key

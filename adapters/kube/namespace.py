@@ -11,7 +11,9 @@ permanent refusal, naming the field. Listings span all namespaces (one LIST per 
 the number of tenants) and are filtered here by our origin label and by the namespace the
 object's tenant maps to (``GangObjects.in_its_namespace``): an object labelled ours in any
 other namespace is never read back nor deleted. One pod listing (and one listing per
-workload kind) is shared by every caller waiting at the same time.
+workload kind) is shared by every caller waiting at the same time, but never joined by a
+caller whose own create ended after that listing began (``listings_begun``): such a listing
+may predate the object, and a launch must not read its absence as the object gone.
 
 Workloads are deleted with ``propagationPolicy: Background``: a batch/v1 Job deleted
 through the API without it orphans its pods.
@@ -75,7 +77,9 @@ class NamespaceApi:
         self.custom = CustomObjectsApi(api_client)
         self.objects = objects
         self.calls = calls
-        self._listings: dict[str, asyncio.Future[Listing]] = {}
+        # key -> (when it began, by listings_begun's count; the listing in flight)
+        self._listings: dict[str, tuple[int, asyncio.Future[Listing]]] = {}
+        self._begun = 0
 
     def _dict(self, obj: object) -> dict[str, Any]:
         return cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(obj))
@@ -165,27 +169,38 @@ class NamespaceApi:
             raise ApiException(resp.status, "the pod list is not a JSON object")
         return doc
 
-    async def shared_listing(self) -> Listing:
+    def listings_begun(self) -> int:
+        """How many shared listings have begun so far: a caller notes it once its own writes
+        are done, and passes it as ``after`` so it joins only a listing that began later
+        (one begun before could not show what it wrote)."""
+        return self._begun
+
+    async def shared_listing(self, after: int | None = None) -> Listing:
         """Our pods, listed once for every caller waiting at the same time: a thousand
         workloads polling their pods cost one LIST per poll, not a thousand (gangs of pods
         are followed by the watch of ``adapters.kube.our_pods`` instead). Always a fresh listing
-        (one started after the call, or the one in flight), never a cached one."""
-        return await self._shared("pods", self.our_pods)
+        (the one in flight, or one started now), never a cached one; with ``after`` (a
+        ``listings_begun`` mark), one that began after that mark."""
+        return await self._shared("pods", self.our_pods, after)
 
-    async def _shared(self, key: str, list_them: Callable[[], Awaitable[Listing]]) -> Listing:
-        listing = self._listings.get(key)
-        if listing is None:
+    async def _shared(
+        self, key: str, list_them: Callable[[], Awaitable[Listing]], after: int | None
+    ) -> Listing:
+        entry = self._listings.get(key)
+        if entry is None or (after is not None and entry[0] <= after):
+            self._begun += 1
             listing = asyncio.ensure_future(list_them())
-            self._listings[key] = listing
+            entry = self._listings[key] = (self._begun, listing)
 
             def done(future: asyncio.Future[Listing]) -> None:
-                if self._listings.get(key) is future:
+                current = self._listings.get(key)
+                if current is not None and current[1] is future:
                     del self._listings[key]
                 if not future.cancelled():
                     future.exception()  # retrieved here, so an error nobody awaits is quiet
 
             listing.add_done_callback(done)
-        return await asyncio.shield(listing)
+        return await asyncio.shield(entry[1])
 
     async def job_pods(self, namespace: str, tenant: str, job: str) -> Listing:
         """A fresh listing of one job's pods in its namespace (not shared: what a slot grant
@@ -370,6 +385,7 @@ class NamespaceApi:
         items = self._items(f"list {kind.plural}", listed)
         return [w for w in items if self.objects.in_its_namespace(w) and not controlled(w)]
 
-    async def shared_workloads(self, kind: WorkloadKind) -> Listing:
-        """``our_workloads(kind)``, one listing for every caller waiting at the same time."""
-        return await self._shared(kind.plural, lambda: self.our_workloads(kind))
+    async def shared_workloads(self, kind: WorkloadKind, after: int | None = None) -> Listing:
+        """``our_workloads(kind)``, one listing for every caller waiting at the same time
+        (``after``: as ``shared_listing``'s)."""
+        return await self._shared(kind.plural, lambda: self.our_workloads(kind), after)

@@ -4,7 +4,9 @@ end read from its own status.
 
 * launch: the tenant's namespace, then (delegate mode) the PodGroup, then the workload
   (``adapters.kube.workloads.workload_body``; one already there with this job's labels is
-  adopted, so a restarted broker creates no second one). Its controller makes the pods.
+  adopted, so a restarted broker creates no second one), in pin mode with the placement
+  recorded on it (``adapters.kube.plan``: what a restart restores the job from,
+  ``adapters.kube.workload_found``). Its controller makes the pods.
 * wait_running: every poll, in pin mode, the job's gated pods get slots of the placement
   (``adapters.kube.slots``; a pod left without one stays gated, with one Warning Event).
   The PodGroup's minMember leaves out the kind's late pod sets (``WorkloadKind``).
@@ -30,7 +32,10 @@ this module names none.
 
 Listings of pods and of each kind's workloads are shared by every gang polling at the same
 time (``NamespaceApi.shared_listing``/``shared_workloads``): a poll costs one LIST per kind
-per cluster, whatever the number of jobs. Slot grants decide on a fresh listing of the one
+per cluster, whatever the number of jobs. A poll joins only a listing begun after its own
+create, and a workload absent from it is read once directly before it counts as gone: a
+listing that began before the create (another tenant's launch polling meanwhile) cannot
+roll a launch back as "disappeared". Slot grants decide on a fresh listing of the one
 job's pods, so a grant made in the previous poll is always seen.
 """
 
@@ -51,6 +56,7 @@ from adapters.kube.objects import (
     labels_of,
     namespace_of,
 )
+from adapters.kube.plan import ANNOTATION_PLAN, plan_annotation
 from adapters.kube.workloads import kind_of, late_pods, workload_body
 from broker.model import Placement
 from broker.ports import LaunchSpec, RunEnd, WorkloadKind
@@ -95,6 +101,8 @@ class WorkloadLauncher:
     async def create(self, placement: Placement, spec: LaunchSpec) -> None:
         kind = self.kind(spec)
         body = workload_body(self._objects, spec, kind)
+        if self._objects.mode == "pin":  # what a restart restores it from (adapters.kube.plan)
+            self._record_plan(body, placement, spec)
         await self._creator.ensure_namespace(spec)
         await self._mode.prepare(placement, spec, late_pods(kind, placement, spec))
         await self._creator.create_or_adopt(
@@ -105,20 +113,35 @@ class WorkloadLauncher:
         where = f"{self._objects.cluster}/{self._objects.namespace(spec.tenant)}"
         log.info("created %s %s (%s) in %s", kind.kind, spec.key, self._objects.mode, where)
 
+    @staticmethod
+    def _record_plan(body: dict[str, Any], placement: Placement, spec: LaunchSpec) -> None:
+        plan = plan_annotation(placement, spec)
+        if plan is None:
+            what = f"plan of {spec.key} ({len(placement.pods)} pods)"
+            log.info("%s too large to record; a restart reads the stored placement", what)
+            return
+        meta = body.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_PLAN: plan}
+
     # -- confirm -----------------------------------------------------------------------------
 
-    async def _workload(self, spec: LaunchSpec) -> dict[str, Any] | None:
-        """The job's workload from the shared listing of its kind (None: not there)."""
-        namespace = self._objects.namespace(spec.tenant)
-        for obj in await self._api.shared_workloads(self.kind(spec)):
+    async def _workload(self, spec: LaunchSpec, since: int) -> dict[str, Any] | None:
+        """The job's workload from the shared listing of its kind, one begun after ``since``
+        (a ``listings_begun`` mark taken after the caller's create). Not there: read once
+        directly before the caller concludes it is gone (None: it is, or is not ours)."""
+        kind, namespace = self.kind(spec), self._objects.namespace(spec.tenant)
+        for obj in await self._api.shared_workloads(kind, after=since):
             meta = obj.get("metadata") or {}
             here = meta.get("name") == spec.job and namespace_of(obj) == namespace
             if here and self._objects.ours(obj, spec):
                 return obj
-        return None
+        read = await self._api.read_workload(kind, namespace, spec.job)
+        mine = read is not None and self._objects.ours(read, spec) and not controlled(read)
+        return read if mine else None
 
-    async def _pods(self, spec: LaunchSpec) -> list[dict[str, Any]]:
-        return [p for p in await self._api.shared_listing() if self._objects.ours(p, spec)]
+    async def _pods(self, spec: LaunchSpec, since: int) -> list[dict[str, Any]]:
+        listing = await self._api.shared_listing(after=since)
+        return [p for p in listing if self._objects.ours(p, spec)]
 
     @staticmethod
     def _index(kind: WorkloadKind, spec: LaunchSpec) -> PodIndex:
@@ -132,14 +155,15 @@ class WorkloadLauncher:
         applies the gang timeout."""
         kind = self.kind(spec)
         what = f"{kind.kind} {self._objects.namespace(spec.tenant)}/{spec.job}"
+        since = self._api.listings_begun()  # the create is done: later listings show it
         while True:
-            obj = await self._workload(spec)
+            obj = await self._workload(spec, since)
             if obj is None:
                 raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
             end = kind.end(obj)
             if end is not None and not end.succeeded:
                 raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
-            pods = await self._pods(spec)
+            pods = await self._pods(spec, since)
             failed = sorted(p["metadata"]["name"] for p in pods if _phase(p) == "Failed")
             if failed:
                 raise KubeLaunchError(
@@ -166,9 +190,10 @@ class WorkloadLauncher:
         not end a job); any other failure ``FOLLOW_ATTEMPTS`` polls in a row is raised."""
         kind = self.kind(spec)
         failed = 0
+        since = self._api.listings_begun()
         while True:
             try:
-                end = await self._poll_end(placement, spec, kind)
+                end = await self._poll_end(placement, spec, kind, since)
                 failed = 0
                 if end is not None:
                     return end
@@ -183,17 +208,18 @@ class WorkloadLauncher:
             await self._sleep(self._run_poll_seconds)
 
     async def _poll_end(
-        self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind
+        self, placement: Placement, spec: LaunchSpec, kind: WorkloadKind, since: int
     ) -> RunEnd | None:
         """One look at a running workload: its end, or None while it runs (its gated pods
         granted slots meanwhile, in pin mode)."""
-        obj = await self._workload(spec)
+        obj = await self._workload(spec, since)
         if obj is None:
             where = f"{self._objects.namespace(spec.tenant)}/{spec.job}"
             return RunEnd(False, "WorkloadDeleted", f"{kind.kind} {where} was deleted")
         end = kind.end(obj)
         if end is None:
-            await self._mode.tend(placement, spec, await self._pods(spec), self._index(kind, spec))
+            pods = await self._pods(spec, since)
+            await self._mode.tend(placement, spec, pods, self._index(kind, spec))
         return end
 
     # -- delete ------------------------------------------------------------------------------

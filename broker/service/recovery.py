@@ -8,6 +8,9 @@ an adoption, a Running one's run watched again; their failures take the one laun
 path, ``Binding.failed``). A job that cannot be adopted (its pods or stored placement
 unreadable, any exception) and the jobs of a member whose pods cannot be read back are
 requeued like the rest, their objects left to the garbage collection that ends the rebuild.
+A pinned workload job is restored from its workload object instead (the plan recorded on
+it, its pods as they stand: ``restore_workloads``), so one whose first pods finished while
+the broker was away, their successors gated, goes on as it was, nothing deleted or rerun.
 Lost: stop placing at once and drop the state the next leader rebuilds. It also connects
 the Kubernetes members at start, keeps their staleness current, and deletes our objects
 that belong to no live job.
@@ -29,11 +32,12 @@ import aiohttp
 from broker.core.ledger import ConflictError
 from broker.core.queue import Pending, gpu_milli_by_type
 from broker.model import Placement, PodBound, PodDeleted, PodPlacement
-from broker.ports import LaunchError, WatchError
+from broker.ports import LaunchError, WatchError, WorkloadFound
 from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.failures import Failure, report
 from broker.service.members import ClusterLauncher
+from broker.service.restore_workloads import workload_adoptable
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
 
@@ -43,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
+Workloads = dict[str, dict[str, WorkloadFound]]  # cluster -> job key -> its workload read back
 _UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
 # Active jobs read, and requeued in one transaction, at a time. Larger pages mean fewer
 # commits and fewer hand-offs between the loop and the store's threads: 100,000 jobs on
@@ -107,6 +112,7 @@ class Recovery:
         self.binding = binding
         self.cycles = cycles
         self.found: Found | None = None  # read back at start, for the first election
+        self._workloads: Workloads = {}  # read back with the pods (pin mode's workloads)
         self._pools: asyncio.Task[None] | None = None
 
     async def elected(self) -> None:
@@ -234,6 +240,9 @@ class Recovery:
             return False
         key = f"{record.tenant}/{record.name}"
         pods = found[record.cluster].pop(key, [])
+        workload = self._workloads.get(record.cluster, {}).pop(key, None)
+        if workload is not None:  # a pinned workload: from its object, its plan, its pods
+            return self._restore_workload(record, workload, now)
         if not pods:
             return False
         try:
@@ -241,7 +250,29 @@ class Recovery:
         except Exception as exc:  # any: the rebuild goes on, the job is requeued
             report(self.s.metrics, key, record.cluster or "", Failure.of(exc, "adopt"), exc)
             return False
-        return adoptable is not None and self._restore(record, *adoptable, now)
+        running = record.state == "Running"
+        return adoptable is not None and self._restore(record, *adoptable, now, running)
+
+    def _restore_workload(self, record: JobRecord, found: WorkloadFound, now: float) -> bool:
+        """A pinned workload job restored as it was (``restore_workloads``): Running when
+        it was, or when its workload ended meanwhile (its end is then read at once); a
+        running job's slots no live pod holds released until their successors bind."""
+        cluster, key = record.cluster or "", f"{record.tenant}/{record.name}"
+        try:
+            adoptable = workload_adoptable(record, found, cluster)
+        except Exception as exc:  # any: the rebuild goes on, the job is requeued
+            report(self.s.metrics, key, cluster, Failure.of(exc, "adopt"), exc)
+            return False
+        if adoptable is None:
+            return False
+        running = record.state == "Running" or found.end is not None
+        bound = list(adoptable.bound)
+        if not self._restore(record, adoptable.pending, adoptable.placement, bound, now, running):
+            return False
+        if running:  # as the watch releases a finished pod's slot
+            for pod in adoptable.idle:
+                self.s.ledger.apply(PodDeleted(cluster, pod))
+        return True
 
     async def _changed_meanwhile(self, tenant: str, name: str) -> None:
         """A job the batch skipped (another writer moved it after the page was read):
@@ -264,7 +295,9 @@ class Recovery:
         for name, member in s.kube.members.items():
             try:
                 self.binding.on_capacity(await member.watcher.list_once())
-                found[name] = await member.launcher.read_back()
+                pods = await member.launcher.read_back()
+                self._workloads[name] = await member.launcher.read_back_workloads()
+                found[name] = pods
             except Exception as exc:  # any: the member is left stale, its jobs requeued
                 self._unread(name, "unreachable at start", exc)
             s.tasks.keep(f"watch {name}", member.watcher.run)
@@ -274,11 +307,14 @@ class Recovery:
         s.tasks.keep("kube-upkeep", self._kube_upkeep)
 
     async def _read_back(self) -> Found:
-        """Our pods on every reachable Kubernetes member."""
+        """Our pods (and pinned workloads) on every reachable Kubernetes member."""
         found: Found = {}
+        self._workloads = {}
         for name, member in self.s.kube.members.items():
             try:
-                found[name] = await member.launcher.read_back()
+                pods = await member.launcher.read_back()
+                self._workloads[name] = await member.launcher.read_back_workloads()
+                found[name] = pods
             except Exception as exc:  # any: as an unreachable member, its jobs requeued
                 self._unread(name, "cannot read our pods back", exc)
         return found
@@ -334,9 +370,10 @@ class Recovery:
         placement: Placement,
         bound: list[PodBound],
         now: float,
+        running: bool,
     ) -> bool:
         """Rebuild a Placed/Running job's reservation from its pods read back (assume, and
-        confirm a Running one); False (nothing changed) when the ledger cannot take it."""
+        confirm a ``running`` one); False (nothing changed) when the ledger cannot take it."""
         s, key, cluster = self.s, placement.job, placement.cluster
         for pod in bound:  # they become the job's reservation instead
             s.ledger.apply(PodDeleted(cluster, pod.pod))
@@ -352,7 +389,7 @@ class Recovery:
         types = s.ledger.gpu_types(placement)  # no snapshot: see Ledger.gpu_types
         s.queue.charge(key, pending.job.queue, gpu_milli_by_type(placement, types))
         s.lifecycle.placed(pending, placement, now)
-        if record.state == "Running":
+        if running:
             s.lifecycle.all_running(key, now)
             self.binding.watch_run(placement)  # its end is still to be seen
         else:  # resume waiting for the gang (creating what is missing is idempotent)

@@ -2,7 +2,8 @@
 (invariant 9), against the member that fails on cue (``tests/launch_faults.py``): a gang a
 restarted broker found Placed, whose adoption fails, is rolled back with backoff
 (``stage="adopt"``) and launches once the member recovers; a running workload restored
-from its pods whose status can no longer be read is followed a few polls more, then
+from its workload object (its recorded plan) and its pods, whose status can no longer be
+read, is followed a few polls more, then
 rolled back (its Job and pods deleted, its GPUs freed) rather than held with nothing
 following it. The books agree throughout."""
 
@@ -79,7 +80,7 @@ async def test_a_restored_workload_whose_status_cannot_be_read_is_rolled_back(
     second = await broker(member, tmp_path, clock)
     try:
         launch = second.lifecycle.get(JOB)
-        assert launch is not None and launch.running  # restored from its pods, followed
+        assert launch is not None and launch.running  # restored from its plan and pods, followed
         assert not books(second, member)
         clock.now = T0 + 30
         job = live(member, JOBS)["train"]
