@@ -241,7 +241,9 @@ class WorkloadFound:
     read (the job cannot be restored then). ``end``: how the workload ended while the
     broker was away (None: it has not). ``slotted``: its live pods that hold a slot, under
     the slot's ledger pod name (node ``""`` while unbound); ``gated``: how many of its
-    live pods still wait for a slot; ``finished``: how many ended."""
+    live pods still wait for a slot; ``finished``: how many ended. ``delegated``: a
+    delegate-mode workload: the member's gang scheduler placed its pods, no plan or slot is
+    recorded, and its live pods are those read back by ``read_back``."""
 
     plan: tuple[PlannedSlot, ...] | None
     end: RunEnd | None = None
@@ -249,6 +251,7 @@ class WorkloadFound:
     gated: int = 0
     finished: int = 0
     plan_error: str = ""
+    delegated: bool = False
 
 
 @runtime_checkable
@@ -287,8 +290,8 @@ class GangRecovery(Protocol):
         ...
 
     async def read_back_workloads(self) -> dict[str, WorkloadFound]:
-        """The launcher's workload objects whose pods it pins, by job key: what restores a
-        running workload job as it was (empty where the launcher pins no workload)."""
+        """The launcher's workload objects by job key: what restores a running workload
+        job as it was, whatever part of it has finished."""
         ...
 
     async def collect_garbage(self, live_jobs: set[str]) -> list[str]:

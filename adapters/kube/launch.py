@@ -215,11 +215,10 @@ class KubeLauncher(Launcher, RunWatcher, GangRecovery):
     async def read_back_workloads(self) -> dict[str, WorkloadFound]:
         """Our workload objects with their recorded plans and their pods as they stand, by
         job key (``adapters.kube.workload_found``): what restores a running workload job
-        after a restart. Pin mode only: in delegate mode the gang scheduler, not a plan,
-        put the pods, and the job is restored from its pods (``read_back``)."""
-        if self.settings.mode != "pin":
-            return {}
-        return await workloads_found(self.api, self.objects, self.workloads.kinds)
+        after a restart. In delegate mode the gang scheduler, not a plan, put the pods:
+        each is ``delegated``, its live pods those ``read_back`` keys."""
+        delegated = self.settings.mode != "pin"
+        return await workloads_found(self.api, self.objects, self.workloads.kinds, delegated)
 
     async def read_back(self) -> dict[str, list[PodBound]]:
         """Our non-terminal pods as the ledger's ``PodBound`` events keyed by job key

@@ -29,15 +29,22 @@ log = logging.getLogger(__name__)
 
 
 async def workloads_found(
-    api: NamespaceApi, objects: GangObjects, kinds: Sequence[WorkloadKind]
+    api: NamespaceApi,
+    objects: GangObjects,
+    kinds: Sequence[WorkloadKind],
+    delegated: bool = False,
 ) -> dict[str, WorkloadFound]:
-    """Every workload job of ours in the member, by job key (see the module's docstring)."""
+    """Every workload job of ours in the member, by job key (see the module's docstring);
+    ``delegated``: the member's gang scheduler placed their pods (nothing recorded: only
+    whether each ended)."""
     objs: dict[str, tuple[WorkloadKind, Mapping[str, Any]]] = {}  # job key -> (kind, object)
     for kind in kinds:
         for obj in await api.our_workloads(kind):
             objs[job_key(obj)] = (kind, obj)
     if not objs:
         return {}
+    if delegated:
+        return {key: _ended(kind, obj) for key, (kind, obj) in objs.items()}
     pods: dict[str, list[Mapping[str, Any]]] = {}
     for pod in await api.our_pods():
         pods.setdefault(job_key(pod), []).append(pod)
@@ -73,6 +80,15 @@ def _found(
                 log.warning("%s: a pod not read back: %s", where, type(exc).__name__)
                 return WorkloadFound(plan, plan_error=f"{where}: a pod of it is unreadable")
     return WorkloadFound(plan, end, tuple(slotted), waiting, ended)
+
+
+def _ended(kind: WorkloadKind, obj: Mapping[str, Any]) -> WorkloadFound:
+    """A delegated workload: whether it ended (an unreadable status is said, not raised)."""
+    try:
+        return WorkloadFound(None, kind.end(obj), delegated=True)
+    except Exception as exc:  # any: this one job is requeued, the others restored
+        where = f"{kind.kind} {namespace_of(obj)}/{(obj.get('metadata') or {}).get('name')}"
+        return WorkloadFound(None, plan_error=f"{where}: {exc}", delegated=True)
 
 
 __all__ = ["workloads_found"]

@@ -37,7 +37,7 @@ from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.failures import Failure, report
 from broker.service.members import ClusterLauncher
-from broker.service.restore_workloads import workload_adoptable
+from broker.service.restore_workloads import slot_resources, workload_adoptable
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
 
@@ -241,17 +241,29 @@ class Recovery:
         key = f"{record.tenant}/{record.name}"
         pods = found[record.cluster].pop(key, [])
         workload = self._workloads.get(record.cluster, {}).pop(key, None)
-        if workload is not None:  # a pinned workload: from its object, its plan, its pods
+        if workload is not None and not workload.delegated:  # from its plan and its pods
             return self._restore_workload(record, workload, now)
-        if not pods:
+        if workload is not None and workload.plan_error:
+            return False
+        # A delegated workload may have fewer live pods than its placement: some finished.
+        partial = workload is not None
+        if not pods and not partial:
             return False
         try:
-            adoptable = self._adoptable(record, pods)
+            adoptable = self._adoptable(record, pods, partial)
         except Exception as exc:  # any: the rebuild goes on, the job is requeued
             report(self.s.metrics, key, record.cluster or "", Failure.of(exc, "adopt"), exc)
             return False
-        running = record.state == "Running"
-        return adoptable is not None and self._restore(record, *adoptable, now, running)
+        if adoptable is None:
+            return False
+        pending, placement, bound, idle = adoptable
+        running = record.state == "Running" or (workload is not None and workload.end is not None)
+        if not self._restore(record, pending, placement, bound, now, running):
+            return False
+        if running:  # as the watch released the finished pods' shares
+            for pod in idle:
+                self.s.ledger.apply(PodDeleted(record.cluster or "", pod))
+        return True
 
     def _restore_workload(self, record: JobRecord, found: WorkloadFound, now: float) -> bool:
         """A pinned workload job restored as it was (``restore_workloads``): Running when
@@ -329,25 +341,35 @@ class Recovery:
         log.error("cluster %s %s: %s", cluster, what, type(exc).__name__, exc_info=exc)
 
     def _adoptable(
-        self, record: JobRecord, pods: list[PodBound]
-    ) -> tuple[Pending, Placement, list[PodBound]] | None:
+        self, record: JobRecord, pods: list[PodBound], partial: bool = False
+    ) -> tuple[Pending, Placement, list[PodBound], list[str]] | None:
         """What restoring a job from its pods needs, read before anything changes (what
         can fail on a stored record or a member's pods fails here): its queue entry, its
-        placement, and the pods the watcher already counted; None when the pods do not
-        make its gang."""
+        placement, the pods the watcher already counted, and the placement's pods no live
+        pod holds; None when the pods do not make its gang. ``partial``: a workload's
+        (whose finished pods are gone), which needs no more than a live pod per slot."""
         key = f"{record.tenant}/{record.name}"
         stored = record.placement or {}
         reserved = {str(p["pod"]): p for p in stored.get("pods") or ()}
-        if len(pods) != len(reserved):
+        if len(pods) > len(reserved) or (len(pods) < len(reserved) and not partial):
             return None
         bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
         slots = [self._slot(p, reserved.get(p.pod)) for p in pods]
-        if not all(slots):
+        if not all(slots) or any(p.pod not in reserved for p in pods):
             return None
+        pending, held = pending_of(record), {p.pod for p in pods}
+        idle = [name for name in reserved if name not in held]
+        free = (
+            PodPlacement(name, str(reserved[name]["node"]),
+                         tuple(int(g) for g in reserved[name].get("gpus") or ()),
+                         slot_resources(name, pending.job))
+            for name in idle
+        )  # fmt: skip
         placement = Placement(
-            key, pods[0].cluster, tuple(s for s in slots if s), str(stored.get("policy") or "")
-        )
-        return pending_of(record), placement, bound
+            key, record.cluster or "", (*(s for s in slots if s), *free),
+            str(stored.get("policy") or ""),
+        )  # fmt: skip
+        return pending, placement, bound, idle
 
     def _slot(self, pod: PodBound, reserved: Mapping[str, Any] | None) -> PodPlacement | None:
         """Where a pod read back is reserved: where it is bound, on the GPUs the ledger

@@ -50,7 +50,7 @@ def _stored_plan(record: JobRecord) -> Plan:
     }
 
 
-def _resources(pod: str, job: Job) -> Resources:
+def slot_resources(pod: str, job: Job) -> Resources:
     """The requests of the pod set a ledger pod name (``...<job>-<pod set>-<index>``) is of."""
     head = pod.rpartition("-")[0]
     sets = [ps for ps in job.pod_sets if head.endswith(f"{job.name}-{ps.name}")]
@@ -85,7 +85,7 @@ def workload_adoptable(record: JobRecord, found: WorkloadFound, cluster: str) ->
             return None
     pending = pending_of(record)
     slots = tuple(
-        PodPlacement(pod, node, gpus, _resources(pod, pending.job))
+        PodPlacement(pod, node, gpus, slot_resources(pod, pending.job))
         for pod, (node, gpus) in plan.items()
     )
     policy = str((record.placement or {}).get("policy") or "")
@@ -98,4 +98,4 @@ def workload_adoptable(record: JobRecord, found: WorkloadFound, cluster: str) ->
     )
 
 
-__all__ = ["Adoptable", "workload_adoptable"]
+__all__ = ["Adoptable", "slot_resources", "workload_adoptable"]

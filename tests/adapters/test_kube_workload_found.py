@@ -27,7 +27,7 @@ from workload_cluster import (
 
 from adapters.kube.plan import ANNOTATION_PLAN, PLAN_LIMIT, plan_annotation, read_plan
 from broker.model import Placement, PodPlacement, Resources
-from broker.ports import LaunchSpec, PlannedSlot, RunEnd
+from broker.ports import LaunchSpec, PlannedSlot, RunEnd, WorkloadFound
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 
@@ -107,8 +107,9 @@ async def test_a_running_job_is_read_back_with_its_plan_and_its_pods_as_they_sta
         {"type": "Complete", "status": "True", "reason": "CompletionsReached"}]}})  # fmt: skip
     [job] = (await launcher(api, member.step).read_back_workloads()).values()
     assert job.end == RunEnd(True, "CompletionsReached", "")
-    # Delegate mode reads nothing back this way: the gang scheduler placed the pods.
-    assert await launcher(api, member.step, mode="delegate").read_back_workloads() == {}
+    # Delegate mode records no plan (the gang scheduler placed the pods): only its end.
+    delegated = await launcher(api, member.step, mode="delegate").read_back_workloads()
+    assert delegated == {f"acme/{JOB}": WorkloadFound(None, job.end, delegated=True)}
 
 
 async def test_an_unreadable_plan_costs_only_its_own_job(api: ApiClient, k8s: Emulator) -> None:

@@ -46,6 +46,7 @@ from adapters.kube.objects import (
     Mode,
     pod_set_of,
 )
+from adapters.kube.plan import ANNOTATION_PLAN, plan_annotation
 from adapters.kube.workloads import GATE, template_at
 from broker.manifest.workloads import INTEGRATIONS
 from broker.ports import LaunchError, RunEnd
@@ -104,7 +105,9 @@ async def test_each_kind_is_created_dressed_and_valid(
     obj = workload(k8s, kind)
     assert obj is not None and spec.workload is not None
     assert obj["metadata"]["labels"] == {"team": "vision", **OURS}
-    assert obj["metadata"]["annotations"] == {"owner": "ana"}
+    # In pin mode the placement is recorded on it, for a restart (adapters.kube.plan).
+    plan = {ANNOTATION_PLAN: plan_annotation(placement, spec)} if mode == "pin" else {}
+    assert obj["metadata"]["annotations"] == {"owner": "ana", **plan}
     assert (obj["metadata"]["name"], obj["metadata"]["namespace"]) == (JOB, NS)
     if kind in CRD_FILES:
         assert schema_problems(obj, CRD_FILES[kind]) == []
