@@ -214,12 +214,17 @@ class RunEnd:
     ``error``: not an end the member reported but the launcher losing the job: following
     it failed (after the launcher's own bounded retries) with this exception, so nothing
     would ever tell its end. The service does not record an end then: it deletes the job's
-    objects and requeues it with backoff, as for a failed launch."""
+    objects and requeues it with backoff, as for a failed launch.
+
+    ``refused``: the workload's controller refused its spec for good (a KubeRay
+    ``ValidationFailed``): before the gang ran, its launch fails as a member's refusal for
+    good does (``LaunchError.permanent``), not as an attempt worth retrying."""
 
     succeeded: bool
     reason: str = ""
     message: str = ""
     error: Exception | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,7 +162,9 @@ class WorkloadLauncher:
                 raise KubeLaunchError(f"gang {spec.key}: {what} disappeared")
             end = kind.end(obj)
             if end is not None and not end.succeeded:
-                raise KubeLaunchError(f"gang {spec.key}: {what} {end.reason}: {end.message}")
+                raise KubeLaunchError(
+                    f"gang {spec.key}: {what} {end.reason}: {end.message}", permanent=end.refused
+                )
             pods = await self._pods(spec, since)
             failed = sorted(p["metadata"]["name"] for p in pods if _phase(p) == "Failed")
             if failed:

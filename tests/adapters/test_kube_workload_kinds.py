@@ -112,7 +112,8 @@ async def test_validation_failed_ends_a_launching_rayjob_at_once_with_kuberays_r
     api: ApiClient, k8s: Emulator
 ) -> None:
     """KubeRay refuses the spec before any pod: the launch fails on the next poll, naming
-    KubeRay's reason and message, instead of waiting out the gang timeout."""
+    KubeRay's reason and message, instead of waiting out the gang timeout, and as a refusal
+    for good (the job fails at the refusal limit rather than retrying for ever)."""
     placement, spec = admitted("RayJob")
     member = cluster(k8s, "RayJob", placement, spec, bind=False)
     polls = 0
@@ -127,6 +128,7 @@ async def test_validation_failed_ends_a_launching_rayjob_at_once_with_kuberays_r
     with pytest.raises(KubeLaunchError) as caught:
         await launcher(api, step).launch(placement, spec)
     assert str(caught.value) == f"gang acme/train: RayJob {NS}/{JOB} ValidationFailed: {INVALID}"
+    assert caught.value.permanent
     assert polls == 1
     assert workload(k8s, "RayJob") is None  # rolled back
 
@@ -142,7 +144,8 @@ async def test_validation_failed_ends_a_running_rayjob_at_once_with_kuberays_rea
     ray_status(k8s, jobDeploymentStatus="ValidationFailed", reason="ValidationFailed",
                message=INVALID)  # fmt: skip
     at = member.polls
-    assert await kube.finished(placement, spec) == RunEnd(False, "ValidationFailed", INVALID)
+    end = RunEnd(False, "ValidationFailed", INVALID, refused=True)
+    assert await kube.finished(placement, spec) == end
     assert member.polls == at  # read at the first look, no poll more
 
 

@@ -215,7 +215,7 @@ ENDS: list[tuple[str, dict[str, Any], RunEnd]] = [
     # KubeRay refuses the spec for good: it fails at once with KubeRay's reason and message.
     ("RayJob", {"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
                 "message": RAY_INVALID},
-     RunEnd(False, "ValidationFailed", RAY_INVALID)),
+     RunEnd(False, "ValidationFailed", RAY_INVALID, refused=True)),
     ("MPIJob", {"conditions": [
         _true("Created", "MPIJobCreated", f"{MPI} is created."),
         {**_true("Running", "MPIJobRunning", f"{MPI} is running."), "status": "False"},

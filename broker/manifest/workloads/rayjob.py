@@ -191,9 +191,10 @@ def end(obj: Mapping[str, Any]) -> RunEnd | None:
     message = str(status.get("message") or "")
     if deployment == "Complete":
         return RunEnd(job_status == "SUCCEEDED", job_status or "Complete", message)
-    if deployment in ("Failed", "ValidationFailed"):
-        fallback = "DeploymentFailed" if deployment == "Failed" else "ValidationFailed"
-        return RunEnd(False, str(status.get("reason") or fallback), message)
+    if deployment == "Failed":
+        return RunEnd(False, str(status.get("reason") or "DeploymentFailed"), message)
+    if deployment == "ValidationFailed":  # KubeRay will never run this spec
+        return RunEnd(False, str(status.get("reason") or deployment), message, refused=True)
     return None
 
 
