@@ -24,20 +24,20 @@ import dataclasses
 import gc
 import logging
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from broker.core.ledger import ConflictError
 from broker.core.queue import Pending, gpu_milli_by_type
-from broker.model import Placement, PodBound, PodDeleted, PodPlacement
+from broker.model import Placement, PodBound, PodDeleted
 from broker.ports import LaunchError, WatchError, WorkloadFound
 from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.failures import Failure, report
 from broker.service.members import ClusterLauncher
-from broker.service.restore_workloads import slot_resources, workload_adoptable
+from broker.service.restore_workloads import pods_adoptable, workload_adoptable
 from broker.service.state import Shared, pending_of
 from broker.store import FINAL_STATES, JobRecord
 
@@ -250,7 +250,7 @@ class Recovery:
         if not pods and not partial:
             return False
         try:
-            adoptable = self._adoptable(record, pods, partial)
+            adoptable = pods_adoptable(record, pods, self.s.ledger.counted, partial)
         except Exception as exc:  # any: the rebuild goes on, the job is requeued
             report(self.s.metrics, key, record.cluster or "", Failure.of(exc, "adopt"), exc)
             return False
@@ -339,51 +339,6 @@ class Recovery:
             return
         self.s.metrics.launch_failures.labels(cluster, "adopt", "error").inc()
         log.error("cluster %s %s: %s", cluster, what, type(exc).__name__, exc_info=exc)
-
-    def _adoptable(
-        self, record: JobRecord, pods: list[PodBound], partial: bool = False
-    ) -> tuple[Pending, Placement, list[PodBound], list[str]] | None:
-        """What restoring a job from its pods needs, read before anything changes (what
-        can fail on a stored record or a member's pods fails here): its queue entry, its
-        placement, the pods the watcher already counted, and the placement's pods no live
-        pod holds; None when the pods do not make its gang. ``partial``: a workload's
-        (whose finished pods are gone), which needs no more than a live pod per slot."""
-        key = f"{record.tenant}/{record.name}"
-        stored = record.placement or {}
-        reserved = {str(p["pod"]): p for p in stored.get("pods") or ()}
-        if len(pods) > len(reserved) or (len(pods) < len(reserved) and not partial):
-            return None
-        bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
-        slots = [self._slot(p, reserved.get(p.pod)) for p in pods]
-        if not all(slots) or any(p.pod not in reserved for p in pods):
-            return None
-        pending, held = pending_of(record), {p.pod for p in pods}
-        idle = [name for name in reserved if name not in held]
-        free = (
-            PodPlacement(name, str(reserved[name]["node"]),
-                         tuple(int(g) for g in reserved[name].get("gpus") or ()),
-                         slot_resources(name, pending.job))
-            for name in idle
-        )  # fmt: skip
-        placement = Placement(
-            key, record.cluster or "", (*(s for s in slots if s), *free),
-            str(stored.get("policy") or ""),
-        )  # fmt: skip
-        return pending, placement, bound, idle
-
-    def _slot(self, pod: PodBound, reserved: Mapping[str, Any] | None) -> PodPlacement | None:
-        """Where a pod read back is reserved: where it is bound, on the GPUs the ledger
-        counts it on (the broker's pick, or the ledger's for a pod whose node a delegate
-        member's gang scheduler chose); a pod not bound yet, on the node and GPUs the
-        broker reserved for it (None: it reserved none of that name)."""
-        if pod.node:
-            counted = self.s.ledger.counted(pod.cluster, pod.pod)
-            gpus = counted[1] if counted and counted[0] == pod.node else pod.gpus
-            return PodPlacement(pod.pod, pod.node, gpus or (), pod.resources)
-        if reserved is None:
-            return None
-        gpus = pod.gpus or tuple(int(g) for g in reserved.get("gpus") or ())
-        return PodPlacement(pod.pod, str(reserved["node"]), gpus, pod.resources)
 
     def _restore(
         self,

@@ -1,6 +1,8 @@
-"""What restoring a workload job after a restart takes: its reservation from the plan its
-workload records (or, when none was recorded, the store's placement), checked against the
-pods it has now (pure; ``broker.service.recovery`` applies it).
+"""What restoring a job after a restart takes (pure; ``broker.service.recovery`` applies
+it): a job of the broker's own pods or a delegated workload's, from its pods read back and
+its stored placement (``pods_adoptable``); a pinned workload job, from the plan its workload
+records (or, when none was recorded, the store's placement), checked against the pods it
+has now (``workload_adoptable``).
 
 A running workload job is restored as it was, whatever part of it has finished: the
 reservation is the whole plan; the pods that hold a slot are bound into it under the
@@ -18,6 +20,7 @@ placement), or when a pod holds a slot the plan does not have, or holds it on an
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,4 +101,57 @@ def workload_adoptable(record: JobRecord, found: WorkloadFound, cluster: str) ->
     )
 
 
-__all__ = ["Adoptable", "slot_resources", "workload_adoptable"]
+Counted = Callable[[str, str], tuple[str, tuple[int, ...]] | None]
+"""Where the ledger counts a pod now (``Ledger.counted``): its node and GPUs, or None."""
+
+
+def pods_adoptable(
+    record: JobRecord, pods: list[PodBound], counted: Counted, partial: bool = False
+) -> tuple[Pending, Placement, list[PodBound], list[str]] | None:
+    """What restoring a job from its pods needs, read before anything changes (what can
+    fail on a stored record or a member's pods fails here): its queue entry, its placement,
+    the pods the watcher already counted, and the placement's pods no live pod holds; None
+    when the pods do not make its gang. ``partial``: a workload's (whose finished pods are
+    gone), which needs no more than a live pod per slot."""
+    key = f"{record.tenant}/{record.name}"
+    stored = record.placement or {}
+    reserved = {str(p["pod"]): p for p in stored.get("pods") or ()}
+    if len(pods) > len(reserved) or (len(pods) < len(reserved) and not partial):
+        return None
+    bound = [p for p in pods if p.node]  # the watcher counted these as pods of no job
+    slots = [_slot(p, reserved.get(p.pod), counted) for p in pods]
+    if not all(slots) or any(p.pod not in reserved for p in pods):
+        return None
+    pending, held = pending_of(record), {p.pod for p in pods}
+    idle = [name for name in reserved if name not in held]
+    free = (
+        PodPlacement(name, str(reserved[name]["node"]),
+                     tuple(int(g) for g in reserved[name].get("gpus") or ()),
+                     slot_resources(name, pending.job))
+        for name in idle
+    )  # fmt: skip
+    placement = Placement(
+        key, record.cluster or "", (*(s for s in slots if s), *free),
+        str(stored.get("policy") or ""),
+    )  # fmt: skip
+    return pending, placement, bound, idle
+
+
+def _slot(
+    pod: PodBound, reserved: Mapping[str, Any] | None, counted: Counted
+) -> PodPlacement | None:
+    """Where a pod read back is reserved: where it is bound, on the GPUs the ledger counts
+    it on (the broker's pick, or the ledger's for a pod whose node a delegate member's gang
+    scheduler chose); a pod not bound yet, on the node and GPUs the broker reserved for it
+    (None: it reserved none of that name)."""
+    if pod.node:
+        now = counted(pod.cluster, pod.pod)
+        gpus = now[1] if now and now[0] == pod.node else pod.gpus
+        return PodPlacement(pod.pod, pod.node, gpus or (), pod.resources)
+    if reserved is None:
+        return None
+    gpus = pod.gpus or tuple(int(g) for g in reserved.get("gpus") or ())
+    return PodPlacement(pod.pod, str(reserved["node"]), gpus, pod.resources)
+
+
+__all__ = ["Adoptable", "pods_adoptable", "slot_resources", "workload_adoptable"]
