@@ -14,7 +14,6 @@ why, for the refusal or explain. Log lines name the cluster and the HTTP status 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from adapters.kube.watch import Backoff, Gone, resource_version, watch_events
+from adapters.kube.watch import Backoff, Gone, list_document, resource_version, watch_events
 from broker.ports import MemberResource, WatchError
 
 if TYPE_CHECKING:
@@ -152,17 +151,10 @@ class RuntimeCache:
 
     async def _list(self, kind: str) -> dict[str, Any]:
         resp = await self._call(kind, None)
-        try:
-            if resp.status == HTTP_NOT_FOUND:
-                raise _NotServed(f"cluster {self.cluster}: {kind} not served")
-            if resp.status >= 300:
-                raise WatchError(f"cluster {self.cluster}: {kind} list: HTTP {resp.status}")
-            doc = json.loads(await resp.read())
-        finally:
+        if resp.status == HTTP_NOT_FOUND:
             resp.release()
-        if not isinstance(doc, dict):
-            raise WatchError(f"cluster {self.cluster}: {kind} list: not a list object")
-        return doc
+            raise _NotServed(f"cluster {self.cluster}: {kind} not served")
+        return await list_document(resp, f"cluster {self.cluster}: {kind} list")
 
 
 def _key(obj: Mapping[str, Any]) -> Key:

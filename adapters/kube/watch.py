@@ -302,15 +302,21 @@ class ClusterWatcher(CapacitySource):
 
     async def _list(self, kind: Kind) -> dict[str, Any]:
         resp = await self._call(kind, watch=False)
-        try:
-            if resp.status >= 300:
-                raise WatchError(f"cluster {self.cluster}: {kind} list: HTTP {resp.status}")
-            doc = json.loads(await resp.read())
-        finally:
-            resp.release()
-        if not isinstance(doc, dict):
-            raise WatchError(f"cluster {self.cluster}: {kind} list: not a list object")
-        return doc
+        return await list_document(resp, f"cluster {self.cluster}: {kind} list")
+
+
+async def list_document(resp: aiohttp.ClientResponse, what: str) -> dict[str, Any]:
+    """A LIST's answer read, and released: its document, or ``WatchError`` naming ``what``
+    (the HTTP status, or that it is not a list object)."""
+    try:
+        if resp.status >= 300:
+            raise WatchError(f"{what}: HTTP {resp.status}")
+        doc = json.loads(await resp.read())
+    finally:
+        resp.release()
+    if not isinstance(doc, dict):
+        raise WatchError(f"{what}: not a list object")
+    return doc
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
