@@ -249,21 +249,13 @@ class Recovery:
         partial = workload is not None
         if not pods and not partial:
             return False
+        running = record.state == "Running" or (workload is not None and workload.end is not None)
         try:
-            adoptable = pods_adoptable(record, pods, self.s.ledger.counted, partial)
+            adoptable = pods_adoptable(record, pods, self.s.ledger.counted, partial, running)
         except Exception as exc:  # any: the rebuild goes on, the job is requeued
             report(self.s.metrics, key, record.cluster or "", Failure.of(exc, "adopt"), exc)
             return False
-        if adoptable is None:
-            return False
-        pending, placement, bound, idle = adoptable
-        running = record.state == "Running" or (workload is not None and workload.end is not None)
-        if not self._restore(record, pending, placement, bound, now, running):
-            return False
-        if running:  # as the watch released the finished pods' shares
-            for pod in idle:
-                self.s.ledger.apply(PodDeleted(record.cluster or "", pod))
-        return True
+        return adoptable is not None and self._restore(record, *adoptable, now, running)
 
     def _restore_workload(self, record: JobRecord, found: WorkloadFound, now: float) -> bool:
         """A pinned workload job restored as it was (``restore_workloads``): Running when

@@ -106,13 +106,20 @@ Counted = Callable[[str, str], tuple[str, tuple[int, ...]] | None]
 
 
 def pods_adoptable(
-    record: JobRecord, pods: list[PodBound], counted: Counted, partial: bool = False
-) -> tuple[Pending, Placement, list[PodBound], list[str]] | None:
+    record: JobRecord,
+    pods: list[PodBound],
+    counted: Counted,
+    partial: bool = False,
+    running: bool = False,
+) -> tuple[Pending, Placement, list[PodBound]] | None:
     """What restoring a job from its pods needs, read before anything changes (what can
     fail on a stored record or a member's pods fails here): its queue entry, its placement,
-    the pods the watcher already counted, and the placement's pods no live pod holds; None
-    when the pods do not make its gang. ``partial``: a workload's (whose finished pods are
-    gone), which needs no more than a live pod per slot."""
+    and the pods the watcher already counted; None when the pods do not make its gang.
+    ``partial``: a delegated workload's (whose finished pods are gone), which needs no more
+    than a live pod per slot: ``running``, its reservation is its live pods' (the shares of
+    finished ones were released as they ended, and the member's gang scheduler may have put
+    other pods where they were reserved); still starting, the rest of its placement is
+    reserved where it was."""
     key = f"{record.tenant}/{record.name}"
     stored = record.placement or {}
     reserved = {str(p["pod"]): p for p in stored.get("pods") or ()}
@@ -123,7 +130,7 @@ def pods_adoptable(
     if not all(slots) or any(p.pod not in reserved for p in pods):
         return None
     pending, held = pending_of(record), {p.pod for p in pods}
-    idle = [name for name in reserved if name not in held]
+    idle = [] if running else [name for name in reserved if name not in held]
     free = (
         PodPlacement(name, str(reserved[name]["node"]),
                      tuple(int(g) for g in reserved[name].get("gpus") or ()),
@@ -134,7 +141,7 @@ def pods_adoptable(
         key, record.cluster or "", (*(s for s in slots if s), *free),
         str(stored.get("policy") or ""),
     )  # fmt: skip
-    return pending, placement, bound, idle
+    return pending, placement, bound
 
 
 def _slot(
