@@ -243,7 +243,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         res = request.resource
         assert res is not None
         key = (res, request.namespace, str(request.name))
-        before = self.objects[key] if key in self.objects else None
+        before = self.objects[key] if key in self.objects else None  # noqa: SIM401
         uid = "" if before is None or before.deleted else str(before.raw["metadata"].get("uid", ""))
         response = await super()._handle(request)
         if uid and self.objects[key].deleted:
