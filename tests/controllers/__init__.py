@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
@@ -25,6 +27,9 @@ from controllers.base import Controllers
 from controllers.schedulers import Mode, Schedulers
 
 log = logging.getLogger(__name__)
+# Steps with nothing written to a member (by its players or the broker) after which tests
+# take it as settled: what has not happened by then will not
+QUIET_STEPS = 60
 
 
 class Controller(Protocol):
@@ -60,26 +65,50 @@ class Member:
         self.controllers = [factory(self.c) for factory in kinds]
         self.steps = 0
         self.failure: Exception | None = None
+        self.changed = 0  # the last step after which the member's objects differed
+        self._seen = ""
+        self._stepped = asyncio.Event()
 
     async def step(self) -> None:
         for controller in self.controllers:
             await controller.reconcile()
         await self.schedulers.step()
         self.steps += 1
+        seen = self.fingerprint()
+        if seen != self._seen:
+            self._seen, self.changed = seen, self.steps
+        self._stepped.set()
+
+    def fingerprint(self) -> str:
+        """Every live object of the member as stored (what anyone wrote shows here)."""
+        live = sorted(
+            (f"{res.group}/{res.plural}/{ns}/{name}", obj.raw)
+            for (res, ns, name), obj in list(self.c.k8s.objects.items())
+            if not obj.deleted
+        )
+        return hashlib.sha1(json.dumps(live, sort_keys=True, default=str).encode()).hexdigest()
+
+    async def next_step(self) -> None:
+        """Wait for the member's next step (its failure raised)."""
+        self._stepped.clear()
+        await self._stepped.wait()
+        if self.failure is not None:
+            raise AssertionError("the member's controllers failed") from self.failure
 
     @contextlib.asynccontextmanager
     async def running(self, pace: float = 0.005) -> AsyncIterator[Member]:
         """The member's controllers at work while the block runs (a step every ``pace``
-        seconds: the cluster's own pace, not a synchronisation; tests wait on conditions)."""
+        seconds: the cluster's own pace, not a synchronisation; tests wait on conditions,
+        counted in the member's steps, never on a wall-clock budget)."""
 
         async def loop() -> None:
             while True:
                 try:
-                    async with asyncio.timeout(5):
-                        await self.step()
-                except Exception as exc:  # shown at once: the test would only time out
+                    await self.step()
+                except Exception as exc:  # shown at once: the test would only wait
                     log.exception("the member's controllers failed")
                     self.failure = exc
+                    self._stepped.set()
                     raise
                 await asyncio.sleep(pace)
 
@@ -92,4 +121,4 @@ class Member:
                 await task  # a controller's failure fails the test here
 
 
-__all__ = ["CONTROLLERS", "RESOURCES", "Controllers", "Member", "Mode"]
+__all__ = ["CONTROLLERS", "QUIET_STEPS", "RESOURCES", "Controllers", "Member", "Mode"]

@@ -94,15 +94,28 @@ class Controllers:
 
     async def delete(self, resource: Any, obj: Mapping[str, Any]) -> None:
         """A controller's DELETE of one object, through the API (watches hear it)."""
-        meta = obj["metadata"]
-        prefix = f"/apis/{resource.group}/{resource.version}" if resource.group else "/api/v1"
-        path = f"{prefix}/namespaces/{meta['namespace']}/{resource.plural}/{meta['name']}"
+        path = path_of(resource, obj["metadata"])
         async with self.k8s.delete(path, params={"propagationPolicy": "Background"}) as r:
             assert r.status < 300 or r.status == 404, f"DELETE {path}: {r.status}"
 
     async def status(self, resource: Any, obj: Mapping[str, Any], status: Obj) -> None:
+        """A status write through the ``/status`` subresource."""
         meta = obj["metadata"]
-        await self.k8s.write_status(resource, meta["namespace"], meta["name"], status)
+        await self.write("PATCH", f"{path_of(resource, meta)}/status", {"status": status})
+
+    async def write(self, method: str, path: str, body: Obj) -> None:
+        """A controller's write to one object: an object deleted since the controller read
+        it (404) is no failure, as for the real ones (their next pass no longer sees it)."""
+        async with self.k8s.request(method, path, json=body) as r:
+            assert r.status < 300 or r.status == 404, (
+                f"{method} {path}: {r.status} {await r.text()}"
+            )
+
+
+def path_of(resource: Any, meta: Mapping[str, Any]) -> str:
+    """The API path of one namespaced object of ``resource``."""
+    prefix = f"/apis/{resource.group}/{resource.version}" if resource.group else "/api/v1"
+    return f"{prefix}/namespaces/{meta['namespace']}/{resource.plural}/{meta['name']}"
 
 
 def owner_reference(owner: Mapping[str, Any]) -> Obj:

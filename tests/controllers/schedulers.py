@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import kmock as kmocklib
 
-from controllers.base import PODS, TERMINAL, Controllers, Obj, labels_of, phase
+from controllers.base import PODS, TERMINAL, Controllers, Obj, labels_of, path_of, phase
 
 Mode = Literal["pin", "coscheduling", "volcano"]
 NODES = kmocklib.resource("", "v1", "nodes")
@@ -174,7 +174,11 @@ class Schedulers:
             await self.c.status(resource, group, status)
 
     async def _bind(self, pod: Obj, node: str) -> None:
-        await self.c.k8s.bind_pod(pod["metadata"]["namespace"], pod["metadata"]["name"], node)
+        """A binding through ``pods/<name>/binding`` (a pod deleted meanwhile is skipped)."""
+        name = pod["metadata"]["name"]
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}  # fmt: skip
+        await self.c.write("POST", f"{path_of(PODS, pod['metadata'])}/binding", body)
 
     async def _kubelet(self) -> None:
         for pod in self.c.live(PODS):
@@ -189,8 +193,7 @@ class Schedulers:
                 {"type": "Initialized", "status": "True"},
                 {"type": "Ready", "status": ready}, {"type": "ContainersReady", "status": ready},
                 {"type": "PodScheduled", "status": "True"}]}  # fmt: skip
-            meta = pod["metadata"]
-            await self.c.k8s.patch_pod_status(meta["namespace"], meta["name"], status)
+            await self.c.status(PODS, pod, status)
 
 
 def _cosched_phase(

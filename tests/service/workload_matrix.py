@@ -4,20 +4,23 @@ the controllers and the scheduler of one mode played (``controllers.Member``), a
 real ``Service`` on it from a kubeconfig, polling the member every 0.01 s, on a test clock.
 One small workload per registered kind (1-GPU pods, a few of them), each of its own
 controller's shape: an Indexed Job whose completions exceed its parallelism and a JobSet
-whose child Jobs do too (successors made as pods succeed), a PyTorchJob (master and two
-workers), a RayJob and a RayCluster (a head and two GPU workers)."""
+(a driver and two worker Jobs) whose worker Jobs do too (successors made as pods succeed),
+a PyTorchJob (master and two workers), a RayJob and a RayCluster (a head and two GPU
+workers). The waits of the matrix (``settle``, ``launched``) count the member's steps and
+move the broker's clock, never a wall-clock budget."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import kmock as kmocklib
 from builders import Clock
-from controllers import RESOURCES, Member, Mode
+from controllers import QUIET_STEPS, RESOURCES, Member, Mode
 from controllers.base import PODS, SERVICES, Obj, labels_of, phase
 from controllers.schedulers import COSCHED, NODES, VOLCANO, gpus_of
 from kmock_namespaces import NamespacedEmulator
@@ -29,6 +32,7 @@ from broker.service.facade import Service
 NS = "fedbroker-team-a"
 T0 = 1_000.0
 MODES: tuple[Mode, ...] = ("pin", "coscheduling", "volcano")
+MAX_STEPS = 5_000  # a member still changing after this many steps runs away
 KUBE = {
     "pin": "launchMode: pin",
     "coscheduling": "launchMode: delegate, schedulerName: scheduler-plugins-scheduler",
@@ -53,7 +57,7 @@ SERVED = ("v1/pods", "v1/services", "v1/events", "batch/v1/jobs",
           "scheduling.volcano.sh/v1beta1/podgroups")  # fmt: skip
 
 
-def _pod(name: str = "main", gpus: int = 1) -> Obj:
+def pod_template(name: str = "main", gpus: int = 1) -> Obj:
     limits: Obj = {"cpu": "1", "memory": "1Gi"} | ({"nvidia.com/gpu": gpus} if gpus else {})
     return {"metadata": {"labels": {"app": "trainer"}}, "spec": {
         "restartPolicy": "Never",
@@ -61,22 +65,26 @@ def _pod(name: str = "main", gpus: int = 1) -> Obj:
     }}  # fmt: skip
 
 
+TORCH = pod_template("pytorch")
 INDEXED = {"completionMode": "Indexed", "backoffLimit": 0}
 CLUSTER = {
-    "headGroupSpec": {"template": _pod("ray-head", gpus=0)},
+    "headGroupSpec": {"template": pod_template("ray-head", gpus=0)},
     "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "minReplicas": 2,
-                          "maxReplicas": 2, "template": _pod("ray-worker")}],
+                          "maxReplicas": 2, "template": pod_template("ray-worker")}],
 }  # fmt: skip
 WORKLOADS: Mapping[str, Obj] = {
     "Job": {"apiVersion": "batch/v1", "kind": "Job",
-            "spec": {**INDEXED, "completions": 4, "parallelism": 2, "template": _pod()}},
+            "spec": {**INDEXED, "completions": 4, "parallelism": 2, "template": pod_template()}},
     "JobSet": {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "spec": {
-        "replicatedJobs": [{"name": "workers", "replicas": 2, "template": {"spec": {
-            **INDEXED, "completions": 2, "parallelism": 1, "template": _pod()}}}]}},
+        "replicatedJobs": [
+            {"name": "driver", "replicas": 1, "template": {"spec": {
+                **INDEXED, "completions": 1, "parallelism": 1, "template": pod_template()}}},
+            {"name": "workers", "replicas": 2, "template": {"spec": {
+                **INDEXED, "completions": 2, "parallelism": 1, "template": pod_template()}}}]}},
     "PyTorchJob": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "spec": {
         "pytorchReplicaSpecs": {
-            "Master": {"replicas": 1, "restartPolicy": "Never", "template": _pod("pytorch")},
-            "Worker": {"replicas": 2, "restartPolicy": "Never", "template": _pod("pytorch")}}}},
+            "Master": {"replicas": 1, "restartPolicy": "Never", "template": TORCH},
+            "Worker": {"replicas": 2, "restartPolicy": "Never", "template": TORCH}}}},
     "RayJob": {"apiVersion": "ray.io/v1", "kind": "RayJob", "spec": {
         "entrypoint": "python train.py", "backoffLimit": 0, "rayClusterSpec": CLUSTER}},
     "RayCluster": {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": CLUSTER},
@@ -146,18 +154,26 @@ def running_pods(member: Member) -> list[Obj]:
     return [p for p in ours(member, PODS).values() if phase(p) == "Running"]
 
 
-def pods_gpus(member: Member) -> int:
-    """The GPUs of our pods bound to a node and not ended (what the member has in use)."""
-    return sum(
-        gpus_of(p)
-        for p in ours(member, PODS).values()
-        if p["spec"].get("nodeName") and phase(p) not in ("Succeeded", "Failed")
-    )
+def pods_gpus(member: Member) -> dict[str, int]:
+    """Node -> the GPUs of our pods bound there and not ended (what the member has in use;
+    nodes without any left out)."""
+    out: dict[str, int] = {}
+    for pod in ours(member, PODS).values():
+        node = pod["spec"].get("nodeName")
+        if node and phase(pod) not in ("Succeeded", "Failed") and gpus_of(pod):
+            out[node] = out.get(node, 0) + gpus_of(pod)
+    return out
 
 
-def ledger_gpus(service: Service) -> float:
+def ledger_gpus(service: Service) -> dict[str, float]:
+    """Node -> the GPUs the broker's ledger counts taken there (reserved or bound; nodes
+    with none left out)."""
     view = service.ledger.snapshot().clusters["east"]
-    return view.gpus_total() - view.free_milli() / 1000
+    taken = {
+        name: node.node.allocatable.gpus - node.free_milli / 1000
+        for name, node in view.nodes.items()
+    }
+    return {name: gpus for name, gpus in taken.items() if gpus}
 
 
 def enders(member: Member, kind: str) -> list[Obj]:
@@ -170,12 +186,60 @@ def enders(member: Member, kind: str) -> list[Obj]:
 
 
 def made_twice(member: Member) -> list[str]:
-    """Pods made twice for one index of one Job (a rerun)."""
-    seen: dict[tuple[str, str], int] = {}
+    """Pods made twice for one index of one Job, or twice under one name (a PyTorchJob's
+    replicas): a rerun."""
+    seen: dict[str, int] = {}
     for pod in member.c.made:
         labels = labels_of(pod)
         index = labels.get("batch.kubernetes.io/job-completion-index")
-        if index is not None:
-            key = (labels.get("batch.kubernetes.io/job-name", ""), index)
-            seen[key] = seen.get(key, 0) + 1
-    return [f"{job} index {i}" for (job, i), n in seen.items() if n > 1]
+        job = labels.get("batch.kubernetes.io/job-name", "")
+        key = pod["metadata"]["name"] if index is None else f"{job} index {index}"
+        seen[key] = seen.get(key, 0) + 1
+    return [key for key, n in seen.items() if n > 1]
+
+
+def state_of(member: Member) -> dict[str, object]:
+    """What the member holds of ours, for a failing assertion's message."""
+    pods = {n: (phase(p), p["spec"].get("nodeName")) for n, p in ours(member, PODS).items()}
+    groups = {n: (g.get("status") or {}) for n, g in ours(member, COSCHED).items()}
+    groups |= {n: (g.get("status") or {}) for n, g in ours(member, VOLCANO).items()}
+    return {"steps": member.steps, "failure": repr(member.failure), "pods": pods,
+            "podgroups": groups, "left": leftovers(member)}  # fmt: skip
+
+
+async def settle(member: Member, done: Callable[[], bool | Awaitable[bool]]) -> bool:
+    """Wait, a member step at a time, until ``done()`` holds (True) or the member has
+    settled without it (False): nothing written to it, by anyone, for ``QUIET_STEPS``
+    steps since the wait began. Counted in steps, so a slow machine only makes it slower;
+    a member that never settles fails after ``MAX_STEPS``."""
+
+    async def holds() -> bool:
+        given = done()
+        return await given if inspect.isawaitable(given) else bool(given)
+
+    start = member.steps
+    while not await holds():
+        if member.steps - max(start, member.changed) >= QUIET_STEPS:
+            return await holds()
+        assert member.steps - start < MAX_STEPS, f"the member never settled: {state_of(member)}"
+        await member.next_step()
+    return True
+
+
+async def launched(service: Service, member: Member, *jobs: tuple[str, str]) -> None:
+    """Wait until the launches of ``jobs`` (tenant, name) have concluded (none of them
+    Placed any more). Gangs the member has settled without are taken past their timeout
+    on the broker's own clock, so that the broker concludes (rolls them back, with its
+    reason) as it would in time."""
+
+    async def concluded() -> bool:
+        states = [(await service.get(tenant, name)).state for tenant, name in jobs]
+        return "Placed" not in states
+
+    if not await settle(member, concluded):
+        launches = [service.lifecycle.get(f"{tenant}/{name}") for tenant, name in jobs]
+        clock = service.shared.clock
+        assert isinstance(clock, Clock)
+        clock.now += max(x.pending.job.schedule_timeout_seconds for x in launches if x) + 1
+        await service.schedule_once()
+    await service.launches_done()
