@@ -25,18 +25,25 @@ controller the test plays creates through ``controller_create``. Every refusal g
 ``refusals`` and every field the server dropped to ``pruned``; tests/conftest.py fails a
 test that leaves either non-empty (a test expecting them takes them: ``take_refusals``,
 ``take_pruned``).
+
+Deleting an object collects its dependents as kube-controller-manager's garbage collector
+does (``kube_gc``: by ``ownerReferences`` uid, honouring the request's propagation policy);
+``collected`` lists what went that way. A controller the test plays makes what no watch
+would hear otherwise heard with ``announce`` and writes its status through ``write_status``.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp.web
 import kmock as kmocklib
 import kube_admission
+import kube_gc
 from kmock._internal import dicts as kmock_dicts
 from kube_admission import Kind, Review
 
@@ -88,6 +95,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         self.refused: list[str] = []
         self.refusals: list[Refusal] = []
         self.pruned: list[str] = []
+        self.collected: list[str] = []  # "plural namespace/name" deleted by garbage collection
         LIVE.append(self)
 
     def take_refusals(self) -> list[Refusal]:
@@ -202,12 +210,73 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         defaulted; no watch event); a refusal is recorded, and fails the test at once:
         the controller of a real cluster could never make the object. Returns its name."""
         kind = Kind(resource.group, resource.version, resource.plural)
-        review = kube_admission.create(kind, namespace, body)
         name = str((body.get("metadata") or {}).get("name"))
+        if not kind.validated:  # a kind the member stores as given (a Service, say)
+            stored = copy.deepcopy(body)
+            meta = stored.setdefault("metadata", {})
+            meta.update(namespace=namespace, uid=meta.get("uid") or str(uuid.uuid4()))
+            self.objects[resource, namespace, name] = stored
+            return name
+        review = kube_admission.create(kind, namespace, body)
         self._record(kind, namespace, name, review, "POST", f"(controller) {resource.plural}")
         assert review.obj is not None, self.refusals[-1].line()
         self.objects[resource, namespace, name] = review.obj
         return name
+
+    async def announce(self, resource: Any, namespace: str, name: str) -> None:
+        """The ADDED event of an object a controller made (``controller_create``), so that
+        watches hear it as they hear a create through the API."""
+        found = self.objects[resource, namespace, name]
+        async with self._lock:
+            await self._buses[resource].put({"type": "ADDED", "object": found.raw})
+
+    async def write_status(
+        self, resource: Any, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        """A controller's status update of one object, through its ``/status`` subresource."""
+        prefix = f"/apis/{resource.group}/{resource.version}" if resource.group else "/api/v1"
+        path = f"{prefix}/namespaces/{namespace}/{resource.plural}/{name}/status"
+        await self._patch_ok(path, {"status": status})
+
+    async def _delete(self, request: kmocklib.Request) -> aiohttp.web.StreamResponse:
+        """A DELETE, then the garbage collection of the deleted object's dependents."""
+        res = request.resource
+        assert res is not None
+        key = (res, request.namespace, str(request.name))
+        before = self.objects[key] if key in self.objects else None  # noqa: SIM401
+        uid = "" if before is None or before.deleted else str(before.raw["metadata"].get("uid", ""))
+        response = await super()._handle(request)
+        if uid and self.objects[key].deleted:
+            query = dict(request.url.query)
+            policy = kube_gc.policy_of(res.group or "", res.plural or "", query, request.data)
+            await self._collect(uid, policy)
+        return response
+
+    async def _collect(self, uid: str, policy: str) -> None:
+        """Delete (or orphan) the dependents of the deleted ``uid``, recursively."""
+        gone = [(uid, policy)]
+        while gone:
+            owner, how = gone.pop()
+            live = [
+                kube_gc.Stored(key, obj.raw)
+                for key, obj in list(self.objects.items())
+                if not obj.deleted
+            ]
+            for step in kube_gc.steps(owner, how, live):
+                found = self.objects[step.key]
+                async with self._lock:
+                    if step.delete:
+                        raw = found.raw
+                        found.delete()
+                        event = {"type": "DELETED", "object": raw}
+                    else:
+                        found.patch({"metadata": {"ownerReferences": step.owners or None}})
+                        event = {"type": "MODIFIED", "object": found.raw}
+                    await self._buses[step.key[0]].put(event)
+                if step.delete:
+                    res, namespace, name = step.key
+                    self.collected.append(f"{res.plural} {namespace}/{name}")
+                    gone.append((step.uid, kube_gc.BACKGROUND))
 
     def _record(self, kind: Kind, namespace: str | None, name: str, review: Review,
                 method: str, path: str) -> None:  # fmt: skip
@@ -219,6 +288,8 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
         """kmock's step between parsing and storage: writes of the kinds the member
         validates go through ``kube_admission`` first (see the module's docstring)."""
         res = request.resource
+        if res is not None and request.action == kmocklib.action.DELETE and request.name:
+            return await self._delete(request)
         kind = None if res is None else Kind(res.group or "", res.version or "", res.plural or "")
         if kind is None or not kind.validated:
             return await super()._handle(request)

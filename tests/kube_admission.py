@@ -14,6 +14,7 @@ Pure: no HTTP here; ``kmock_namespaces.NamespacedEmulator`` calls it.
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,6 +163,7 @@ def create(kind: Kind, namespace: str | None, body: Any) -> Review:
         )
     if causes:
         return Review(status=refused(kind, obj, causes), pruned=decoded.pruned)
+    obj["metadata"].setdefault("uid", str(uuid.uuid4()))  # the server's, as every object's
     return Review(obj=obj, pruned=decoded.pruned)
 
 

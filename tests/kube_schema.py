@@ -143,7 +143,9 @@ def crd_schema(crd_file: str, version: str) -> Mapping[str, Any]:
     path = crds_dir() / crd_file
     if not path.is_file():
         unavailable(f"the real CRD {path} is not there (set FEDBROKER_CRDS)")
-    crd = yaml.safe_load(path.read_text())
+    # libyaml's parser where built: the pure-Python one takes seconds over a 1 MB CRD, and
+    # the first test to need it parses it inside its event loop, which stalls its member
+    crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     for served in crd["spec"]["versions"]:
         if served["name"] == version:
             return served["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]

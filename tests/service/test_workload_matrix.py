@@ -1,0 +1,315 @@
+"""Every registered workload kind in every launch mode (pin, delegate with coscheduling,
+delegate with Volcano), through the real Service on a kmock member whose controllers,
+gang schedulers and kubelet are played as upstream runs them (``controllers``): submitted,
+Running, then Succeeded or Failed by the controller's own status; cancel leaves nothing; a
+broker restart while some pods have finished and successors wait keeps the run (no index
+made twice, no Queued); in delegate mode the GPUs the ledger counts are the pods' GPUs; a
+RayJob's retries are KubeRay's; 60 workloads at once by two tenants are none rolled back.
+
+Waits are on conditions counted in the member's steps (``settle``), gang timeouts on the
+broker's injected clock: a slow machine makes a case slower, never failed.
+
+Cases failing today on a known bug are ``xfail(strict=True)`` with the bug as reason: they
+turn into failures once it is fixed, and their mark goes then."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from controllers import CONTROLLERS, RESOURCES, Member, Mode
+from controllers.base import PODS, Obj, labels_of, phase
+from controllers.pytorchjob import LABEL as TRAINING
+from controllers.ray import RAY_JOBS
+from kmock_namespaces import NamespacedEmulator
+from kube_admission import CRD_FILES
+from kube_schema import crd_schema
+from workload_matrix import (
+    MODES,
+    SERVED,
+    WORKLOADS,
+    broker,
+    enders,
+    launched,
+    ledger_gpus,
+    leftovers,
+    made_twice,
+    manifest,
+    ours,
+    pod_template,
+    pods_gpus,
+    running_pods,
+    serve,
+    settle,
+    state_of,
+)
+
+from broker.service.facade import Service
+
+pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
+KINDS = tuple(CONTROLLERS)
+ENDING = tuple(k for k in KINDS if k != "RayCluster")  # a RayCluster runs until cancelled
+DELEGATE: tuple[Mode, ...] = ("coscheduling", "volcano")
+# kind -> (reason of success, reason of failure) the controller writes
+REASONS = {
+    "Job": ("CompletionsReached", "BackoffLimitExceeded"),
+    "JobSet": ("AllJobsCompleted", "FailedJobs"),
+    "PyTorchJob": ("PyTorchJobSucceeded", "PyTorchJobFailed"),
+    "RayJob": ("SUCCEEDED", "AppFailed"),
+}
+KEY = "team-a/train"
+RUN = ["Queued", "Placed", "Running"]
+
+# The known bugs that fail cases today (each fixed on another branch)
+SUBMITTER = "a delegated RayJob's minMember counts the submitter KubeRay makes only later"
+DOUBLE = (
+    "delegate mode counts a placed job's pods beside its reservation and rolls it back: "
+    "capacity taken by another pod"
+)
+RESTART = "a restart requeues a running workload job: requeued after broker restart"
+RETRYING = "the broker takes a RayJob's jobStatus FAILED while KubeRay is Retrying as its end"
+RESTORE = (
+    "delegate mode counts a job's pods beside its placement on restore: 'no longer fits "
+    "node', requeued after broker restart"
+)
+
+
+def cases(kinds: tuple[str, ...], modes: tuple[Mode, ...] = MODES, **bugs: str) -> list[object]:
+    """kind x mode parameters; ``bugs``: ``<kind>_<mode>`` (either may be ``any``) -> the
+    known bug that fails that case today."""
+    out: list[object] = []
+    for kind in kinds:
+        for mode in modes:
+            reason = next((r for k, r in bugs.items() if _matches(k, kind, mode)), None)
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            out.append(pytest.param(kind, mode, id=f"{kind}-{mode}", marks=marks))
+    return out
+
+
+def _matches(key: str, kind: str, mode: str) -> bool:
+    want_kind, _, want_mode = key.partition("_")
+    return want_kind in ("any", kind) and want_mode in ("any", mode)
+
+
+# The ends of every kind x mode: the known bugs on the way
+ENDS = cases(
+    ENDING,
+    JobSet_coscheduling=DOUBLE,
+    PyTorchJob_coscheduling=DOUBLE,
+    RayJob_coscheduling=SUBMITTER,
+    RayJob_volcano=SUBMITTER,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _schemas() -> None:
+    """The members' CRD schemas parsed before any test's event loop runs (a parse inside
+    one holds up its member and broker alike)."""
+    for served in SERVED:
+        group, version, plural = served.rsplit("/", 2) if served.count("/") == 2 else ("", "", "")
+        if (group, plural) in CRD_FILES:
+            crd_schema(CRD_FILES[group, plural], version)
+
+
+async def run(service: Service, member: Member, kind: str, name: str = "train") -> None:
+    """Submit ``name`` and wait until it runs."""
+    _, created = await service.submit("team-a", manifest(kind, name))
+    assert created
+    await service.schedule_once()
+    assert (await service.get("team-a", name)).state == "Placed"
+    await launched(service, member, ("team-a", name))
+    record = await service.get("team-a", name)
+    assert record.state == "Running", (record.reason, state_of(member))
+    assert ours(member, RESOURCES[kind])
+
+
+async def end_all(service: Service, member: Member, kind: str, to: str = "Succeeded") -> None:
+    """The kubelet ends the pods that end the workload, as they run, until the broker has
+    followed it to its end."""
+    while service.lifecycle.get(KEY) is not None:
+        found = await settle(
+            member, lambda: bool(enders(member, kind)) or service.lifecycle.get(KEY) is None
+        )
+        assert found, ("nothing left to end and the run not over", state_of(member))
+        await member.schedulers.end(enders(member, kind), to)
+    await service.runs_done()
+
+
+async def history(service: Service, name: str = "train", tenant: str = "team-a") -> list[str]:
+    return [t.state for t in await service.store.history(tenant, name)]
+
+
+@pytest.mark.parametrize(("kind", "mode"), ENDS)
+async def test_runs_and_succeeds_by_its_controllers_status(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        await run(service, member, kind)
+        await end_all(service, member, kind)
+        record = await service.get("team-a", "train")
+        assert record.state == "Succeeded", record.reason
+        assert record.reason.startswith(REASONS[kind][0])
+        assert await history(service) == [*RUN, "Succeeded"]
+        assert not service.ledger.reservations()
+        assert made_twice(member) == []
+
+
+@pytest.mark.parametrize(("kind", "mode"), ENDS)
+async def test_runs_and_fails_by_its_controllers_status(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        await run(service, member, kind)
+        await end_all(service, member, kind, to="Failed")
+        record = await service.get("team-a", "train")
+        assert record.state == "Failed", record.reason
+        assert record.reason.startswith(REASONS[kind][1]), record.reason
+        assert await history(service) == [*RUN, "Failed"]
+        assert not service.ledger.reservations()
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    cases(
+        KINDS,
+        JobSet_coscheduling=DOUBLE,
+        PyTorchJob_coscheduling=DOUBLE,
+        RayJob_coscheduling=SUBMITTER,
+        RayJob_volcano=SUBMITTER,
+    ),
+)
+async def test_cancel_while_running_leaves_nothing(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        await run(service, member, kind)
+        assert (await service.cancel("team-a", "train")).state == "Cancelled"
+        # the workload and all it made (a RayJob's RayCluster too), its PodGroup, Services
+        gone = await settle(member, lambda: not leftovers(member) and not ledger_gpus(service))
+        assert gone, (leftovers(member), ledger_gpus(service))
+        assert not service.ledger.reservations()
+        assert await history(service) == [*RUN, "Cancelled"]
+
+
+def finishing(member: Member, kind: str) -> list[Obj]:
+    """The pods a restart is to find finished: a Job's and a JobSet's running pods (their
+    successors then made, gated), a PyTorchJob's workers (its master runs on); none of a
+    RayJob's or a RayCluster's (nothing of theirs ends before the Ray job)."""
+    pods = running_pods(member)
+    if kind in ("Job", "JobSet"):
+        return pods
+    if kind == "PyTorchJob":
+        return [p for p in pods if labels_of(p).get(TRAINING + "replica-type") == "worker"]
+    return []
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    cases(
+        KINDS,
+        JobSet_coscheduling=DOUBLE,
+        PyTorchJob_coscheduling=DOUBLE,
+        RayJob_coscheduling=SUBMITTER,
+        RayJob_volcano=SUBMITTER,
+        RayCluster_coscheduling=RESTORE,
+        RayCluster_volcano=RESTORE,
+        Job_any=RESTART,
+        JobSet_any=RESTART,
+        PyTorchJob_any=RESTART,
+    ),
+)
+async def test_a_restart_while_running_keeps_the_run(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running():
+        async with broker(kmock, tmp_path, mode) as service:
+            await run(service, member, kind)
+        # The broker down: some pods finish, their controllers make the successors (gated)
+        await member.schedulers.end(finishing(member, kind), "Succeeded")
+        await settle(member, lambda: False)
+        async with broker(kmock, tmp_path, mode) as service:
+            if kind == "RayCluster":
+                await settle(member, lambda: False)
+                assert (await service.get("team-a", "train")).state == "Running"
+                await service.cancel("team-a", "train")
+                assert await settle(member, lambda: not leftovers(member)), state_of(member)
+            else:
+                await end_all(service, member, kind)
+                record = await service.get("team-a", "train")
+                assert record.state == "Succeeded", record.reason
+            assert made_twice(member) == []
+            assert "Queued" not in (await history(service))[1:]
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"),
+    cases(KINDS, DELEGATE, RayJob_any=f"{SUBMITTER}; {DOUBLE}", any_any=DOUBLE),
+)
+async def test_delegated_gpus_counted_are_the_pods_gpus(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        await run(service, member, kind)
+        assert await settle(member, lambda: ledger_gpus(service) == pods_gpus(member)), (
+            ledger_gpus(service),
+            pods_gpus(member),
+        )
+        assert await history(service) == RUN
+
+
+RETRIED = {**WORKLOADS["RayJob"], "spec": {**WORKLOADS["RayJob"]["spec"], "backoffLimit": 1}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode"), cases(("RayJob",), any_pin=RETRYING, any_any=f"{SUBMITTER}; {RETRYING}")
+)
+async def test_a_rayjob_is_retried_by_kuberay_then_fails(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    member = Member(serve(kmock), mode)
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        _, created = await service.submit("team-a", manifest(kind, workload=RETRIED))
+        assert created
+        await service.schedule_once()
+        await launched(service, member, ("team-a", "train"))
+        assert (await service.get("team-a", "train")).state == "Running"
+        await end_all(service, member, kind, to="Failed")
+        record = await service.get("team-a", "train")
+        assert (record.state, record.reason[: len("AppFailed")]) == ("Failed", "AppFailed")
+        [rayjob] = ours(member, RAY_JOBS).values()
+        assert rayjob["status"]["failed"] == 2  # both attempts KubeRay made
+        submitters = [p for p in member.c.made if "batch.kubernetes.io/job-name" in labels_of(p)]
+        assert len(submitters) == 2
+        assert await history(service) == [*RUN, "Failed"]
+
+
+SMALL = {"apiVersion": "batch/v1", "kind": "Job", "spec": {
+    "completions": 1, "parallelism": 1, "backoffLimit": 0, "template": pod_template()}}  # fmt: skip
+
+
+async def test_sixty_workloads_at_once_by_two_tenants_none_rolled_back(
+    kmock: NamespacedEmulator, tmp_path: Path
+) -> None:
+    member = Member(serve(kmock, nodes=16), "pin")
+    jobs = [(f"team-{t}", f"{t}{i}") for i in range(30) for t in "ab"]
+    async with member.running(), broker(kmock, tmp_path, "pin") as service:
+        made = await asyncio.gather(
+            *(service.submit(t, manifest("Job", n, workload=SMALL)) for t, n in jobs)
+        )
+        assert all(created for _, created in made)
+        await service.schedule_once()
+        await launched(service, member, *jobs)
+        records = [await service.get(t, n) for t, n in jobs]
+        states = {f"{r.tenant}/{r.name}": (r.state, r.reason) for r in records}
+        assert {state for state, _ in states.values()} == {"Running"}, states
+        everyone = [p for p in member.c.live(PODS) if phase(p) == "Running"]
+        await member.schedulers.end(everyone, "Succeeded")
+        await service.runs_done()
+        for tenant, name in jobs:
+            assert await history(service, name, tenant) == [*RUN, "Succeeded"]
