@@ -20,12 +20,12 @@ RayJob (``rayjob_controller.go``, K8sJobMode):
   annotations, an owner reference to the RayJob.
 * The cluster ready: the submitter Job ``<rayjob>`` (from ``submitterPodTemplate``, owned by
   the RayJob; the Job controller makes its pod), ``jobDeploymentStatus: Running``.
-* The Ray job's own status stands for what the dashboard reports: ``RUNNING`` while the
-  submitter runs, ``SUCCEEDED``/``FAILED`` as the submitter pod ends (``ray job submit``
-  follows the job and exits with its outcome). ``SUCCEEDED``: ``Complete``. ``FAILED``
-  with retries left (``status.failed`` below ``backoffLimit``): ``Retrying``, then the
-  cluster and submitter deleted and a new attempt from ``New``; no retries left:
-  ``Failed``, reason ``AppFailed``.
+* The Ray job's own status stands for what the dashboard reports: ``RUNNING`` while the submitter
+  runs, ``SUCCEEDED``/``FAILED`` as the submitter Job ends (``ray job submit`` follows the job and
+  exits with its outcome; the Job's own pod retries are one attempt). ``SUCCEEDED``: ``Complete``.
+  ``FAILED`` with retries left (``status.failed`` below ``backoffLimit``): ``Retrying``, then the
+  cluster and submitter deleted and a new attempt from ``New``; no retries left: ``Failed``, reason
+  ``AppFailed``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 import kmock as kmocklib
 
-from controllers.base import JOBS, PODS, Controllers, Obj, labels_of, phase
+from controllers.base import JOBS, PODS, Controllers, Obj, has_condition, labels_of, phase
 from controllers.jobset import meta_condition
 
 RAY_CLUSTERS = kmocklib.resource("ray.io", "v1", "rayclusters")
@@ -176,15 +176,18 @@ class RayJobController:
                     RAY_JOBS, job, {"jobDeploymentStatus": "Running", "jobStatus": "PENDING"}
                 )
             return
-        pods = [p for j in self.c.owned(JOBS, job) for p in self.c.owned(PODS, j)]
+        # An attempt ends with its submitter Job (``ray job submit`` exits with the Ray job's
+        # outcome; the Job's own retries are the same attempt's): counted once.
+        submitters = self.c.owned(JOBS, job)
+        pods = [p for j in submitters for p in self.c.owned(PODS, j)]
         phases = {phase(p) for p in pods}
-        if "Succeeded" in phases:
+        if any(has_condition(j, "Complete") for j in submitters):
             await self.c.status(RAY_JOBS, job, {
                 "jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete",
                 "endTime": self.c.now, "succeeded": int(status.get("succeeded") or 0) + 1,
                 "message": "Job finished successfully.",
             })  # fmt: skip
-        elif "Failed" in phases:
+        elif any(has_condition(j, "Failed") for j in submitters):
             failed = int(status.get("failed") or 0) + 1
             retry = failed <= int(job["spec"].get("backoffLimit") or 0)
             end: Obj = {"jobStatus": "FAILED", "failed": failed,

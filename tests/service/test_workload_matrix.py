@@ -7,10 +7,7 @@ made twice, no Queued); in delegate mode the GPUs the ledger counts are the pods
 RayJob's retries are KubeRay's; 60 workloads at once by two tenants are none rolled back.
 
 Waits are on conditions counted in the member's steps (``settle``), gang timeouts on the
-broker's injected clock: a slow machine makes a case slower, never failed.
-
-Cases failing today on a known bug are ``xfail(strict=True)`` with the bug as reason: they
-turn into failures once it is fixed, and their mark goes then."""
+broker's injected clock: a slow machine makes a case slower, never failed."""
 
 from __future__ import annotations
 
@@ -61,45 +58,14 @@ REASONS = {
 KEY = "team-a/train"
 RUN = ["Queued", "Placed", "Running"]
 
-# The known bugs that fail cases today (each fixed on another branch)
-SUBMITTER = "a delegated RayJob's minMember counts the submitter KubeRay makes only later"
-DOUBLE = (
-    "delegate mode counts a placed job's pods beside its reservation and rolls it back: "
-    "capacity taken by another pod"
-)
-RESTART = "a restart requeues a running workload job: requeued after broker restart"
-RETRYING = "the broker takes a RayJob's jobStatus FAILED while KubeRay is Retrying as its end"
-RESTORE = (
-    "delegate mode counts a job's pods beside its placement on restore: 'no longer fits "
-    "node', requeued after broker restart"
-)
+
+def cases(kinds: tuple[str, ...], modes: tuple[Mode, ...] = MODES) -> list[object]:
+    """kind x mode parameters."""
+    return [pytest.param(k, m, id=f"{k}-{m}") for k in kinds for m in modes]
 
 
-def cases(kinds: tuple[str, ...], modes: tuple[Mode, ...] = MODES, **bugs: str) -> list[object]:
-    """kind x mode parameters; ``bugs``: ``<kind>_<mode>`` (either may be ``any``) -> the
-    known bug that fails that case today."""
-    out: list[object] = []
-    for kind in kinds:
-        for mode in modes:
-            reason = next((r for k, r in bugs.items() if _matches(k, kind, mode)), None)
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            out.append(pytest.param(kind, mode, id=f"{kind}-{mode}", marks=marks))
-    return out
-
-
-def _matches(key: str, kind: str, mode: str) -> bool:
-    want_kind, _, want_mode = key.partition("_")
-    return want_kind in ("any", kind) and want_mode in ("any", mode)
-
-
-# The ends of every kind x mode: the known bugs on the way
-ENDS = cases(
-    ENDING,
-    JobSet_coscheduling=DOUBLE,
-    PyTorchJob_coscheduling=DOUBLE,
-    RayJob_coscheduling=SUBMITTER,
-    RayJob_volcano=SUBMITTER,
-)
+# The ends of every kind x mode
+ENDS = cases(ENDING)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -173,13 +139,7 @@ async def test_runs_and_fails_by_its_controllers_status(
 
 @pytest.mark.parametrize(
     ("kind", "mode"),
-    cases(
-        KINDS,
-        JobSet_coscheduling=DOUBLE,
-        PyTorchJob_coscheduling=DOUBLE,
-        RayJob_coscheduling=SUBMITTER,
-        RayJob_volcano=SUBMITTER,
-    ),
+    cases(KINDS),
 )
 async def test_cancel_while_running_leaves_nothing(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
@@ -209,18 +169,7 @@ def finishing(member: Member, kind: str) -> list[Obj]:
 
 @pytest.mark.parametrize(
     ("kind", "mode"),
-    cases(
-        KINDS,
-        JobSet_coscheduling=DOUBLE,
-        PyTorchJob_coscheduling=DOUBLE,
-        RayJob_coscheduling=SUBMITTER,
-        RayJob_volcano=SUBMITTER,
-        RayCluster_coscheduling=RESTORE,
-        RayCluster_volcano=RESTORE,
-        Job_any=RESTART,
-        JobSet_any=RESTART,
-        PyTorchJob_any=RESTART,
-    ),
+    cases(KINDS),
 )
 async def test_a_restart_while_running_keeps_the_run(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
@@ -248,7 +197,7 @@ async def test_a_restart_while_running_keeps_the_run(
 
 @pytest.mark.parametrize(
     ("kind", "mode"),
-    cases(KINDS, DELEGATE, RayJob_any=f"{SUBMITTER}; {DOUBLE}", any_any=DOUBLE),
+    cases(KINDS, DELEGATE),
 )
 async def test_delegated_gpus_counted_are_the_pods_gpus(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
@@ -266,9 +215,7 @@ async def test_delegated_gpus_counted_are_the_pods_gpus(
 RETRIED = {**WORKLOADS["RayJob"], "spec": {**WORKLOADS["RayJob"]["spec"], "backoffLimit": 1}}
 
 
-@pytest.mark.parametrize(
-    ("kind", "mode"), cases(("RayJob",), any_pin=RETRYING, any_any=f"{SUBMITTER}; {RETRYING}")
-)
+@pytest.mark.parametrize(("kind", "mode"), cases(("RayJob",)))
 async def test_a_rayjob_is_retried_by_kuberay_then_fails(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
@@ -284,8 +231,10 @@ async def test_a_rayjob_is_retried_by_kuberay_then_fails(
         assert (record.state, record.reason[: len("AppFailed")]) == ("Failed", "AppFailed")
         [rayjob] = ours(member, RAY_JOBS).values()
         assert rayjob["status"]["failed"] == 2  # both attempts KubeRay made
-        submitters = [p for p in member.c.made if "batch.kubernetes.io/job-name" in labels_of(p)]
-        assert len(submitters) == 2
+        # A submitter Job per attempt (the Job's own pod retries are the same attempt's).
+        attempts = {labels_of(p).get("controller-uid") for p in member.c.made
+                    if "batch.kubernetes.io/job-name" in labels_of(p)}  # fmt: skip
+        assert len(attempts) == 2
         assert await history(service) == [*RUN, "Failed"]
 
 
