@@ -165,8 +165,12 @@ def test_a_member_runtime_may_name_its_gang_scheduler_yet_keeps_every_other_rule
     pod["schedulerName"] = "scheduler-plugins-scheduler"
     if priority:
         pod["priorityClassName"] = "high"
-    manifest = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
-                "metadata": {"name": "tj"}, "spec": {"workload": obj({"numNodes": 2}, named)}}
+    manifest = {
+        "apiVersion": "fedbroker.io/v1alpha1",
+        "kind": "FederatedJob",
+        "metadata": {"name": "tj"},
+        "spec": {"workload": obj({"numNodes": 2}, named)},
+    }
     parsed = parse_manifest(json.dumps(manifest).encode(), None)
     if priority:
         with pytest.raises(ManifestError) as info:

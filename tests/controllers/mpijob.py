@@ -135,7 +135,7 @@ def conditions(
         reason, message = ended["Failed"]["reason"], ended["Failed"]["message"]
         failed = [p for p in launchers if phase(p) == "Failed"]
         if reason == "BackoffLimitExceeded" and failed:
-            last = (failed[-1].get("status") or {})
+            last = failed[-1].get("status") or {}
             reason += "/" + str(last.get("reason") or "")
             message += ": " + str(last.get("message") or "")
         out.append(mpi("Failed", reason, message))
@@ -159,8 +159,11 @@ class MPIJobController:
         for resource, kind, suffix in ((CONFIGMAPS, "ConfigMap", "config"),
                                        (SECRETS, "Secret", "ssh")):  # fmt: skip
             if not self.c.owned(resource, obj):
-                await self.c.create(resource, obj, {"apiVersion": "v1", "kind": kind,
-                                                    "metadata": {"name": f"{name}-{suffix}"}})
+                await self.c.create(
+                    resource,
+                    obj,
+                    {"apiVersion": "v1", "kind": kind, "metadata": {"name": f"{name}-{suffix}"}},
+                )
         mine = {p["metadata"]["name"]: p for p in self.c.owned(PODS, obj)}
         wanted = int(spec["mpiReplicaSpecs"]["Worker"].get("replicas", 0))
         for i in range(wanted):

@@ -52,7 +52,7 @@ def _patch(job: Obj, patch: Mapping[str, Any]) -> None:
 def jobset_spec(train: Mapping[str, Any], runtime: Mapping[str, Any]) -> Obj:
     """The spec of the JobSet the Trainer makes for ``train`` from ``runtime`` (a runtime's
     ``spec``)."""
-    spec = copy.deepcopy(runtime["template"]["spec"])
+    spec: Obj = copy.deepcopy(dict(runtime["template"]["spec"]))
     trainer = train["spec"].get("trainer") or {}
     nodes = trainer.get("numNodes") or (runtime.get("mlPolicy") or {}).get("numNodes") or 1
     patches = [p["trainingRuntimeSpec"]["template"]["spec"]

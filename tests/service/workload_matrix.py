@@ -6,7 +6,9 @@ One small workload per registered kind (1-GPU pods, a few of them), each of its 
 controller's shape: an Indexed Job whose completions exceed its parallelism and a JobSet
 (a driver and two worker Jobs) whose worker Jobs do too (successors made as pods succeed),
 a PyTorchJob (master and two workers), a RayJob and a RayCluster (a head and two GPU
-workers). The waits of the matrix (``settle``, ``launched``) count the member's steps and
+workers), a TrainJob of two nodes (the member has its ClusterTrainingRuntime, whose pods
+name the gang scheduler in delegate mode), an MPIJob (a launcher and two workers) and a
+LeaderWorkerSet (two groups of a leader and a worker). The waits of the matrix (``settle``, ``launched``) count the member's steps and
 move the broker's clock, never a wall-clock budget."""
 
 from __future__ import annotations
