@@ -205,7 +205,7 @@ class NamespacedEmulator(kmocklib.KubernetesEmulator):
 
     # -- the API server's admission of writes ------------------------------------------------
 
-    def controller_create(self, resource: Any, namespace: str, body: dict[str, Any]) -> str:
+    def controller_create(self, resource: Any, namespace: str | None, body: dict[str, Any]) -> str:
         """Store ``body`` as a create by a controller the test plays would (validated,
         defaulted; no watch event); a refusal is recorded, and fails the test at once:
         the controller of a real cluster could never make the object. Returns its name."""

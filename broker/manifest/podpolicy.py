@@ -6,7 +6,8 @@ stored (pure, no I/O; DESIGN.md invariant 8).
 
 * the broker places and schedules: no ``nodeName``, ``schedulerName``, ``priorityClassName``
   or ``priority`` (a member's priority classes could preempt other tenants' pods), no DRA
-  ``resourceClaims`` (devices the placement never counted);
+  ``resourceClaims`` (devices the placement never counted); a member runtime's templates
+  (a TrainJob's, stored from the member) may name their scheduler, as delegate mode needs;
 * service accounts: ``serviceAccountName``/``serviceAccount`` only from the tenant's list; a
   pod naming none runs as its namespace's ``default``, so when ``default`` is not listed it
   must name a listed one or set ``automountServiceAccountToken: false``;
@@ -129,7 +130,10 @@ def admit_templates(
         _refuse(workloads.field_violations(workload), _WORKLOAD)
     for at, template in _every_template(spec, workload, views).items():
         metadata = template_metadata(template, at)
-        _refuse([*metadata, *template_violations(template, level, accounts, at, access=access)])
+        found = template_violations(template, level, accounts, at, access=access)
+        if at[: len(_RUNTIME)] == _RUNTIME:  # the member's own, as delegate mode needs
+            found = [v for v in found if v.path[-1] != "schedulerName"]
+        _refuse([*metadata, *found])
     if workload is not None:
         _refuse(workloads.injection_refusals(workload, level), _WORKLOAD)
     pod_sets: list[PodSetSpec] = []
@@ -151,6 +155,11 @@ def derived_resources(template: Mapping[str, Any], at: Path) -> ResourcesSpec:
 
 
 _WORKLOAD: Path = ("spec", "workload")
+# A workload's member runtime (``workloads.derive``): stored from the member, never the
+# tenant's. Its templates run in the tenant's namespace, so the policy holds for them, but a
+# runtime patch cannot name a scheduler: in delegate mode the runtime names the member's gang
+# scheduler itself, and that is the member's choice to make.
+_RUNTIME: Path = (*_WORKLOAD, "runtime")
 
 
 def _every_template(

@@ -21,16 +21,17 @@ reconciling from the stored object only (tests/adapters/workload_cluster.py call
   labels. Status: ``Available`` once every group's pods run. Never ends.
 
 Each also plays the member's garbage collector for what it made besides pods (the launcher
-Job): gone with its owner."""
+Job): gone with its owner. The pods, the launcher Job and the statuses are the ones the
+matrix's players make (tests/controllers/mpijob.py, leaderworkerset.py: pure functions
+there), made here in this member's synchronous, budgeted way."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import kmock as kmocklib
+from controllers import leaderworkerset, mpijob
 
 if TYPE_CHECKING:
     from workload_cluster import Cluster
@@ -53,10 +54,6 @@ def condition(kind: str, reason: str, message: str, status: str = "True", **time
             "lastTransitionTime": NOW, **times}  # fmt: skip
 
 
-def mpi_condition(kind: str, reason: str, message: str) -> Obj:
-    return condition(kind, reason, message, lastUpdateTime=NOW)
-
-
 def _ready(pod: Mapping[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions") or ()
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
@@ -66,81 +63,24 @@ def _phase(pod: Mapping[str, Any] | None) -> str:
     return str(((pod or {}).get("status") or {}).get("phase") or "Pending")
 
 
-def _copy(template: Mapping[str, Any]) -> Obj:
-    return json.loads(json.dumps(template))  # type: ignore[no-any-return]
-
-
-def _env(template: Obj, *env: tuple[str, str]) -> None:
-    """``env`` appended to the first container's (the MPI Operator's) or every one's."""
-    for c in template["spec"]["containers"]:
-        c["env"] = [*c.get("env", ()), *({"name": k, "value": v} for k, v in env)]
-
-
 # -- the MPI Operator ---------------------------------------------------------------------
-
-MPI = "training.kubeflow.org"
 
 
 class MPIOperator:
     def __init__(self) -> None:
         self.launcher_pods = 0
 
-    @staticmethod
-    def _labels(name: str, role: str) -> Obj:
-        return {f"{MPI}/operator-name": "mpi-operator", f"{MPI}/job-name": name,
-                f"{MPI}/job-role": role}  # fmt: skip
-
-    @staticmethod
-    def _ssh(template: Obj, name: str, spec: Mapping[str, Any]) -> None:
-        pod_spec = template["spec"]
-        pod_spec["volumes"] = [*pod_spec.get("volumes", ()), {"name": "ssh-auth", "secret": {
-            "secretName": f"{name}-ssh", "defaultMode": 0o600}}]  # fmt: skip
-        first = pod_spec["containers"][0]
-        mount = {"name": "ssh-auth", "mountPath": spec.get("sshAuthMountPath", "/root/.ssh")}
-        first["volumeMounts"] = [*first.get("volumeMounts", ()), mount]
-
     def _worker(self, member: Cluster, obj: Obj, i: int) -> None:
-        name, spec = obj["metadata"]["name"], obj["spec"]
-        replica = spec["mpiReplicaSpecs"]["Worker"]
-        template = _copy(replica["template"])
-        meta = template.setdefault("metadata", {})
-        labels = {**meta.get("labels", {}), **self._labels(name, "worker"),
-                  f"{MPI}/replica-index": str(i)}  # fmt: skip
-        pod_spec = template["spec"]
-        pod_spec |= {"hostname": f"{name}-worker-{i}", "subdomain": name,
-                     "restartPolicy": replica.get("restartPolicy", "Never")}  # fmt: skip
-        first = pod_spec["containers"][0]
-        if not first.get("command") and not first.get("args"):
-            first["command"] = ["/usr/sbin/sshd", "-De"]
-        _env({"spec": {"containers": [first]}}, ("K_MPI_JOB_ROLE", "worker"))
-        self._ssh(template, name, spec)
-        member.create_pod(f"{name}-worker-{i}", {**meta, "labels": labels}, pod_spec)
+        name, template, _ = mpijob.worker_pod(obj, i)
+        member.create_pod(name, template["metadata"], template["spec"])
 
     def _launcher_job(self, member: Cluster, obj: Obj) -> None:
-        name, spec = obj["metadata"]["name"], obj["spec"]
-        replica = spec["mpiReplicaSpecs"]["Launcher"]
-        template = _copy(replica["template"])
-        meta = template.setdefault("metadata", {})
-        meta["labels"] = {**meta.get("labels", {}), **self._labels(name, "launcher")}
-        pod_spec = template["spec"]
-        pod_spec |= {"hostname": f"{name}-launcher", "subdomain": name,
-                     "restartPolicy": replica.get("restartPolicy", "OnFailure")}  # fmt: skip
-        hostfile = ("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile")
-        _env({"spec": {"containers": [pod_spec["containers"][0]]}},
-             ("K_MPI_JOB_ROLE", "launcher"), hostfile)  # fmt: skip
-        self._ssh(template, name, spec)
-        items = [{"key": "hostfile", "path": "hostfile"}]
-        config = {"name": "mpi-job-config", "configMap": {"name": f"{name}-config", "items": items}}
-        pod_spec["volumes"].append(config)
-        run = spec.get("runPolicy") or {}
-        passed = ("backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished")
-        job_spec = {"template": template, **{k: run[k] for k in passed if k in run}}
-        owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": name,
+        body = mpijob.launcher_job(obj)
+        owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                 "name": obj["metadata"]["name"],
                  "uid": obj["metadata"].get("uid", "mpijob-uid"), "controller": True}  # fmt: skip
-        member.k8s.controller_create(JOBS, member.ns, {
-            "apiVersion": "batch/v1", "kind": "Job", "spec": job_spec,
-            "metadata": {"name": f"{name}-launcher", "namespace": member.ns,
-                         "labels": {"app": name}, "ownerReferences": [owner]}})  # fmt: skip
+        body["metadata"] |= {"namespace": member.ns, "ownerReferences": [owner]}
+        member.k8s.controller_create(JOBS, member.ns, body)
 
     def _job_controller(self, member: Cluster, name: str, budget: int) -> None:
         """The batch Job controller for the launcher Job: a pod while none is active, its
@@ -198,59 +138,22 @@ class MPIOperator:
 
     def _status(self, member: Cluster, obj: Obj, workers: list[Obj]) -> None:
         name = obj["metadata"]["name"]
-        what = f"MPIJob {member.ns}/{name}"
-        conditions = [mpi_condition("Created", "MPIJobCreated", f"{what} is created.")]
         job = member.stored(JOBS).get(f"{name}-launcher")
         pods = [p for n, p in member.pods().items() if n.startswith(f"{name}-launcher-")]
         running = all(_phase(p) == "Running" for p in workers)
-        if job is not None and any(_phase(p) == "Running" for p in pods) and running:
-            conditions.append(mpi_condition("Running", "MPIJobRunning", f"{what} is running."))
-        ended = {c["type"]: c for c in (job or {}).get("status", {}).get("conditions") or ()}
-        if "Complete" in ended:
-            done = f"{what} successfully completed."
-            conditions.append(mpi_condition("Succeeded", "MPIJobSucceeded", done))
-        elif "Failed" in ended:
-            last = [p for p in pods if _phase(p) == "Failed"][-1]
-            reason = f"BackoffLimitExceeded/{last['status'].get('reason', 'Error')}"
-            message = f"{ended['Failed']['message']}: {last['status'].get('message', '')}"
-            conditions.append(mpi_condition("Failed", reason, message))
-        member.patch(member.resource, obj, {"conditions": conditions, "startTime": NOW})
+        running = running and job is not None and any(_phase(p) == "Running" for p in pods)
+        found = mpijob.conditions({**obj, "metadata": {**obj["metadata"], "namespace": member.ns}},
+                                  job, pods, running, NOW)  # fmt: skip
+        member.patch(member.resource, obj, {"conditions": found, "startTime": NOW})
 
 
 # -- LeaderWorkerSet ----------------------------------------------------------------------
 
-LWS = "leaderworkerset.sigs.k8s.io"
-
-
-def _hash(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:10]  # a name, not a secret
-
 
 class LeaderWorkerSetController:
     def _pod(self, member: Cluster, obj: Obj, group: int, worker: int) -> None:
-        name, lwt = obj["metadata"]["name"], obj["spec"]["leaderWorkerTemplate"]
-        size = int(lwt.get("size", 1))
-        leader = worker == 0
-        use_leader = leader and lwt.get("leaderTemplate") is not None
-        template = _copy(lwt["leaderTemplate" if use_leader else "workerTemplate"])
-        meta = template.setdefault("metadata", {})
-        sts = name if leader else f"{name}-{group}"
-        pod = f"{name}-{group}" if leader else f"{name}-{group}-{worker}"
-        meta["labels"] = {
-            **meta.get("labels", {}), f"{LWS}/name": name, f"{LWS}/group-index": str(group),
-            f"{LWS}/worker-index": str(worker), f"{LWS}/group-key": _hash(f"{member.ns}/{sts}"),
-            "controller-revision-hash": f"{sts}-{_hash(sts)}",
-            "statefulset.kubernetes.io/pod-name": pod,
-            "apps.kubernetes.io/pod-index": str(group if leader else worker),
-        }  # fmt: skip
-        notes = {f"{LWS}/size": str(size)}
-        if not leader:
-            notes[f"{LWS}/leader-name"] = f"{name}-{group}"
-        meta["annotations"] = {**meta.get("annotations", {}), **notes}
-        _env(template, ("LWS_LEADER_ADDRESS", f"{name}-{group}.{name}.{member.ns}"),
-             ("LWS_GROUP_SIZE", str(size)), ("LWS_WORKER_INDEX", str(worker)))  # fmt: skip
-        template["spec"] |= {"hostname": pod, "subdomain": name}
-        member.create_pod(pod, meta, template["spec"])
+        name, template = leaderworkerset.pod(obj, member.ns, group, worker)
+        member.create_pod(name, template["metadata"], template["spec"])
 
     def reconcile(self, member: Cluster, limit: int | None) -> None:
         obj = member.workload()
@@ -270,17 +173,8 @@ class LeaderWorkerSetController:
             if pod not in member.pods() and budget > 0:
                 self._pod(member, obj, g, w)
                 budget -= 1
-        pods = member.pods()
-        ready = sum(
-            1 for g in range(groups)
-            if all(_phase(pods.get(f"{name}-{g}" + (f"-{w}" if w else ""))) == "Running"
-                   for w in range(size))
-        )  # fmt: skip
-        available = "True" if ready == groups else "False"
-        message = "All replicas are ready" if ready == groups else "Replicas are not ready"
-        conditions = [condition("Available", "AllGroupsReady", message, available)]
-        member.patch(member.resource, obj, {"conditions": conditions, "replicas": groups,
-                                            "readyReplicas": ready})  # fmt: skip
+        found = leaderworkerset.status(obj, leaderworkerset.groups_ready(obj, member.pods()), NOW)
+        member.patch(member.resource, obj, found)
 
 
 PLAYERS: Mapping[str, type[Player]] = {

@@ -151,3 +151,36 @@ def test_the_created_trainjob_carries_the_brokers_runtime_patch_and_validates() 
     body = copy.deepcopy(dict(spec.object))
     body["metadata"] = {"name": "tj", "namespace": "team-acme"}
     assert schema_problems(body, "trainer.kubeflow.org_trainjobs.yaml") == []
+
+
+@pytest.mark.parametrize("priority", [False, True], ids=["scheduler", "and-priority"])
+def test_a_member_runtime_may_name_its_gang_scheduler_yet_keeps_every_other_rule(
+    priority: bool,
+) -> None:
+    """In delegate mode the member's runtime names the gang scheduler (a runtime patch
+    cannot): the runtime is the member's, so its schedulerName is no tenant's choice and
+    is admitted; every other rule still holds on its templates."""
+    named = runtime(rjob("node", "trainer"))
+    pod = named["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["schedulerName"] = "scheduler-plugins-scheduler"
+    if priority:
+        pod["priorityClassName"] = "high"
+    manifest = {
+        "apiVersion": "fedbroker.io/v1alpha1",
+        "kind": "FederatedJob",
+        "metadata": {"name": "tj"},
+        "spec": {"workload": obj({"numNodes": 2}, named)},
+    }
+    parsed = parse_manifest(json.dumps(manifest).encode(), None)
+    if priority:
+        with pytest.raises(ManifestError) as info:
+            admit_templates(parsed, "baseline", ["default"])
+        assert str(info.value).startswith("spec.workload.runtime.spec.template.spec.")
+        assert "priorityClassName: the broker orders jobs" in str(info.value)
+        assert "and 1 more" not in str(info.value)  # the scheduler is not refused beside it
+        return
+    admitted = admit_templates(parsed, "baseline", ["default"])
+    assert [p.count for p in to_job(admitted, "acme", "training").pod_sets] == [2]
+    stored = admitted.wire()["spec"]["workload"]["runtime"]["spec"]
+    [node] = stored["template"]["spec"]["replicatedJobs"]
+    assert node["template"]["spec"]["template"]["spec"]["schedulerName"] == pod["schedulerName"]

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from kmock_namespaces import NamespacedEmulator
 
-from controllers import batchjob, jobset, pytorchjob, ray
+from controllers import batchjob, jobset, leaderworkerset, mpijob, pytorchjob, ray, trainjob
 from controllers.base import Controllers
 from controllers.schedulers import Mode, Schedulers
 
@@ -43,6 +43,9 @@ CONTROLLERS: Mapping[str, tuple[Callable[[Controllers], Controller], ...]] = {
     "PyTorchJob": (pytorchjob.PyTorchJobController,),
     "RayJob": (ray.RayJobController, ray.RayClusterController, batchjob.JobController),
     "RayCluster": (ray.RayClusterController,),
+    "TrainJob": (trainjob.TrainJobController, jobset.JobSetController, batchjob.JobController),
+    "MPIJob": (mpijob.MPIJobController, batchjob.JobController),
+    "LeaderWorkerSet": (leaderworkerset.LeaderWorkerSetController,),
 }
 # workload kind -> its resource in the member
 RESOURCES: Mapping[str, Any] = {
@@ -51,7 +54,12 @@ RESOURCES: Mapping[str, Any] = {
     "PyTorchJob": pytorchjob.RESOURCE,
     "RayJob": ray.RAY_JOBS,
     "RayCluster": ray.RAY_CLUSTERS,
+    "TrainJob": trainjob.RESOURCE,
+    "MPIJob": mpijob.RESOURCE,
+    "LeaderWorkerSet": leaderworkerset.RESOURCE,
 }
+# what controllers make besides pods, Services, Jobs and the workloads above
+CHILDREN: tuple[Any, ...] = (mpijob.CONFIGMAPS, mpijob.SECRETS, leaderworkerset.STATEFULSETS)
 
 
 class Member:
@@ -121,4 +129,4 @@ class Member:
                 await task  # a controller's failure fails the test here
 
 
-__all__ = ["CONTROLLERS", "QUIET_STEPS", "RESOURCES", "Controllers", "Member", "Mode"]
+__all__ = ["CHILDREN", "CONTROLLERS", "QUIET_STEPS", "RESOURCES", "Controllers", "Member", "Mode"]

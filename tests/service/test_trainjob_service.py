@@ -17,6 +17,7 @@ from typing import Any, cast
 import kmock as kmocklib
 import pytest
 from builders import until
+from controllers.trainjob import jobset_spec
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient, Configuration, CustomObjectsApi
 from test_member_failover import kubeconfig
@@ -96,37 +97,16 @@ def live(k8s: kmocklib.KubernetesEmulator, resource: Any) -> dict[str, Any]:
 
 def play_trainer(k8s: kmocklib.KubernetesEmulator, name: str) -> dict[str, Any]:
     """The Trainer controller: the JobSet named as the TrainJob, from its runtime's template
-    with the trainer's overrides and every runtime patch's pod labels, annotations and
-    scheduling gates (kubeflow/trainer jobset plugin)."""
+    with the trainer's overrides and every runtime patch (``controllers.trainjob``, which
+    the workload matrix plays)."""
     train = live(k8s, TRAINJOBS)[name]
-    ref = train["spec"]["runtimeRef"]
-    template = copy.deepcopy(live(k8s, CTRS)[ref["name"]]["spec"]["template"])
-    trainer = train["spec"].get("trainer") or {}
-    for rj in template["spec"]["replicatedJobs"]:
-        job = rj["template"]["spec"]
-        if rj["template"]["metadata"]["labels"].get(ANCESTOR) == "trainer":
-            rj["replicas"], job["parallelism"] = 1, trainer.get("numNodes", 1)
-            job["completions"] = job["parallelism"]
-            for c in job["template"]["spec"]["containers"]:
-                if c["name"] == "node":
-                    c["image"] = trainer.get("image", c["image"])
-                    c["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
-        for patch in train["spec"].get("runtimePatches") or ():
-            for p in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-                if p["name"] != rj["name"]:
-                    continue
-                pod_patch = p["template"]["spec"]["template"]
-                meta = job["template"].setdefault("metadata", {})
-                for key in ("labels", "annotations"):
-                    meta.setdefault(key, {}).update(pod_patch.get("metadata", {}).get(key) or {})
-                gates = pod_patch.get("spec", {}).get("schedulingGates") or []
-                job["template"]["spec"]["schedulingGates"] = gates
+    runtime = live(k8s, CTRS)[train["spec"]["runtimeRef"]["name"]]
     owner = {"apiVersion": f"{G}/v1alpha1", "kind": "TrainJob", "name": name,
              "uid": f"uid-{name}", "controller": True}  # fmt: skip
     body = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": name, "namespace": NS, "ownerReferences": [owner],
                          "labels": {"trainer.kubeflow.org/trainjob-name": name}},
-            "spec": template["spec"]}  # fmt: skip
+            "spec": jobset_spec(train, runtime["spec"])}  # fmt: skip
     cast(NamespacedEmulator, k8s).controller_create(JOBSETS, NS, body)
     return body
 

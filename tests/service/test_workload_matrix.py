@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from controllers import CONTROLLERS, RESOURCES, Member, Mode
 from controllers.base import PODS, Obj, labels_of, phase
+from controllers.batchjob import INDEX as COMPLETION_INDEX
+from controllers.mpijob import is_launcher
 from controllers.pytorchjob import LABEL as TRAINING
 from controllers.ray import RAY_JOBS
 from kmock_namespaces import NamespacedEmulator
@@ -24,6 +26,7 @@ from kube_admission import CRD_FILES
 from kube_schema import crd_schema
 from workload_matrix import (
     MODES,
+    RUNTIME,
     SERVED,
     WORKLOADS,
     broker,
@@ -33,20 +36,23 @@ from workload_matrix import (
     leftovers,
     made_twice,
     manifest,
+    member_of,
     ours,
     pod_template,
     pods_gpus,
     running_pods,
-    serve,
     settle,
     state_of,
 )
 
+from broker.manifest.workloads.trainjob import CLUSTER_RUNTIME
 from broker.service.facade import Service
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
 KINDS = tuple(CONTROLLERS)
-ENDING = tuple(k for k in KINDS if k != "RayCluster")  # a RayCluster runs until cancelled
+# a RayCluster and a LeaderWorkerSet serve until cancelled
+SERVING = ("RayCluster", "LeaderWorkerSet")
+ENDING = tuple(k for k in KINDS if k not in SERVING)
 DELEGATE: tuple[Mode, ...] = ("coscheduling", "volcano")
 # kind -> (reason of success, reason of failure) the controller writes
 REASONS = {
@@ -54,6 +60,8 @@ REASONS = {
     "JobSet": ("AllJobsCompleted", "FailedJobs"),
     "PyTorchJob": ("PyTorchJobSucceeded", "PyTorchJobFailed"),
     "RayJob": ("SUCCEEDED", "AppFailed"),
+    "TrainJob": ("AllJobsCompleted", "FailedJobs"),
+    "MPIJob": ("MPIJobSucceeded", "BackoffLimitExceeded"),
 }
 KEY = "team-a/train"
 RUN = ["Queued", "Placed", "Running"]
@@ -79,7 +87,12 @@ def _schemas() -> None:
 
 
 async def run(service: Service, member: Member, kind: str, name: str = "train") -> None:
-    """Submit ``name`` and wait until it runs."""
+    """Submit ``name`` (a TrainJob once the broker's cache of the member's runtimes has it)
+    and wait until it runs."""
+    if kind == "TrainJob":
+        cache = service.kube.members["east"].runtimes
+        found = await settle(member, lambda: cache.lookup(CLUSTER_RUNTIME, "", RUNTIME) is not None)
+        assert found, "the broker never listed the member's runtime"
     _, created = await service.submit("team-a", manifest(kind, name))
     assert created
     await service.schedule_once()
@@ -110,7 +123,7 @@ async def history(service: Service, name: str = "train", tenant: str = "team-a")
 async def test_runs_and_succeeds_by_its_controllers_status(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running(), broker(kmock, tmp_path, mode) as service:
         await run(service, member, kind)
         await end_all(service, member, kind)
@@ -126,7 +139,7 @@ async def test_runs_and_succeeds_by_its_controllers_status(
 async def test_runs_and_fails_by_its_controllers_status(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running(), broker(kmock, tmp_path, mode) as service:
         await run(service, member, kind)
         await end_all(service, member, kind, to="Failed")
@@ -144,7 +157,7 @@ async def test_runs_and_fails_by_its_controllers_status(
 async def test_cancel_while_running_leaves_nothing(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running(), broker(kmock, tmp_path, mode) as service:
         await run(service, member, kind)
         assert (await service.cancel("team-a", "train")).state == "Cancelled"
@@ -157,13 +170,17 @@ async def test_cancel_while_running_leaves_nothing(
 
 def finishing(member: Member, kind: str) -> list[Obj]:
     """The pods a restart is to find finished: a Job's and a JobSet's running pods (their
-    successors then made, gated), a PyTorchJob's workers (its master runs on); none of a
-    RayJob's or a RayCluster's (nothing of theirs ends before the Ray job)."""
+    successors then made, gated), a PyTorchJob's workers (its master runs on), a TrainJob's
+    first node (its other runs on); none of a RayJob's or a RayCluster's (nothing of theirs
+    ends before the Ray job), an MPIJob's (its workers serve ``mpirun``) or a
+    LeaderWorkerSet's (it serves)."""
     pods = running_pods(member)
     if kind in ("Job", "JobSet"):
         return pods
     if kind == "PyTorchJob":
         return [p for p in pods if labels_of(p).get(TRAINING + "replica-type") == "worker"]
+    if kind == "TrainJob":
+        return [p for p in pods if labels_of(p).get(COMPLETION_INDEX) == "0"]
     return []
 
 
@@ -174,7 +191,7 @@ def finishing(member: Member, kind: str) -> list[Obj]:
 async def test_a_restart_while_running_keeps_the_run(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running():
         async with broker(kmock, tmp_path, mode) as service:
             await run(service, member, kind)
@@ -182,7 +199,7 @@ async def test_a_restart_while_running_keeps_the_run(
         await member.schedulers.end(finishing(member, kind), "Succeeded")
         await settle(member, lambda: False)
         async with broker(kmock, tmp_path, mode) as service:
-            if kind == "RayCluster":
+            if kind in SERVING:
                 await settle(member, lambda: False)
                 assert (await service.get("team-a", "train")).state == "Running"
                 await service.cancel("team-a", "train")
@@ -202,7 +219,7 @@ async def test_a_restart_while_running_keeps_the_run(
 async def test_delegated_gpus_counted_are_the_pods_gpus(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running(), broker(kmock, tmp_path, mode) as service:
         await run(service, member, kind)
         assert await settle(member, lambda: ledger_gpus(service) == pods_gpus(member)), (
@@ -219,7 +236,7 @@ RETRIED = {**WORKLOADS["RayJob"], "spec": {**WORKLOADS["RayJob"]["spec"], "backo
 async def test_a_rayjob_is_retried_by_kuberay_then_fails(
     kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
 ) -> None:
-    member = Member(serve(kmock), mode)
+    member = member_of(kmock, mode)
     async with member.running(), broker(kmock, tmp_path, mode) as service:
         _, created = await service.submit("team-a", manifest(kind, workload=RETRIED))
         assert created
@@ -238,6 +255,45 @@ async def test_a_rayjob_is_retried_by_kuberay_then_fails(
         assert await history(service) == [*RUN, "Failed"]
 
 
+MPI = WORKLOADS["MPIJob"]
+WAITING = {**MPI, "spec": {**MPI["spec"], "launcherCreationPolicy": "WaitForWorkersReady"}}
+
+
+@pytest.mark.parametrize(("kind", "mode"), cases(("MPIJob",)))
+async def test_an_mpijobs_launcher_made_once_its_workers_are_ready_ends_it(
+    kmock: NamespacedEmulator, tmp_path: Path, kind: str, mode: Mode
+) -> None:
+    """The launcher a late pod set: the job runs on its workers alone, the operator then
+    makes the launcher (its pod granted or gang-scheduled after the others), whose end
+    ends the job."""
+    member = member_of(kmock, mode)
+    early: list[str] = []  # a launcher pod seen beside a worker not yet running
+
+    class Observer:
+        async def reconcile(self) -> None:
+            pods = list(ours(member, PODS).values())
+            launcher = [p for p in pods if is_launcher(p)]
+            if launcher and any(phase(p) != "Running" for p in pods if not is_launcher(p)):
+                early.append(launcher[0]["metadata"]["name"])
+
+    member.controllers.append(Observer())
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        _, created = await service.submit("team-a", manifest(kind, workload=WAITING))
+        assert created
+        await service.schedule_once()
+        await launched(service, member, ("team-a", "train"))
+        assert (await service.get("team-a", "train")).state == "Running"
+        await end_all(service, member, kind)
+        record = await service.get("team-a", "train")
+        assert (record.state, record.reason[: len("MPIJobSucceeded")]) == (
+            "Succeeded", "MPIJobSucceeded")  # fmt: skip
+        roles = [labels_of(p).get("training.kubeflow.org/job-role") for p in member.c.made]
+        assert roles == ["worker", "worker", "launcher"]
+        assert early == []
+        assert await history(service) == [*RUN, "Succeeded"]
+        assert not service.ledger.reservations()
+
+
 SMALL = {"apiVersion": "batch/v1", "kind": "Job", "spec": {
     "completions": 1, "parallelism": 1, "backoffLimit": 0, "template": pod_template()}}  # fmt: skip
 
@@ -245,7 +301,7 @@ SMALL = {"apiVersion": "batch/v1", "kind": "Job", "spec": {
 async def test_sixty_workloads_at_once_by_two_tenants_none_rolled_back(
     kmock: NamespacedEmulator, tmp_path: Path
 ) -> None:
-    member = Member(serve(kmock, nodes=16), "pin")
+    member = member_of(kmock, "pin", nodes=16)
     jobs = [(f"team-{t}", f"{t}{i}") for i in range(30) for t in "ab"]
     async with member.running(), broker(kmock, tmp_path, "pin") as service:
         made = await asyncio.gather(

@@ -6,7 +6,9 @@ One small workload per registered kind (1-GPU pods, a few of them), each of its 
 controller's shape: an Indexed Job whose completions exceed its parallelism and a JobSet
 (a driver and two worker Jobs) whose worker Jobs do too (successors made as pods succeed),
 a PyTorchJob (master and two workers), a RayJob and a RayCluster (a head and two GPU
-workers). The waits of the matrix (``settle``, ``launched``) count the member's steps and
+workers), a TrainJob of two nodes (the member has its ClusterTrainingRuntime, whose pods
+name the gang scheduler in delegate mode), an MPIJob (a launcher and two workers) and a
+LeaderWorkerSet (two groups of a leader and a worker). The waits of the matrix (``settle``, ``launched``) count the member's steps and
 move the broker's clock, never a wall-clock budget."""
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any
 
 import kmock as kmocklib
 from builders import Clock
-from controllers import QUIET_STEPS, RESOURCES, Member, Mode
+from controllers import CHILDREN, QUIET_STEPS, RESOURCES, Member, Mode
 from controllers.base import PODS, SERVICES, Obj, labels_of, phase
-from controllers.schedulers import COSCHED, NODES, VOLCANO, gpus_of
+from controllers.mpijob import is_launcher
+from controllers.schedulers import COSCHED, NODES, SCHEDULER, VOLCANO, gpus_of
+from controllers.trainjob import ANCESTOR, CLUSTER_RUNTIMES
 from kmock_namespaces import NamespacedEmulator
 
 from broker.config import parse_config
@@ -50,11 +54,17 @@ tenants:
 - {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
 - {{name: team-b, defaultQueue: training, token: {{value: tok-b-00000000000000000000000000}}}}
 """
-SERVED = ("v1/pods", "v1/services", "v1/events", "batch/v1/jobs",
+SERVED = ("v1/pods", "v1/services", "v1/events", "v1/configmaps", "v1/secrets",
+          "batch/v1/jobs", "apps/v1/statefulsets",
           "jobset.x-k8s.io/v1alpha2/jobsets", "kubeflow.org/v1/pytorchjobs",
           "ray.io/v1/rayjobs", "ray.io/v1/rayclusters",
+          "trainer.kubeflow.org/v1alpha1/trainjobs",
+          "trainer.kubeflow.org/v1alpha1/trainingruntimes",
+          "kubeflow.org/v2beta1/mpijobs", "leaderworkerset.x-k8s.io/v1/leaderworkersets",
           "scheduling.x-k8s.io/v1alpha1/podgroups",
           "scheduling.volcano.sh/v1beta1/podgroups")  # fmt: skip
+CLUSTER_SERVED = ("v1/nodes", "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes")
+RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime the member has, a TrainJob names
 
 
 def pod_template(name: str = "main", gpus: int = 1) -> Obj:
@@ -63,6 +73,29 @@ def pod_template(name: str = "main", gpus: int = 1) -> Obj:
         "restartPolicy": "Never",
         "containers": [{"name": name, "image": "trainer:1.0", "resources": {"limits": limits}}],
     }}  # fmt: skip
+
+
+def serving(name: str, gpus: int = 1) -> Obj:
+    """A pod template of a StatefulSet's pods (restartPolicy Always, the default)."""
+    template = pod_template(name, gpus)
+    return {**template, "spec": {k: v for k, v in template["spec"].items()
+                                 if k != "restartPolicy"}}  # fmt: skip
+
+
+def runtime(mode: Mode) -> Obj:
+    """The member's torch ClusterTrainingRuntime (one replicated job, the trainer node, its
+    container ``node``; its pods name the gang scheduler of a delegate ``mode``)."""
+    pod = pod_template("node", gpus=0)
+    pod["spec"]["containers"][0]["command"] = ["torchrun", "train.py"]
+    if mode != "pin":
+        pod["spec"]["schedulerName"] = SCHEDULER[mode]
+    job = {"metadata": {"labels": {ANCESTOR: "trainer"}},
+           "spec": {**INDEXED, "template": pod}}  # fmt: skip
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": RUNTIME},
+            "spec": {"mlPolicy": {"numNodes": 1, "torch": {}},
+                     "template": {"spec": {"replicatedJobs": [
+                         {"name": "node", "template": job}]}}}}  # fmt: skip
 
 
 TORCH = pod_template("pytorch")
@@ -88,6 +121,21 @@ WORKLOADS: Mapping[str, Obj] = {
     "RayJob": {"apiVersion": "ray.io/v1", "kind": "RayJob", "spec": {
         "entrypoint": "python train.py", "backoffLimit": 0, "rayClusterSpec": CLUSTER}},
     "RayCluster": {"apiVersion": "ray.io/v1", "kind": "RayCluster", "spec": CLUSTER},
+    "TrainJob": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "spec": {
+        "runtimeRef": {"name": RUNTIME},
+        "trainer": {"numNodes": 2, "image": "trainer:2.0", "resourcesPerNode": {
+            "limits": {"nvidia.com/gpu": 1, "cpu": "1", "memory": "1Gi"}}}}},
+    "MPIJob": {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "spec": {
+        "slotsPerWorker": 1, "runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running"},
+        "mpiReplicaSpecs": {
+            "Launcher": {"replicas": 1, "restartPolicy": "Never",
+                         "template": pod_template("launcher", gpus=0)},
+            "Worker": {"replicas": 2, "restartPolicy": "Never",
+                       "template": pod_template("worker")}}}},
+    "LeaderWorkerSet": {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                        "spec": {"replicas": 2, "leaderWorkerTemplate": {
+                            "size": 2, "leaderTemplate": serving("leader"),
+                            "workerTemplate": serving("worker")}}},
 }  # fmt: skip
 
 
@@ -99,14 +147,20 @@ def node_obj(name: str) -> Obj:
                 "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
 
 
-def serve(k8s: NamespacedEmulator, nodes: int = 4) -> NamespacedEmulator:
-    info = kmocklib.ResourceInfo(namespaced=True)
+def serve(k8s: NamespacedEmulator, mode: Mode, nodes: int = 4) -> NamespacedEmulator:
+    """The member: every kind served, ``nodes`` nodes, the runtime of ``mode`` installed."""
     for name in SERVED:
-        k8s.resources[name] = info
-    k8s.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
+        k8s.resources[name] = kmocklib.ResourceInfo(namespaced=True)
+    for name in CLUSTER_SERVED:
+        k8s.resources[name] = kmocklib.ResourceInfo(namespaced=False)
     for i in range(1, nodes + 1):
         k8s.objects[NODES, None, f"n{i}"] = node_obj(f"n{i}")
+    k8s.controller_create(CLUSTER_RUNTIMES, None, runtime(mode))
     return k8s
+
+
+def member_of(k8s: NamespacedEmulator, mode: Mode, nodes: int = 4) -> Member:
+    return Member(serve(k8s, mode, nodes), mode)
 
 
 def config_text(tmp_path: Path, server: str, mode: Mode) -> str:
@@ -146,7 +200,7 @@ def ours(member: Member, resource: Any) -> dict[str, Obj]:
 def leftovers(member: Member) -> list[str]:
     """Everything of ours still in the tenant's namespace: pods, workloads (and their
     children), PodGroups, Services."""
-    kinds = [PODS, SERVICES, COSCHED, VOLCANO, *RESOURCES.values()]
+    kinds = [PODS, SERVICES, COSCHED, VOLCANO, *RESOURCES.values(), *CHILDREN]
     return [f"{r.plural}/{n}" for r in kinds for n in ours(member, r)]
 
 
@@ -178,10 +232,12 @@ def ledger_gpus(service: Service) -> dict[str, float]:
 
 def enders(member: Member, kind: str) -> list[Obj]:
     """The running pods whose end ends the workload: a RayJob's submitter (the Ray job's
-    outcome), every other kind's running pods."""
+    outcome), an MPIJob's launcher (``mpirun``'s exit), every other kind's running pods."""
     pods = running_pods(member)
     if kind == "RayJob":
         return [p for p in pods if "batch.kubernetes.io/job-name" in labels_of(p)]
+    if kind == "MPIJob":
+        return [p for p in pods if is_launcher(p)]
     return pods
 
 
