@@ -8,8 +8,9 @@ controller's shape: an Indexed Job whose completions exceed its parallelism and 
 a PyTorchJob (master and two workers), a RayJob and a RayCluster (a head and two GPU
 workers), a TrainJob of two nodes (the member has its ClusterTrainingRuntime, whose pods
 name the gang scheduler in delegate mode), an MPIJob (a launcher and two workers) and a
-LeaderWorkerSet (two groups of a leader and a worker). The waits of the matrix (``settle``, ``launched``) count the member's steps and
-move the broker's clock, never a wall-clock budget."""
+LeaderWorkerSet (two groups of a leader and a worker). The waits of the matrix
+(``settle``, ``launched``) count the member's steps and move the broker's clock, never a
+wall-clock budget."""
 
 from __future__ import annotations
 
