@@ -182,6 +182,9 @@ class WorkloadObject(WireModel):
     @model_validator(mode="after")
     def _derived(self) -> WorkloadObject:
         found = workloads.integration(self.api_version, self.kind)
+        if self.runtime is not None and found.runtime_ref is None:
+            # Only the broker writes a runtime, and only for a kind a runtime shapes.
+            raise FieldError(("runtime",), f"a {self.kind} has no member runtime")
         if self.unresolved:
             return self  # counted once the service has looked its runtime up
         spec = found.completed(self.spec)

@@ -370,6 +370,9 @@ BAD: list[tuple[str, Obj, str, str]] = [
     ("LWS no worker template", _with(lws(), (*LWT, "workerTemplate"), None),
      f"{W}.spec.leaderWorkerTemplate.workerTemplate", "required"),
     ("LWS of 1025 workers", lws(1025, 2), f"{W}.spec.leaderWorkerTemplate", "at most 1024"),
+    # Only the broker writes a member runtime, and only for a kind whose pods one shapes.
+    ("a runtime on a JobSet", {**JS, "runtime": {"kind": "ClusterTrainingRuntime"}},
+     f"{W}.runtime", "a JobSet has no member runtime"),
 ]  # fmt: skip
 
 
