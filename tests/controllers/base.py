@@ -37,15 +37,23 @@ class Controllers:
         return "".join(self.random.choice(_ALPHABET) for _ in range(5))
 
     def stored(self, resource: Any, namespace: str | None = None) -> dict[str, Obj]:
-        """Name -> body of the live objects of ``resource`` (in ``namespace`` when given)."""
+        """Name -> body of the live objects of ``resource`` in ``namespace`` (None: the
+        cluster-scoped ones). A name is unique only within its namespace: two tenants'
+        namespaces may each hold a Job ``w0``."""
         return {
             name: obj.raw
             for (res, ns, name), obj in list(self.k8s.objects.items())
-            if res == resource and not obj.deleted and (namespace is None or ns == namespace)
+            if res == resource and not obj.deleted and ns == namespace
         }
 
     def live(self, resource: Any) -> list[Obj]:
-        return list(self.stored(resource).values())
+        """Every live object of ``resource``, in every namespace (as a controller's informer
+        lists them: keyed by namespace/name, never by name alone)."""
+        return [
+            obj.raw
+            for (res, _, _), obj in list(self.k8s.objects.items())
+            if res == resource and not obj.deleted
+        ]
 
     def owned(self, resource: Any, owner: Mapping[str, Any]) -> list[Obj]:
         """The live objects of ``resource`` that ``owner`` controls (by uid)."""

@@ -4,7 +4,8 @@ gang schedulers and kubelet are played as upstream runs them (``controllers``): 
 Running, then Succeeded or Failed by the controller's own status; cancel leaves nothing; a
 broker restart while some pods have finished and successors wait keeps the run (no index
 made twice, no Queued); in delegate mode the GPUs the ledger counts are the pods' GPUs; a
-RayJob's retries are KubeRay's; 60 workloads at once by two tenants are none rolled back.
+RayJob's retries are KubeRay's; 60 workloads at once by two tenants are none rolled back,
+and two tenants' jobs of the same names (their pods named alike) run apart.
 
 Waits are on conditions counted in the member's steps (``settle``), gang timeouts on the
 broker's injected clock: a slow machine makes a case slower, never failed."""
@@ -298,12 +299,24 @@ SMALL = {"apiVersion": "batch/v1", "kind": "Job", "spec": {
     "completions": 1, "parallelism": 1, "backoffLimit": 0, "template": pod_template()}}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("mode", "same", "each"),
+    [
+        pytest.param("pin", False, 30, id="pin-own-names"),
+        pytest.param("pin", True, 30, id="pin-same-names"),
+        # Fewer in delegate mode: each launch there reads its own PodGroup every poll
+        *(pytest.param(m, True, 8, id=f"{m}-same-names") for m in DELEGATE),
+    ],
+)
 async def test_sixty_workloads_at_once_by_two_tenants_none_rolled_back(
-    kmock: NamespacedEmulator, tmp_path: Path
+    kmock: NamespacedEmulator, tmp_path: Path, mode: Mode, same: bool, each: int
 ) -> None:
-    member = member_of(kmock, "pin", nodes=16)
-    jobs = [(f"team-{t}", f"{t}{i}") for i in range(30) for t in "ab"]
-    async with member.running(), broker(kmock, tmp_path, "pin") as service:
+    """``each`` workloads per tenant at once; two tenants' jobs are apart by their tenant,
+    under the same names too (each tenant's namespace is its own, its PodGroups named
+    after its jobs there)."""
+    member = member_of(kmock, mode, nodes=16)
+    jobs = [(f"team-{t}", f"w{i}" if same else f"{t}{i}") for i in range(each) for t in "ab"]
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
         made = await asyncio.gather(
             *(service.submit(t, manifest("Job", n, workload=SMALL)) for t, n in jobs)
         )
@@ -315,6 +328,39 @@ async def test_sixty_workloads_at_once_by_two_tenants_none_rolled_back(
         assert {state for state, _ in states.values()} == {"Running"}, states
         everyone = [p for p in member.c.live(PODS) if phase(p) == "Running"]
         await member.schedulers.end(everyone, "Succeeded")
+        await service.runs_done()
+        for tenant, name in jobs:
+            assert await history(service, name, tenant) == [*RUN, "Succeeded"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_two_tenants_same_named_jobs_pods_of_the_same_names_run_apart(
+    kmock: NamespacedEmulator, tmp_path: Path, mode: Mode
+) -> None:
+    """A PyTorchJob's pods are named after it (``train-master-0``): two tenants' jobs
+    ``train`` make pods of the same names, each in its tenant's namespace; each job runs on
+    its own pods, counted once each, and ends by its own."""
+    member = member_of(kmock, mode)
+    jobs = [("team-a", "train"), ("team-b", "train")]
+    async with member.running(), broker(kmock, tmp_path, mode) as service:
+        for tenant, name in jobs:
+            assert (await service.submit(tenant, manifest("PyTorchJob", name)))[1]
+        await service.schedule_once()
+        await launched(service, member, *jobs)
+        for tenant, name in jobs:
+            record = await service.get(tenant, name)
+            assert record.state == "Running", (record.reason, state_of(member))
+        names = {f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                 for p in member.c.live(PODS)}  # fmt: skip
+        replicas = ("train-master-0", "train-worker-0", "train-worker-1")
+        assert names == {f"fedbroker-{t}/{r}" for t, _ in jobs for r in replicas}
+
+        def counted_once() -> bool:
+            return ledger_gpus(service) == pods_gpus(member, everywhere=True)
+
+        assert await settle(member, counted_once), (ledger_gpus(service), pods_gpus(member, True))
+        assert sum(ledger_gpus(service).values()) == 6
+        await member.schedulers.end([p for p in member.c.live(PODS)], "Succeeded")
         await service.runs_done()
         for tenant, name in jobs:
             assert await history(service, name, tenant) == [*RUN, "Succeeded"]

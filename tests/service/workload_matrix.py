@@ -209,11 +209,11 @@ def running_pods(member: Member) -> list[Obj]:
     return [p for p in ours(member, PODS).values() if phase(p) == "Running"]
 
 
-def pods_gpus(member: Member) -> dict[str, int]:
-    """Node -> the GPUs of our pods bound there and not ended (what the member has in use;
-    nodes without any left out)."""
+def pods_gpus(member: Member, everywhere: bool = False) -> dict[str, int]:
+    """Node -> the GPUs of our pods (``everywhere``: every tenant's) bound there and not
+    ended (what the member has in use; nodes without any left out)."""
     out: dict[str, int] = {}
-    for pod in ours(member, PODS).values():
+    for pod in member.c.live(PODS) if everywhere else ours(member, PODS).values():
         node = pod["spec"].get("nodeName")
         if node and phase(pod) not in ("Succeeded", "Failed") and gpus_of(pod):
             out[node] = out.get(node, 0) + gpus_of(pod)
@@ -244,13 +244,14 @@ def enders(member: Member, kind: str) -> list[Obj]:
 
 def made_twice(member: Member) -> list[str]:
     """Pods made twice for one index of one Job, or twice under one name (a PyTorchJob's
-    replicas): a rerun."""
+    replicas), in one namespace: a rerun."""
     seen: dict[str, int] = {}
     for pod in member.c.made:
         labels = labels_of(pod)
         index = labels.get("batch.kubernetes.io/job-completion-index")
         job = labels.get("batch.kubernetes.io/job-name", "")
-        key = pod["metadata"]["name"] if index is None else f"{job} index {index}"
+        name = pod["metadata"]["name"] if index is None else f"{job} index {index}"
+        key = f"{pod['metadata']['namespace']}/{name}"
         seen[key] = seen.get(key, 0) + 1
     return [key for key, n in seen.items() if n > 1]
 
