@@ -8,7 +8,9 @@ objects, whichever launcher (pod gangs or workloads) creates them.
   without one stays gated, with one Warning Event). The member never says a pinned gang
   started: its pods do.
 * ``Delegate``: the member's gang scheduler. ``prepare`` creates (or adopts) the job's
-  PodGroup; the gang has started once the PodGroup's phase is Running, or its pods run.
+  PodGroup; the gang has started once the PodGroup's phase is Running (read from one
+  listing of our PodGroups shared by every gang starting at the time: a poll costs one LIST
+  per member, not one GET per gang), or its pods run.
 """
 
 from __future__ import annotations
@@ -131,9 +133,15 @@ class Delegate:
         await self._creator.ensure_pod_group(placement, spec, late)
 
     async def started(self, spec: LaunchSpec) -> bool:
-        namespace = self._objects.namespace(spec.tenant)
-        group = await self._api.read_pod_group(namespace, pod_group_name(spec))
-        return group is not None and (group.get("status") or {}).get("phase") == "Running"
+        """Its PodGroup's phase is Running, as one listing shared by every gang starting at
+        the time shows it (one not there yet has not started)."""
+        namespace, name = self._objects.namespace(spec.tenant), pod_group_name(spec)
+        for group in await self._api.shared_pod_groups():
+            meta = group.get("metadata") or {}
+            here = meta.get("name") == name and namespace_of(group) == namespace
+            if here and self._objects.ours(group, spec):
+                return (group.get("status") or {}).get("phase") == "Running"
+        return False
 
     async def tend(
         self,

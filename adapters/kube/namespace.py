@@ -335,6 +335,11 @@ class NamespaceApi:
         items = self._items("list PodGroups", listed)
         return [g for g in items if self.objects.in_its_namespace(g)]
 
+    async def shared_pod_groups(self) -> Listing:
+        """``our_pod_groups()``, one listing for every caller waiting at the same time: a
+        thousand delegated gangs asking whether their PodGroup runs cost one LIST a poll."""
+        return await self._shared("PodGroup", self.our_pod_groups, None)
+
     # -- workloads ---------------------------------------------------------------------------
 
     async def read_workload(
