@@ -419,6 +419,11 @@ REFUSED: list[tuple[str, Obj, str, str]] = [
      f"{W}.spec.leaderWorkerTemplate.subGroupPolicy", "not allowed"),
     ("LWS volume claims", _with(lws(), (*LWT, "volumeClaimTemplates"), []),
      f"{W}.spec.leaderWorkerTemplate.volumeClaimTemplates", "PersistentVolumeClaims"),
+    *((f"LWS {key.rpartition('/')[2]}",
+       {**lws(), "metadata": {"annotations": {key: "kubernetes.io/hostname"}}},
+       f"{W}.metadata.annotations.{key}", "alone in a topology domain")
+      for key in ("leaderworkerset.sigs.k8s.io/exclusive-topology",
+                  "leaderworkerset.sigs.k8s.io/subgroup-exclusive-topology")),
 ]  # fmt: skip
 
 

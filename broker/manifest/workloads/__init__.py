@@ -143,9 +143,16 @@ def launch_object(obj: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[tupl
 
 def field_violations(obj: Mapping[str, Any]) -> list[Violation]:
     """Every field of a workload object's ``spec`` its kind does not let a tenant set (or
-    set so), with its path from the object's root."""
+    set so), and every annotation of the object its kind refuses, with its path from the
+    object's root."""
     found, spec = _read(obj)
-    return allowlist.violations(found.fields, spec, found.kind)
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    refused = [
+        Violation(("metadata", "annotations", key), why)
+        for key, why in found.refused_annotations.items()
+        if key in annotations
+    ]
+    return [*refused, *allowlist.violations(found.fields, spec, found.kind)]
 
 
 def injection_refusals(obj: Mapping[str, Any], level: Level) -> list[Violation]:
@@ -178,6 +185,10 @@ def allowlist_doc() -> str:
         parts.extend(
             f"What its controller adds: {i.what} (`{i.templates}`, `{i.into}`)."
             for i in found.injections
+        )
+        parts.extend(
+            f"Refused on the object: annotation `{key}` ({why})."
+            for key, why in found.refused_annotations.items()
         )
     return "\n\n".join(parts)
 

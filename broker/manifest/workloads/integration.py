@@ -12,7 +12,7 @@ them, one line each. Pure."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from broker.manifest.podrequests import Violation
@@ -70,6 +70,9 @@ class Integration:
         Callable[[Mapping[str, Any]], tuple[dict[str, Any], tuple[tuple[str, Path], ...]]] | None
     ) = None
     runtime_ref: Callable[[Mapping[str, Any]], tuple[str, str]] | None = None
+    # Annotations on the object its controller reads to place pods the broker's placement
+    # never counted: annotation key -> why it is refused.
+    refused_annotations: Mapping[str, str] = field(default_factory=dict)
     # Whether its pod templates take a schedulerName (a runtime's patches do not: in
     # delegate mode the member's runtime names the gang scheduler).
     templates_name_scheduler: bool = True

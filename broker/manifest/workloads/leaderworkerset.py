@@ -26,9 +26,10 @@ rollout's tuning (the broker never updates a running workload, so there is no ro
 surge would make groups beyond the placement), sub-groups (they exist for exclusive
 topology placement, which the broker does instead) and volume claim templates. Scaling:
 ``replicas`` is fixed at admission; a group made beyond it (an autoscaler in the member)
-is pods beyond the placement, which stay gated in pin mode. The object's annotation
-``leaderworkerset.sigs.k8s.io/exclusive-topology`` (pod affinity by a topology label) is
-not read by the broker's placement: two groups placed in one domain would never schedule.
+is pods beyond the placement, which stay gated in pin mode. The object's annotations
+``leaderworkerset.sigs.k8s.io/exclusive-topology`` and ``subgroup-exclusive-topology`` (each
+group alone in a topology domain, by pod affinity) are refused: the broker's placement does
+not read them, and two groups it placed in one domain would never schedule.
 
 ``rules``: the names LWS makes: its headless Service is named after the object (a
 DNS-1035 label); a StatefulSet's pods carry ``controller-revision-hash: <set>-<hash>`` (up
@@ -70,6 +71,14 @@ _REVISION_SUFFIX = 11
 _LWT = "leaderWorkerTemplate"
 NO_ROLLOUT = "the broker never updates a running workload: there is no rollout to tune"
 CLAIMS = "makes PersistentVolumeClaims the broker neither counts nor deletes"
+_EXCLUSIVE = (
+    "each group alone in a topology domain: the broker's placement does not read it, and "
+    "groups it placed in one domain would never schedule"
+)
+REFUSED_ANNOTATIONS = {
+    "leaderworkerset.sigs.k8s.io/exclusive-topology": _EXCLUSIVE,
+    "leaderworkerset.sigs.k8s.io/subgroup-exclusive-topology": _EXCLUSIVE,
+}
 FIELDS: Table = (
     ("replicas", whole(1, why="groups, counted; all placed on one cluster")),
     (
@@ -173,7 +182,7 @@ def end(obj: Mapping[str, Any]) -> RunEnd | None:
 
 INTEGRATION = Integration(
     GROUP, VERSION, KIND, PLURAL, pod_sets, FIELDS, INJECTIONS, rules=rules,
-    index=pod_index, ending=end,
+    index=pod_index, ending=end, refused_annotations=REFUSED_ANNOTATIONS,
     pod_sets_doc="`leader` and `worker` (with a `leaderTemplate`), else `main`; each group "
     "a gang, all on one cluster",
     count_doc="`replicas` groups (default 1) x `leaderWorkerTemplate.size` pods (1 leader, "
