@@ -53,6 +53,7 @@ from broker.manifest.workloads.reading import (
     mapping,
     pod_template,
 )
+from broker.manifest.workloads.status import label_index
 from broker.ports import RunEnd
 
 GROUP = "leaderworkerset.x-k8s.io"
@@ -161,15 +162,11 @@ def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
 def pod_index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
     """The pod's index in its pod set, from its group and worker indexes and the object's
     ``size`` (see the module's docstring); None without them."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    group, worker = labels.get(GROUP_LABEL), labels.get(WORKER_LABEL)
-    if not (isinstance(group, str) and group.isdigit()):
-        return None
-    if not (isinstance(worker, str) and worker.isdigit()):
+    g, w = label_index(pod, GROUP_LABEL), label_index(pod, WORKER_LABEL)
+    if g is None or w is None:
         return None
     lwt = (workload.get("spec") or {}).get(_LWT) or {}
     size = _int(lwt.get("size"), 1)
-    g, w = int(group), int(worker)
     if lwt.get("leaderTemplate") is None:
         return g * size + w
     return g if w == 0 else g * (size - 1) + w - 1

@@ -68,6 +68,7 @@ from broker.manifest.workloads.reading import (
     optional_mapping,
     pod_template,
 )
+from broker.manifest.workloads.status import condition_end, label_index
 from broker.ports import RunEnd
 
 VERSION = "v2beta1"
@@ -173,23 +174,12 @@ def rules(name: str, spec: Mapping[str, Any]) -> list[Violation]:
 def pod_index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None:
     """A worker's ``replica-index``; the launcher (one pod at a time, a Job's): 0."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get(ROLE_LABEL) == LAUNCHER:
-        return 0
-    value = labels.get(INDEX_LABEL)
-    return int(value) if isinstance(value, str) and value.isdigit() else None
+    return 0 if labels.get(ROLE_LABEL) == LAUNCHER else label_index(pod, INDEX_LABEL)
 
 
 def end(obj: Mapping[str, Any]) -> RunEnd | None:
     """``Failed`` or ``Succeeded`` true, with the operator's reason and message."""
-    found: dict[str, Mapping[str, Any]] = {}
-    for condition in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("status") == "True":
-            found[str(condition.get("type"))] = condition
-    for kind, ok in (("Failed", False), ("Succeeded", True)):
-        if kind in found:
-            reason = str(found[kind].get("reason") or kind)
-            return RunEnd(ok, reason, str(found[kind].get("message") or ""))
-    return None
+    return condition_end(obj, "Succeeded", "Failed")
 
 
 INTEGRATION = Integration(

@@ -43,9 +43,10 @@ from broker.manifest.workloads.allowlist import (
     string,
     whole,
 )
-from broker.manifest.workloads.batchjob import MANAGED_BY, SUSPENDED
+from broker.manifest.workloads.batchjob import COMPLETION_INDEX, MANAGED_BY, SUSPENDED
 from broker.manifest.workloads.injection import Injection
 from broker.manifest.workloads.integration import Integration
+from broker.manifest.workloads.jobset import JOB_INDEX
 from broker.manifest.workloads.reading import (
     DerivedPodSet,
     Path,
@@ -59,7 +60,7 @@ from broker.manifest.workloads.reading import (
     pods_of_job,
     text,
 )
-from broker.manifest.workloads.status import condition_end
+from broker.manifest.workloads.status import condition_end, label_index
 from broker.ports import MemberResource, RunEnd
 
 GROUP = "trainer.kubeflow.org"
@@ -249,13 +250,10 @@ def pod_index(workload: Mapping[str, Any], pod: Mapping[str, Any]) -> int | None
     """A pod's index within its replicated job, as the JobSet it runs as numbers it: the
     Job's index times its parallelism plus the completion index."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    completion = labels.get("batch.kubernetes.io/job-completion-index")
-    if completion is None:
-        return None
     # The trainer's replicated job runs one Job (its replicas are set to 1); another
     # replicated job's later Jobs are told apart by the launcher's slot annotation.
-    job_index = str(labels.get("jobset.sigs.k8s.io/job-index") or "0")
-    return int(completion) if job_index == "0" and str(completion).isdigit() else None
+    first_job = str(labels.get(JOB_INDEX) or "0") == "0"
+    return label_index(pod, COMPLETION_INDEX) if first_job else None
 
 
 def end(obj: Mapping[str, Any]) -> RunEnd | None:
