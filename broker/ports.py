@@ -179,6 +179,9 @@ class LaunchSpec:
     master_port: int = 29500
     # Set for a ``spec.workload`` job: the launcher creates this object, not pods.
     workload: WorkloadSpec | None = None
+    # The job's launch attempt: a remote launcher's commands carry it, so a deletion voids
+    # the launches of its attempt and earlier, never a later one.
+    generation: int = 0
 
     @property
     def key(self) -> str:

@@ -109,6 +109,7 @@ class Binding:
             pod_sets=tuple(ps.name for ps in job.pod_sets),
             master_port=launch.pending.master_port,
             workload=None if workload is None else workload_spec(workload),
+            generation=launch.pending.attempts,
         )
 
     def start_launch(self, placement: Placement, stage: Stage = "launch") -> None:
