@@ -165,12 +165,12 @@ class KubeconfigRef(Section):
         return self.kubeconfig_inline
 
 
-class KubeSource(KubeconfigRef):
-    """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
-    (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
-    kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
-    pods; gangs are launched into their tenant's namespace, ``namespacePattern`` with
-    ``{tenant}`` replaced by the tenant's name (created by the broker if missing)."""
+class KubeLaunchFields(Section):
+    """How gangs are launched into a Kubernetes member, whoever launches them (the broker
+    for a ``kube`` member, the member's agent in pull mode: ``broker.agent.config``): into
+    their tenant's namespace, ``namespacePattern`` with ``{tenant}`` replaced by the
+    tenant's name (created if missing), in ``launchMode``, with the member's GPU resource
+    names and timings."""
 
     namespace_pattern: str = Field(default="fedbroker-{tenant}", max_length=80)
     gpu_resources: list[str] = Field(
@@ -253,6 +253,13 @@ class KubeSource(KubeconfigRef):
         for name in queues.values():
             dns_subdomain(name)
         return queues
+
+
+class KubeSource(KubeconfigRef, KubeLaunchFields):
+    """A real Kubernetes member cluster: one context of a kubeconfig, given as a file path
+    (``kubeconfig``, relative to the working directory) or inline (``kubeconfigInline``: the
+    kubeconfig as a mapping or YAML text). Capacity comes from a list+watch of its nodes and
+    pods; gangs are launched as ``KubeLaunchFields`` say."""
 
 
 class MqttSource(Section):
