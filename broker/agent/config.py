@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from broker.agent.policy import AgentPolicy, TenantPolicy
+from broker.agent.policy import AgentPolicy, TenantPolicy, namespace_problem
 from broker.config import ConfigError, KubeLaunchFields, Section
 from broker.config.tenancy import PodSecurityLevel, RuntimeClassName, TaintKey
 from broker.manifest import (
@@ -75,7 +75,7 @@ class AgentLaunchConfig(KubeLaunchFields):
         return self
 
     def _namespace_problem(self, tenant: str) -> str | None:
-        return AgentPolicy(self.namespace_pattern).namespace_problem(tenant)
+        return namespace_problem(self.namespace_pattern, tenant)
 
     def policy(self) -> AgentPolicy:
         """The policy the agent checks every launch against."""

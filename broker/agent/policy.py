@@ -77,13 +77,10 @@ class AgentPolicy:
         object.__setattr__(self, "default", TenantPolicy(access=access))
 
     def namespace_problem(self, name: str) -> str | None:
-        """Why tenant ``name``'s namespace would be unusable here, or None."""
-        if not _LABEL.fullmatch(name):
-            return f"spec.tenant: {name[:64]!r} is not a DNS label"
-        namespace = self.namespace_pattern.replace(TENANT_PLACEHOLDER, name)
-        if len(namespace) > 63 or namespace in RESERVED_NAMESPACES:
-            return f"spec.tenant: {name!r} gives namespace {namespace!r}, which is not usable"
-        return None
+        """Why tenant ``name``'s namespace would be unusable here (naming ``spec.tenant``),
+        or None."""
+        problem = namespace_problem(self.namespace_pattern, name)
+        return None if problem is None else f"spec.tenant: {problem}"
 
     def tenant(self, name: str) -> TenantPolicy | str:
         """The tenant's policy, or why it has none here."""
@@ -96,6 +93,16 @@ class AgentPolicy:
         if found is None:
             return f"spec.tenant: {name!r} is not a tenant of this agent's launch config"
         return found
+
+
+def namespace_problem(pattern: str, tenant: str) -> str | None:
+    """Why ``tenant``'s namespace by ``pattern`` would be unusable, or None."""
+    if not _LABEL.fullmatch(tenant):
+        return f"{tenant[:64]!r} is not a DNS label"
+    namespace = pattern.replace(TENANT_PLACEHOLDER, tenant)
+    if len(namespace) > 63 or namespace in RESERVED_NAMESPACES:
+        return f"tenant {tenant!r} gives namespace {namespace!r}, which is not usable"
+    return None
 
 
 def _lines(violations: Iterable[Violation], prefix: Path = ()) -> list[str]:
@@ -173,4 +180,5 @@ __all__ = [
     "AgentPolicy",
     "TenantPolicy",
     "launch_violations",
+    "namespace_problem",
 ]
