@@ -16,14 +16,22 @@ Topics, below the prefix (default ``fedbroker``), for member cluster ``<c>``:
     "taints": [{"key": k, "value": v, "effect": "NoSchedule"}],
     "allocatable": {"gpus": 8, "cpuMilli": 96000, "memoryMib": 786432},
     "used": {"gpus": 3, "sharedGpuMilli": [250, 500], "cpuMilli": 24000,
-    "memoryMib": 65536, "pods": 4}, "at": <unix time>}`` — ``used`` sums the requests of
-    the node's running pods: whole GPUs, and each shared-GPU pod's share. An empty retained
-    payload clears a deleted node.
+    "memoryMib": 65536, "pods": 4},
+    "ours": [{"pod": "acme.train-worker-0", "resources": {"gpus": 1, "gpuMilli": 0,
+    "cpuMilli": 8000, "memoryMib": 32768}, "gpus": [0] | null}], "at": <unix time>}`` —
+    ``used`` sums the requests of the node's running pods that are not the broker's:
+    whole GPUs, and each shared-GPU pod's share. ``ours`` lists the broker's own pods there
+    (pull mode: the agent launched them), each under its ledger name
+    (``<tenant>.<job>-<pod set>-<index>``: the key the agent's watcher gives them, one
+    without "/") with its requests and the GPUs the broker picked (null: none recorded).
+    A report without ``ours`` (an older agent) counts every pod in ``used``. An empty
+    retained payload clears a deleted node.
 
-The broker turns a node report into ``NodeUpdated`` plus synthetic ``PodBound`` events (one
-pod ``agent:<node>`` holding the whole GPUs, CPU and memory; one ``agent:<node>:shared-<i>``
-per shared share), replacing the previous report's pods, so the ledger counts the usage
-exactly as if it had watched the pods itself.
+The broker turns a node report into ``NodeUpdated`` plus ``PodBound`` events: synthetic
+ones for ``used`` (one pod ``agent:<node>`` holding the whole GPUs, CPU and memory; one
+``agent:<node>:shared-<i>`` per shared share), replacing the previous report's, and one
+per pod of ``ours`` under its own name, so the ledger matches each to its gang's
+reservation instead of counting it twice, exactly as if it had watched the pods itself.
 """
 
 from __future__ import annotations
@@ -53,18 +61,33 @@ _EFFECTS: tuple[Literal["NoSchedule", "NoExecute", "PreferNoSchedule"], ...] = (
     "PreferNoSchedule",
 )
 MAX_INT = 1 << 53
+MAX_OURS = 4096  # the broker's pods on one node
+MAX_GPU_INDEX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OurPod:
+    """One of the broker's own pods on a node, under its ledger name."""
+
+    pod: str
+    resources: Resources
+    gpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """A node's usage by pods that are not the broker's, and the broker's own pods."""
+
     gpus: int = 0
     shared_gpu_milli: tuple[int, ...] = ()
     cpu_milli: int = 0
     memory_mib: int = 0
     pods: int = 0
+    ours: tuple[OurPod, ...] = ()
 
 
-def usage_of(pods: Iterable[Resources]) -> Usage:
+def usage_of(pods: Iterable[Resources], ours: Iterable[OurPod] = ()) -> Usage:
+    """The usage of ``pods`` (not the broker's), with the broker's own pods ``ours``."""
     gpus = cpu = mem = count = 0
     shared: list[int] = []
     for r in pods:
@@ -74,7 +97,20 @@ def usage_of(pods: Iterable[Resources]) -> Usage:
         count += 1
         if r.gpu_milli:
             shared.append(r.gpu_milli)
-    return Usage(gpus, tuple(sorted(shared)), cpu, mem, count)
+    return Usage(
+        gpus, tuple(sorted(shared)), cpu, mem, count, tuple(sorted(ours, key=lambda p: p.pod))
+    )
+
+
+def is_ours(key: str) -> bool:
+    """A pod key of the broker's own pods: its ledger name (another pod's key is
+    ``namespace/name``)."""
+    return "/" not in key
+
+
+def _resources_doc(r: Resources) -> dict[str, int]:
+    return {"gpus": r.gpus, "gpuMilli": r.gpu_milli, "cpuMilli": r.cpu_milli,
+            "memoryMib": r.memory_mib}  # fmt: skip
 
 
 def node_report(node: Node, usage: Usage, at: float) -> dict[str, Any]:
@@ -92,6 +128,11 @@ def node_report(node: Node, usage: Usage, at: float) -> dict[str, Any]:
             "gpus": usage.gpus, "sharedGpuMilli": list(usage.shared_gpu_milli),
             "cpuMilli": usage.cpu_milli, "memoryMib": usage.memory_mib, "pods": usage.pods,
         },
+        "ours": [
+            {"pod": p.pod, "resources": _resources_doc(p.resources),
+             "gpus": None if p.gpus is None else list(p.gpus)}
+            for p in usage.ours
+        ],
         "at": at,
     }  # fmt: skip
 
@@ -153,8 +194,40 @@ def parse_node_report(payload: bytes, expected_node: str) -> tuple[Node, Usage]:
         _int(used, "cpuMilli", "used."),
         _int(used, "memoryMib", "used."),
         _int(used, "pods", "used."),
+        _ours(doc.get("ours")),
     )
     return node, usage
+
+
+def _ours(value: object) -> tuple[OurPod, ...]:
+    """The ``ours`` list of a report (absent: none)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_OURS:
+        raise ReportError(f"ours: not a list of at most {MAX_OURS} pods")
+    out: dict[str, OurPod] = {}
+    for i, item in enumerate(value):
+        item = _mapping(item, f"ours[{i}]")
+        pod, gpus = item.get("pod"), item.get("gpus")
+        if not isinstance(pod, str) or not 0 < len(pod) <= 253 or not is_ours(pod) or pod in out:
+            raise ReportError(f"ours[{i}].pod: not a ledger name (once, without '/')")
+        if gpus is not None and (
+            not isinstance(gpus, list)
+            or len(gpus) > MAX_GPU_INDEX
+            or not all(
+                isinstance(g, int) and not isinstance(g, bool) and 0 <= g < MAX_GPU_INDEX
+                for g in gpus
+            )
+        ):
+            raise ReportError(f"ours[{i}].gpus: not a list of GPU indexes")
+        r = _mapping(item.get("resources"), f"ours[{i}].resources")
+        where = f"ours[{i}].resources."
+        resources = Resources(
+            _int(r, "gpus", where), _int(r, "gpuMilli", where), _int(r, "cpuMilli", where),
+            _int(r, "memoryMib", where),
+        )  # fmt: skip
+        out[pod] = OurPod(pod, resources, None if gpus is None else tuple(gpus))
+    return tuple(out.values())
 
 
 def synthetic_pods(cluster: str, node: str, usage: Usage) -> list[PodBound]:
@@ -172,12 +245,16 @@ def report_events(
     cluster: str, node: Node, usage: Usage, previous: Iterable[str]
 ) -> tuple[list[CapacityEvent], list[str]]:
     """Events bringing the ledger to this report (the previous report's pods removed
-    first), and the names of the pods now standing for the node's usage."""
+    first, but for the broker's own pods still there: each stays matched to its
+    reservation), and the names of the pods now standing for the node's usage."""
     pods = synthetic_pods(cluster, node.name, usage)
-    events: list[CapacityEvent] = [PodDeleted(cluster, p) for p in previous]
+    ours = [PodBound(cluster, p.pod, node.name, p.resources, p.gpus) for p in usage.ours]
+    kept = {p.pod for p in ours}
+    events: list[CapacityEvent] = [PodDeleted(cluster, p) for p in previous if p not in kept]
     events.append(NodeUpdated(cluster, node))
     events.extend(pods)
-    return events, [p.pod for p in pods]
+    events.extend(ours)
+    return events, [p.pod for p in (*pods, *ours)]
 
 
 def parse_inventory(payload: bytes) -> frozenset[str]:
@@ -235,13 +312,17 @@ class CapacityState:
         node = self.nodes.get(name)
         if node is None:
             return None
-        usage = usage_of(self.pods[p].resources for p in self.on_node.get(name, ()))
+        on_node = [self.pods[p] for p in sorted(self.on_node.get(name, ()))]
+        ours = [OurPod(p.pod, p.resources, p.gpus) for p in on_node if is_ours(p.pod)]
+        usage = usage_of((p.resources for p in on_node if not is_ours(p.pod)), ours)
         return node_report(node, usage, at)
 
 
 __all__ = [
     "CapacityState",
+    "OurPod",
     "Usage",
+    "is_ours",
     "node_report",
     "parse_inventory",
     "parse_node_report",
