@@ -41,9 +41,9 @@ from broker.manifest.workloads.allowlist import BROKER_DOMAIN, reserved_key, tem
 from broker.ports import LaunchSpec
 
 LEVELS: tuple[Level, ...] = get_args(Level)  # laxest first
-# A TrainJob's pods are shaped by its member runtime, which the broker resolves from the
-# members it reaches itself: an agent-fed cluster never gets one.
-UNLAUNCHED_KINDS = frozenset({"TrainJob"})
+# A kind whose pods a member runtime shapes (its runtime is resolved by the broker from the
+# members it reaches itself): an agent-fed cluster never gets one.
+UNLAUNCHED_KINDS = frozenset(i.kind for i in INTEGRATIONS if i.runtime_pod_sets is not None)
 LAUNCHED_KINDS: tuple[str, ...] = (
     "Pod",
     *(i.kind for i in INTEGRATIONS if i.kind not in UNLAUNCHED_KINDS),
