@@ -12,7 +12,10 @@ command, in order:
 2. Dedupe by ``id``: a command in flight gets ``accepted`` again, one finished its cached
    final (the last ``FINALS_KEPT``); the broker resends until it has a final.
 3. ``broker.agent.intake``: this cluster's, recent, well formed, the tenant's namespace
-   usable, a launch passing the agent's own policy; else ``refused`` naming why.
+   usable, a launch passing the agent's own policy; else ``refused`` naming why. A command
+   too far behind the agent's clock is logged and counted (``stale``), never answered: the
+   broker resends a fresh copy of every command it waits for when the agent returns, and
+   the MQTT broker may hand over old copies first.
 4. ``accepted``, then exactly one final: ``launch`` (``KubeLauncher.launch``: done once every
    pod runs), ``delete``, ``read_back``, ``collect``, ``pods`` and ``logs`` run one task
    each; ``watch`` is a ``KubeLauncher.watch`` callback (no task per followed job), its
@@ -60,7 +63,7 @@ from adapters.mqtt.commands import (
     sign,
 )
 from adapters.mqtt.publisher import Publisher
-from broker.agent.intake import Order, Refused, order_of
+from broker.agent.intake import Order, Refused, Stale, order_of
 from broker.agent.policy import LAUNCHED_KINDS, AgentPolicy
 from broker.model import Placement
 from broker.ports import LaunchError, LaunchSpec, PodNotFound, RunEnd, RunHandle
@@ -89,6 +92,7 @@ class Counts:
     """What the executor met, for logs and tests."""
 
     forged: int = 0
+    stale: int = 0
     refused: int = 0
     duplicates: int = 0
     finals: dict[str, int] = field(default_factory=dict)
@@ -177,6 +181,11 @@ class CommandExecutor:
             return
         try:
             order = order_of(command, self.cluster, self.policy, self._clock())
+        except Stale as exc:
+            self.counts.stale += 1
+            log.warning("cluster %s: %s command %s ignored: %s", self.cluster, command.op,
+                        command.id, exc)  # fmt: skip
+            return
         except Refused as exc:
             self.counts.refused += 1
             log.warning("cluster %s: %s command %s for %s refused: %s", self.cluster,

@@ -2,11 +2,11 @@
 
 The signature was checked by the codec (``adapters.mqtt.commands.decode_command``); what
 the broker signed is still checked before anything happens in the member: the command is
-for this cluster, its ``at`` is within ``MAX_SKEW_SECONDS`` of the agent's clock (a replay
-of an old command is refused), its body reads as the op needs (a placement of this
-cluster and the command's job, a launch spec of that job, a bounded log request), the
-tenant's namespace is usable, and a launch passes the agent's own policy
-(``broker.agent.policy``). A refusal is a ``Refused`` naming the field.
+for this cluster, its ``at`` is within ``MAX_SKEW_SECONDS`` of the agent's clock (an old
+command is ``Stale``: a replay, or a copy kept while the agent was away), its body reads
+as the op needs (a placement of this cluster and the command's job, a launch spec of that
+job, a bounded log request), the tenant's namespace is usable, and a launch passes the
+agent's own policy (``broker.agent.policy``). A refusal is a ``Refused`` naming the field.
 """
 
 from __future__ import annotations
@@ -34,6 +34,13 @@ _SHOWN = 3  # violations named in one refusal; the rest counted
 
 class Refused(Exception):
     """The agent will not carry the command out (message: why, naming the field)."""
+
+
+class Stale(Refused):
+    """A command whose ``at`` is too far behind the agent's clock: a replay, or a copy the
+    MQTT broker kept for the agent while it was away. Never answered: the broker resends
+    every command it still waits for, freshly signed, when the agent returns, and an
+    answer to the old copy would end the wait of the fresh one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +122,11 @@ def order_of(command: Command, cluster: str, policy: AgentPolicy, now: float) ->
         raise Refused(f"command for cluster {command.cluster}; this agent runs cluster {cluster}")
     skew = command.at - now
     if abs(skew) > MAX_SKEW_SECONDS:
-        raise Refused(
+        why = (
             f"command.at: {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} this "
             f"agent's clock (at most {MAX_SKEW_SECONDS:.0f} s)"
         )
+        raise Refused(why) if skew > 0 else Stale(why)
     op, body = command.op, command.body
     try:
         if op == "read_back":
@@ -143,4 +151,4 @@ def order_of(command: Command, cluster: str, policy: AgentPolicy, now: float) ->
     return Order(command, placement=placement, spec=spec)
 
 
-__all__ = ["Order", "Refused", "order_of", "refusal"]
+__all__ = ["Order", "Refused", "Stale", "order_of", "refusal"]

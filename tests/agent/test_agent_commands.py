@@ -278,9 +278,14 @@ async def test_what_the_agent_refuses_creates_nothing(k8s: Member, api: ApiClien
         assert "privileged" in refused.error
         laxer = await b.final(await b.send(b.command("launch", job_body())))  # baseline
         assert laxer.status == "refused" and "laxer than this agent's level" in laxer.error
-        # commands are handled in order: the forged one was met before those answered
+        # A copy kept while the agent was away: ignored, and its fresh resend carried out.
+        pods = b.command("pods", {"spec": spec_doc(SPEC)})
+        await b.send(dataclasses.replace(pods, at=pods.at - 1000))
+        assert (await b.final(await b.send(pods))).status == "done"
+        # commands are handled in order: the forged and stale ones were met before those
         assert b.replies(forged.id) == [] and b.agent.commands is not None
-        assert b.agent.commands.counts.forged == 1
+        assert b.agent.commands.counts.forged == 1 and b.agent.commands.counts.stale == 1
+        assert b.statuses(pods) == ["accepted", "done"]
         assert creates(k8s) == [] and k8s.stored_namespace(NS) is None
 
 

@@ -15,7 +15,7 @@ from workload_cluster import WORKLOADS as CLUSTER_WORKLOADS
 from workload_matrix import WORKLOADS as MATRIX_WORKLOADS
 
 from adapters.mqtt.commands import Command, placement_doc, spec_doc, spec_of
-from broker.agent.intake import Refused, order_of
+from broker.agent.intake import Refused, Stale, order_of
 from broker.agent.policy import AgentPolicy, TenantPolicy, launch_violations
 from broker.manifest import (
     NodeAccess,
@@ -239,6 +239,7 @@ def test_commands_the_agent_refuses(
     with pytest.raises(Refused, match=None) as refused:
         order_of(cmd, "edge", policy, NOW)
     assert expected in str(refused.value)
+    assert isinstance(refused.value, Stale) == ("behind" in expected)
 
 
 def test_a_refused_launch_names_its_first_violations() -> None:
