@@ -66,7 +66,14 @@ from adapters.mqtt.publisher import Publisher
 from broker.agent.intake import Order, Refused, Stale, order_of
 from broker.agent.policy import LAUNCHED_KINDS, AgentPolicy
 from broker.model import Placement
-from broker.ports import LaunchError, LaunchSpec, PodNotFound, RunEnd, RunHandle
+from broker.ports import (
+    LaunchError,
+    LaunchSpec,
+    PodNotFound,
+    PodReadError,
+    RunEnd,
+    RunHandle,
+)
 
 log = logging.getLogger("broker.agent")
 
@@ -284,6 +291,11 @@ class CommandExecutor:
             self._finish(work, "failed", str(exc), permanent=exc.permanent)
         except PodNotFound as exc:
             self._finish(work, "failed", str(exc), permanent=True, result={"notFound": True})
+        except PodReadError as exc:  # cluster, object and HTTP status only
+            self._finish(work, "failed", str(exc))
+        except TimeoutError:
+            why = f"cluster {self.cluster}: the agent's {work.command.op} took over "
+            self._finish(work, "failed", f"{why}{self.read_timeout:g} s")
         except Exception as exc:  # the member's answer, never its credentials
             log.warning("cluster %s: %s of %s failed: %s", self.cluster, work.command.op,
                         work.order.job or "-", describe(exc))  # fmt: skip

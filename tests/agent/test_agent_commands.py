@@ -260,6 +260,14 @@ async def test_a_deletion_voids_the_launches_of_its_generation(k8s: Member, api:
         launched = await b.final(await b.send(b.command("launch", job_body(spec=again),
                                                         generation=2)))  # fmt: skip
         assert launched.status == "done" and len(stored(k8s, PODS)) == 2
+        # Garbage collection: every job the broker does not list as live goes.
+        kept = await b.final(await b.send(b.command("collect", {"live": ["acme/train"]}, job="")))
+        assert kept.result == {"deleted": []} and len(stored(k8s, PODS)) == 2
+        gone = await b.final(await b.send(b.command("collect", {"live": []}, job="")))
+        assert sorted(gone.result["deleted"]) == [
+            "Pod/team-acme/train-worker-0", "Pod/team-acme/train-worker-1",
+            "Service/team-acme/rdzv-train"]  # fmt: skip
+        assert stored(k8s, PODS) == {}
 
 
 async def test_what_the_agent_refuses_creates_nothing(k8s: Member, api: ApiClient) -> None:
