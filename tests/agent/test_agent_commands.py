@@ -11,12 +11,16 @@ import asyncio
 import copy
 import dataclasses
 import itertools
+import os
 import re
 import secrets
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp.web
@@ -27,7 +31,16 @@ from builders import until
 from kmock_namespaces import NamespacedEmulator
 from kubernetes.aio.client import ApiClient
 from tenacity import wait_none
-from test_mqtt import MQTT_HOST, MQTT_PORT, Inbox, require_mqtt, subscriber, unique_prefix
+from test_agent import CANARY, write_kubeconfig
+from test_mqtt import (
+    MQTT_HOST,
+    MQTT_PORT,
+    ROOT,
+    Inbox,
+    require_mqtt,
+    subscriber,
+    unique_prefix,
+)
 from workload_cluster import PODS, admitted, client_config, cluster, emulator, node_of, stored
 from workload_matrix import node_obj
 
@@ -314,3 +327,50 @@ async def test_a_batch_job_is_launched_through_its_controller(k8s: Member, api: 
         back = await b.final(await b.send(b.command("read_back", {}, job="")))
         assert set(back.result["workloads"]) == {"acme/train"}
         assert len(back.result["pods"]["acme/train"]) == len(placement.pods)
+
+
+async def test_the_agent_command_launches_given_a_launch_config_and_its_key(
+    k8s: Member, tmp_path: Path
+) -> None:
+    """``fedbroker agent --launch-config`` as a process: it says it launches, carries out a
+    signed command, and its log never shows the key or the member's token."""
+    await require_mqtt()
+    prefix = unique_prefix()
+    kubeconfig = write_kubeconfig(tmp_path / "kc", str(k8s.url).rstrip("/"))
+    launch_config = tmp_path / "launch.yaml"
+    launch_config.write_text(CONFIG % "baseline")
+    key = secrets.token_hex(32)
+    env = {**os.environ, "FEDBROKER_AGENT_KEY": key}
+    async with subscriber(f"{prefix}/agents/edge/#") as seen:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "broker.cli", "agent", "--cluster", "edge",
+            "--kubeconfig", str(kubeconfig), "--mqtt-host", MQTT_HOST,
+            "--mqtt-port", str(MQTT_PORT), "--topic-prefix", prefix,
+            "--client-id", f"fbtest-agent-{secrets.token_hex(4)}",
+            "--launch-config", str(launch_config),
+            cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            caps = f"{prefix}/agents/edge/capabilities"
+            await seen.wait(lambda: bool(seen.json(caps)), 30)
+            assert seen.json(caps)[-1]["launch"] is True
+            async with aiomqtt.Client(MQTT_HOST, MQTT_PORT, timeout=5) as client:
+                command = Command("p1", "edge", "pods", "acme/train", 1, time.time(),
+                                  {"spec": spec_doc(SPEC)})  # fmt: skip
+                topic = f"{prefix}/agents/edge/commands"
+                await client.publish(topic, encode_command(command, key.encode()), qos=1)
+                replies = f"{prefix}/agents/edge/replies"
+
+                def finals() -> list[Reply]:
+                    found = [decode_reply(p, key.encode()) for p in seen.payloads(replies)]
+                    return [r for r in found if r.final]
+
+                await seen.wait(lambda: bool(finals()), 30)
+                assert finals()[0].status == "done" and finals()[0].result == {"pods": []}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    text = (out + err).decode()
+    assert "launching" in text
+    assert key not in text and CANARY not in text
