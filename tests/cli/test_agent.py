@@ -137,6 +137,9 @@ async def test_agent_capacity_reaches_the_ledger_and_goes_stale(
             assert report["allocatable"]["gpus"] == 4 and report["used"]["gpus"] == 2
             assert seen.json(f"{prefix}/agents/edge/inventory")[-1] == {"nodes": ["n1"]}
             assert seen.payloads(f"{prefix}/agents/edge/status")[-1] == b"online"
+            # A report-only agent says it launches nothing (the broker never sends it work).
+            caps = seen.json(f"{prefix}/agents/edge/capabilities")
+            assert caps and caps[-1] == {"v": 1, "launch": False}
 
         # Changes in the cluster reach the ledger through MQTT.
         await watching(k8s)
