@@ -67,7 +67,16 @@ class PrivateMosquitto:
 
     START_SECONDS = 10.0
 
-    def __init__(self, directory: Path, *, persistence: bool = False) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        persistence: bool = False,
+        anonymous: bool = True,
+        extra: Sequence[str] = (),
+    ) -> None:
+        """``anonymous``: whether clients may connect without a user; ``extra``: lines added
+        to the configuration (a password file, an ACL file, more listeners)."""
         if not Path(MOSQUITTO).is_file():
             unavailable(f"mosquitto binary not found at {MOSQUITTO}")
         with socket.socket() as sock:
@@ -79,13 +88,14 @@ class PrivateMosquitto:
         self.conf = directory / "mosquitto.conf"
         lines = [
             f"listener {self.port} 127.0.0.1",
-            "allow_anonymous true",
+            f"allow_anonymous {'true' if anonymous else 'false'}",
             f"persistence {'true' if persistence else 'false'}",
             f"persistence_location {directory}/",
             f"log_dest file {self.log}",
             # Started as root, mosquitto would switch to user mosquitto, who may not write
             # into our temporary directory.
             f"user {getpass.getuser()}",
+            *extra,
         ]
         self.conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.proc: subprocess.Popen[bytes] | None = None

@@ -1,9 +1,10 @@
 """The Kubernetes manifests an operator applies (deploy/kustomize), checked offline.
 
-Every kustomization (the base, overlays sqlite and postgres, the member-cluster RBAC) is
-rendered with ``kubectl kustomize`` (Debian package kubectl, kustomize built in). Built-in
-kinds are validated against the Kubernetes OpenAPI schemas that kubernetes-validate ships
-(strict: unknown fields are errors); the Prometheus Operator kinds are checked by hand. Then
+Every kustomization (the base, overlays sqlite and postgres, the member-cluster RBAC, the
+pull-mode agent) is rendered with ``kubectl kustomize`` (Debian package kubectl, kustomize
+built in). Built-in kinds are validated against the Kubernetes OpenAPI schemas that
+kubernetes-validate ships (strict: unknown fields are errors); the Prometheus Operator kinds
+are checked by hand. Then
 what the broker needs: the pod's security context, probes, replicas, that no secret value is
 shipped, that the shipped config parses (broker.config.parse_config) with tokens from the
 env the Deployment provides, and that the RBAC grants what the adapters call.
@@ -41,7 +42,8 @@ BROKER_TARGETS = ("base", "overlays/sqlite", "overlays/postgres")
 MEMBER_TARGET = "member-cluster"
 BURST_MEMBER_TARGET = "member-cluster-burst"  # member-cluster plus nodes patch
 MEMBER_TARGETS = (MEMBER_TARGET, BURST_MEMBER_TARGET)
-TARGETS = (*BROKER_TARGETS, *MEMBER_TARGETS)
+AGENT_TARGET = "agent"  # pull mode: the agent in a member (test_agent_deploy checks it)
+TARGETS = (*BROKER_TARGETS, *MEMBER_TARGETS, AGENT_TARGET)
 REPLICAS = {"base": 2, "overlays/postgres": 2, "overlays/sqlite": 1}
 
 MONITORING = "monitoring.coreos.com/v1"
@@ -56,8 +58,7 @@ Doc = dict[str, Any]
 # --- rendering ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kubectl() -> str:
+def kubectl_or_skip() -> str:
     """kubectl's path; skips (or fails under FEDBROKER_REQUIRE_SERVICES=1) without it."""
     path = shutil.which("kubectl")
     if path is None:
@@ -68,24 +69,27 @@ def kubectl() -> str:
     return path
 
 
+def render(kubectl: str, target: str) -> list[Doc]:
+    """The objects ``kubectl kustomize deploy/kustomize/<target>`` renders."""
+    result = subprocess.run(
+        [kubectl, "kustomize", str(KUSTOMIZE / target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize {target}: {result.stderr}"
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
+    assert docs, f"{target} renders nothing"
+    assert all(isinstance(d, dict) for d in docs), target
+    return cast(list[Doc], docs)
+
+
 @pytest.fixture(scope="module")
-def rendered(kubectl: str) -> dict[str, list[Doc]]:
+def rendered() -> dict[str, list[Doc]]:
     """target -> the objects ``kubectl kustomize deploy/kustomize/<target>`` renders."""
-    out: dict[str, list[Doc]] = {}
-    for target in TARGETS:
-        result = subprocess.run(
-            [kubectl, "kustomize", str(KUSTOMIZE / target)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert result.returncode == 0, f"kubectl kustomize {target}: {result.stderr}"
-        docs = [d for d in yaml.safe_load_all(result.stdout) if d is not None]
-        assert docs, f"{target} renders nothing"
-        assert all(isinstance(d, dict) for d in docs), target
-        out[target] = cast(list[Doc], docs)
-    return out
+    kubectl = kubectl_or_skip()
+    return {target: render(kubectl, target) for target in TARGETS}
 
 
 def _of_kind(docs: list[Doc], kind: str) -> list[Doc]:
@@ -209,7 +213,7 @@ def test_the_validator_rejects_unknown_fields(rendered: dict[str, list[Doc]]) ->
 @pytest.mark.parametrize("target", TARGETS)
 def test_only_known_custom_kinds(rendered: dict[str, list[Doc]], target: str) -> None:
     custom = sorted(d["kind"] for d in rendered[target] if d["apiVersion"] == MONITORING)
-    expected = [] if target in MEMBER_TARGETS else ["PrometheusRule", "ServiceMonitor"]
+    expected = [] if target not in BROKER_TARGETS else ["PrometheusRule", "ServiceMonitor"]
     assert custom == expected
 
 
@@ -440,6 +444,13 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
     member = rendered[target]
     _, rules, namespaced = _member_grants(member)
     assert not namespaced, "tenant namespaces appear at run time: every grant is cluster-wide"
+    check_member_rules(rules, burst=target == BURST_MEMBER_TARGET)
+
+
+def check_member_rules(rules: list[Doc], *, burst: bool) -> None:
+    """``rules`` grant what a member's Kubernetes launcher and capacity watch call, and
+    nothing they do not: the one statement of it, for the broker's account in a kube member
+    and the agent's in an agent-fed one (test_agent_deploy). ``burst``: nodes patch too."""
     # Capacity: list+watch of nodes and pods everywhere.
     for resource, verbs in (("nodes", "get list watch"), ("pods", "get list watch")):
         for verb in verbs.split():
@@ -471,7 +482,7 @@ def test_member_cluster_rbac_covers_what_the_broker_calls(
     assert _allows(rules, "", "pods", "patch")
     assert _allows(rules, "", "events", "create")
     # Nodes are patched (labelled, cordoned) only for burst pools.
-    assert _allows(rules, "", "nodes", "patch") == (target == BURST_MEMBER_TARGET)
+    assert _allows(rules, "", "nodes", "patch") == burst
     # Never: secrets, role bindings, pods/exec (nothing the launcher calls).
     for group, resource in (("", "secrets"), ("rbac.authorization.k8s.io", "rolebindings"),
                             ("", "pods/exec"), ("", "serviceaccounts")):  # fmt: skip

@@ -23,7 +23,7 @@ from broker.manifest import admit_templates, kubeschema, parse_manifest, to_job
 from broker.manifest.workloads import INTEGRATIONS, Integration, batchjob, kinds_doc
 
 REPO = Path(__file__).resolve().parents[2]
-RBAC = REPO / "deploy" / "kustomize" / "member-cluster" / "rbac.yaml"
+RBAC = REPO / "deploy" / "kustomize" / "member-roles" / "roles.yaml"
 EXAMPLES = REPO / "deploy" / "examples"
 WORKLOADS_DOC = REPO / "docs" / "workloads.md"
 PACKAGE = REPO / "broker" / "manifest" / "workloads"
