@@ -11,6 +11,7 @@ as soon as the kernel closes the dead process's connection.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,10 @@ async def test_harness_the_agent_reports_through_its_faults(
 # -- the agent launches (acceptance of pull mode; unskipped once the agent launches) -------
 
 LAUNCHES = pytest.mark.skip(reason="needs the agent's launches")
-KEY_OF = f"{TENANT}/{{}}"
+
+
+def job_key(name: str) -> str:
+    return f"{TENANT}/{name}"
 
 
 async def submit(pm: PullMode, name: str, spec: dict[str, Any]) -> None:
@@ -116,9 +120,14 @@ async def history(pm: PullMode, name: str) -> list[str]:
 
 
 def placed_nodes(pm: PullMode, name: str) -> list[str]:
-    launch = pm.service.lifecycle.get(KEY_OF.format(name))
+    launch = pm.service.lifecycle.get(job_key(name))
     assert launch is not None, f"job {name} is not placed"
     return sorted(p.node for p in launch.placement.pods)
+
+
+def uids(pm: PullMode) -> dict[str, str]:
+    """Our pods in the member by name: their uids (a pod made again has a new one)."""
+    return {n: p["metadata"]["uid"] for n, p in pm.our_pods().items()}
 
 
 def pod_nodes(pm: PullMode) -> list[str]:
@@ -135,7 +144,7 @@ async def running_gang(pm: PullMode, name: str = "gang") -> dict[str, str]:
     pods = pm.our_pods()
     assert len(pods) == 2 and all(phase(p) == "Running" for p in pods.values())
     assert pod_nodes(pm) == placed_nodes(pm, name)  # released on the placed nodes
-    return {n: p["metadata"]["uid"] for n, p in pods.items()}
+    return uids(pm)
 
 
 async def read_log(pm: PullMode, name: str, pod: str | None, **request: Any) -> str:
@@ -153,8 +162,9 @@ async def end_pods(pm: PullMode, to: str = "Succeeded") -> None:
 
 @LAUNCHES
 async def test_a_gang_runs_in_the_member_through_its_agent(
-    kmock: PullMember, tmp_path: Path
+    kmock: PullMember, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     async with pull_mode(kmock, tmp_path, launch=True) as pm:
         await running_gang(pm)
         # Our pods are counted once: the gang's reservation, not again as someone's use.
@@ -169,6 +179,11 @@ async def test_a_gang_runs_in_the_member_through_its_agent(
         first, last = sorted(member)
         assert await read_log(pm, "gang", None) == "".join(log_line(first, i) for i in (1, 2, 3))
         assert await read_log(pm, "gang", last, tail_lines=1) == log_line(last, 3)
+        # A follow is answered with what the log holds so far (the agent never follows).
+        assert await read_log(pm, "gang", last, follow=True) == "".join(
+            log_line(last, i) for i in (1, 2, 3)
+        )
+        assert [q.get("follow") in (None, "false") for _, _, q in kmock.log_reads] == [True] * 3
         with pytest.raises(PodNotFound):
             await read_log(pm, "gang", "not-the-jobs-0")
 
@@ -178,6 +193,7 @@ async def test_a_gang_runs_in_the_member_through_its_agent(
         assert not pm.service.ledger.reservations()
         assert sorted(pm.pod_writes("post")) == sorted(member)  # each made once
         no_secrets(pm)
+        assert COMMAND_KEY not in caplog.text  # nor does the broker log its key
 
 
 @LAUNCHES
@@ -194,13 +210,14 @@ async def test_a_batch_job_runs_in_the_member_through_its_agent(
         assert rows and {r.cluster for r in rows} == {CLUSTER}
         # Four completions, two at a time: the kubelet ends what runs until the broker has
         # heard the Job's end from the agent.
-        key = KEY_OF.format("batch")
+        key = job_key("batch")
         while pm.service.lifecycle.get(key) is not None:
             await pm.until(
                 lambda: bool(running_pods(pm.member)) or pm.service.lifecycle.get(key) is None,
                 "a pod of the Job running, or its end heard",
             )
             await end_pods(pm)
+        await pm.until_state("batch", "Succeeded")
         record = await pm.service.get(TENANT, "batch")
         assert record.state == "Succeeded" and record.reason.startswith("CompletionsReached")
         assert made_twice(pm.member) == []
@@ -226,16 +243,18 @@ async def test_mosquitto_restarted_during_a_launch_makes_nothing_twice(
         else:
             await pm.placed("gang")
             await pm.until(lambda: len(pm.our_pods()) == 2, "the gang's pods made")
+            made = uids(pm)
             pm.mosquitto.kill()
             await pm.until(lambda: not pm.broker_connected(), "the broker's MQTT down")
         await pm.mosquitto.start()  # empty: the broker resends what is unanswered
         await pm.until(pm.broker_connected, "the broker's MQTT back")
         await pm.until(lambda: len(pm.our_pods()) == 2, "the gang's pods made")
-        uids = {n: p["metadata"]["uid"] for n, p in pm.our_pods().items()}
-        await pm.heard(3)  # the agent is back too: every resend has had its way
+        if when == "before the agent has it":
+            made = uids(pm)
+        await pm.heard(3)  # the agent is back too: the resent launch has reached it
         pm.schedulers.paused = False
         await pm.until_state("gang", "Running")
-        assert {n: p["metadata"]["uid"] for n, p in pm.our_pods().items()} == uids
+        assert uids(pm) == made  # the same pods: none deleted, none made again
         assert pm.pod_writes("delete") == []
         assert pod_nodes(pm) == placed_nodes(pm, "gang")
         await end_pods(pm)
@@ -248,14 +267,14 @@ async def test_a_job_outlives_its_agents_kill_and_its_end_is_heard(
     kmock: PullMember, tmp_path: Path
 ) -> None:
     async with pull_mode(kmock, tmp_path, launch=True) as pm:
-        uids = await running_gang(pm)
+        made = await running_gang(pm)
         await pm.agent.kill9()
         await pm.until(pm.stale, "edge stale after the agent's kill", agent_up=False)
         # The member keeps running it; the broker keeps it Running (no failover asked).
         pm.clock.now += 60
         await pm.service.schedule_once()
         assert await pm.state("gang") == "Running"
-        assert {n: p["metadata"]["uid"] for n, p in pm.our_pods().items()} == uids
+        assert uids(pm) == made
         assert all(phase(p) == "Running" for p in pm.our_pods().values())
         # Back: it reports the pods again (counted once) and follows the job to its end.
         await pm.agent.start()
