@@ -40,8 +40,10 @@ from controllers.base import PODS, Obj
 from controllers.schedulers import Schedulers
 from kmock_namespaces import NamespacedEmulator
 from services import PrivateMosquitto
+from test_mqtt import subscriber
 from workload_matrix import serve
 
+from adapters.mqtt.commands import capabilities_topic
 from broker.config import parse_config
 from broker.service.facade import Service
 from broker.service.mqtt import MqttMembers
@@ -349,11 +351,13 @@ class PullMode:
     async def state(self, name: str) -> str:
         return (await self.service.get(TENANT, name)).state
 
-    async def until_state(self, name: str, state: str, timeout: float = BOUND) -> None:
+    async def until_state(
+        self, name: str, state: str, timeout: float = BOUND, *, agent_up: bool = True
+    ) -> None:
         async def reached() -> bool:
             return await self.state(name) == state
 
-        await self.until(reached, f"job {name} {state}", timeout)
+        await self.until(reached, f"job {name} {state}", timeout, agent_up=agent_up)
 
     async def placed(self, name: str) -> None:
         """Scheduling cycles (the broker's loop, driven by the test) until ``name`` is
@@ -375,11 +379,11 @@ async def pull_mode(
     nodes: int = 3,
     command_key: str | None = None,
 ) -> AsyncIterator[PullMode]:
-    """The member (its players running), a private mosquitto, the broker (started, on a
-    clock at the real time) and the agent (started: a test waits for ``reported``). ``launch``:
-    the agent gets ``--launch-config`` and the command key, and the broker's cluster its
-    ``commandKey`` (``command_key`` alone: the broker's side only). Torn down in reverse:
-    agent, broker, member, mosquitto."""
+    """The member (its players running), a private mosquitto, the agent (started and
+    subscribed) and the broker (started, on a clock at the real time; a test waits for
+    ``reported``). ``launch``: the agent gets ``--launch-config`` and the command key, and
+    the broker's cluster its ``commandKey`` (``command_key`` alone: the broker's side
+    only). Torn down in reverse: broker, agent, member, mosquitto."""
     prefix = f"fbtest/{secrets.token_hex(6)}"
     key = COMMAND_KEY if launch else command_key
     async with contextlib.AsyncExitStack() as stack:
@@ -393,10 +397,6 @@ async def pull_mode(
         # the agent (on the real clock) refuses beyond MAX_SKEW_SECONDS; tests move it
         # by a minute or two at most.
         clock = Clock(float(int(time.time())))
-        text = broker_config(tmp_path / "jobs.db", mosquitto.port, prefix, key)
-        service = Service(parse_config(text, "test config"), clock=clock)
-        await service.start()
-        stack.push_async_callback(service.close)
         launch_config = None
         if launch:
             launch_config = tmp_path / "launch.yaml"
@@ -405,9 +405,34 @@ async def pull_mode(
             kubeconfig, mosquitto.port, prefix, tmp_path,
             key=COMMAND_KEY if launch else None, launch_config=launch_config,
         )  # fmt: skip
+        # The agent first, its commands subscribed before the broker starts: a starting
+        # broker reads its jobs back through every launching agent, and would wait for an
+        # absent one until its timeout.
+        await agent_ready(agent, mosquitto.port, prefix, launch)
         stack.push_async_callback(agent.close)
-        await agent.start()
+        text = broker_config(tmp_path / "jobs.db", mosquitto.port, prefix, key)
+        service = Service(parse_config(text, "test config"), clock=clock)
+        await service.start()
+        stack.push_async_callback(service.close)
         yield PullMode(k8s, member, mosquitto, agent, service, clock, prefix)
+
+
+async def agent_ready(agent: AgentProcess, port: int, prefix: str, launch: bool) -> None:
+    """Start ``agent`` and wait until it has published its inventory (and, when it
+    launches, its capabilities): retained, sent after it subscribed to its commands."""
+    topics = {f"{prefix}/agents/{CLUSTER}/inventory"}
+    if launch:
+        topics.add(f"{prefix}/{capabilities_topic(CLUSTER)}")
+    try:
+        await agent.start()
+        async with subscriber(f"{prefix}/agents/{CLUSTER}/#", port=port) as inbox:
+            async with asyncio.timeout(BOUND):
+                while not topics <= {topic for topic, _, _ in inbox.messages}:
+                    assert agent.running, f"the agent exited: {agent.log()[-4000:]}"
+                    await asyncio.sleep(0.01)  # polling pace, bounded by the timeout
+    except BaseException:
+        await agent.close()
+        raise
 
 
 def manifest_doc(name: str, spec: dict[str, Any]) -> bytes:

@@ -160,68 +160,67 @@ async def end_pods(pm: PullMode, to: str = "Succeeded") -> None:
     await pm.member.schedulers.end(running_pods(pm.member), to)
 
 
+async def gang_through_the_agent(pm: PullMode) -> None:
+    """A gang runs, its pods and logs are read through the agent, it ends Succeeded."""
+    await running_gang(pm)
+    # Our pods are counted once: the gang's reservation, not again as someone's use.
+    await pm.heard(3)
+    assert pm.gpus() == (12, 8.0)
+
+    rows = await pm.service.pods(TENANT, "gang")
+    member = {n: (p["spec"]["nodeName"], phase(p)) for n, p in pm.our_pods().items()}
+    assert {r.name: (r.node, r.phase) for r in rows} == member
+    assert {r.cluster for r in rows} == {CLUSTER}
+    first, last = sorted(member)
+    assert await read_log(pm, "gang", None) == "".join(log_line(first, i) for i in (1, 2, 3))
+    assert await read_log(pm, "gang", last, tail_lines=1) == log_line(last, 3)
+    # A follow is answered with what the log holds so far (the agent never follows).
+    assert await read_log(pm, "gang", last, follow=True) == "".join(
+        log_line(last, i) for i in (1, 2, 3)
+    )
+    assert [q.get("follow") in (None, "false") for _, _, q in pm.k8s.log_reads] == [True] * 3
+    with pytest.raises(PodNotFound):
+        await read_log(pm, "gang", "not-the-jobs-0")
+
+    await end_pods(pm)
+    await pm.until_state("gang", "Succeeded")
+    assert await history(pm, "gang") == [*RUN, "Succeeded"]
+    assert not pm.service.ledger.reservations()
+    assert sorted(pm.pod_writes("post")) == sorted(member)  # each made once
+
+
+async def batch_through_the_agent(pm: PullMode) -> None:
+    """An Indexed batch Job (four completions, two at a time) runs and ends Succeeded."""
+    await submit(pm, "batch", {"workload": WORKLOADS["Job"]})
+    await pm.placed("batch")
+    await pm.until_state("batch", "Running")
+    assert ours(pm.member, RESOURCES["Job"])  # made by the agent in the member
+    rows = await pm.service.pods(TENANT, "batch")
+    assert rows and {r.cluster for r in rows} == {CLUSTER}
+    # The kubelet ends what runs until the broker has heard the Job's end from the agent.
+    key = job_key("batch")
+    while pm.service.lifecycle.get(key) is not None:
+        await pm.until(
+            lambda: bool(running_pods(pm.member)) or pm.service.lifecycle.get(key) is None,
+            "a pod of the Job running, or its end heard",
+        )
+        await end_pods(pm)
+    await pm.until_state("batch", "Succeeded")
+    record = await pm.service.get(TENANT, "batch")
+    assert record.reason.startswith("CompletionsReached")
+    assert made_twice(pm.member) == []
+
+
 @LAUNCHES
-async def test_a_gang_runs_in_the_member_through_its_agent(
+async def test_a_gang_and_a_batch_job_run_in_the_member_through_its_agent(
     kmock: PullMember, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     async with pull_mode(kmock, tmp_path, launch=True) as pm:
-        await running_gang(pm)
-        # Our pods are counted once: the gang's reservation, not again as someone's use.
-        await pm.heard(3)
-        assert pm.gpus() == (12, 8.0)
-
-        # The job's pods and logs, read by the agent in the member.
-        rows = await pm.service.pods(TENANT, "gang")
-        member = {n: (p["spec"]["nodeName"], phase(p)) for n, p in pm.our_pods().items()}
-        assert {r.name: (r.node, r.phase) for r in rows} == member
-        assert {r.cluster for r in rows} == {CLUSTER}
-        first, last = sorted(member)
-        assert await read_log(pm, "gang", None) == "".join(log_line(first, i) for i in (1, 2, 3))
-        assert await read_log(pm, "gang", last, tail_lines=1) == log_line(last, 3)
-        # A follow is answered with what the log holds so far (the agent never follows).
-        assert await read_log(pm, "gang", last, follow=True) == "".join(
-            log_line(last, i) for i in (1, 2, 3)
-        )
-        assert [q.get("follow") in (None, "false") for _, _, q in kmock.log_reads] == [True] * 3
-        with pytest.raises(PodNotFound):
-            await read_log(pm, "gang", "not-the-jobs-0")
-
-        await end_pods(pm)
-        await pm.until_state("gang", "Succeeded")
-        assert await history(pm, "gang") == [*RUN, "Succeeded"]
-        assert not pm.service.ledger.reservations()
-        assert sorted(pm.pod_writes("post")) == sorted(member)  # each made once
+        await gang_through_the_agent(pm)
+        await batch_through_the_agent(pm)
         no_secrets(pm)
         assert COMMAND_KEY not in caplog.text  # nor does the broker log its key
-
-
-@LAUNCHES
-async def test_a_batch_job_runs_in_the_member_through_its_agent(
-    kmock: PullMember, tmp_path: Path
-) -> None:
-    async with pull_mode(kmock, tmp_path, launch=True) as pm:
-        await pm.reported(12)
-        await submit(pm, "batch", {"workload": WORKLOADS["Job"]})
-        await pm.placed("batch")
-        await pm.until_state("batch", "Running")
-        assert ours(pm.member, RESOURCES["Job"])  # made by the agent in the member
-        rows = await pm.service.pods(TENANT, "batch")
-        assert rows and {r.cluster for r in rows} == {CLUSTER}
-        # Four completions, two at a time: the kubelet ends what runs until the broker has
-        # heard the Job's end from the agent.
-        key = job_key("batch")
-        while pm.service.lifecycle.get(key) is not None:
-            await pm.until(
-                lambda: bool(running_pods(pm.member)) or pm.service.lifecycle.get(key) is None,
-                "a pod of the Job running, or its end heard",
-            )
-            await end_pods(pm)
-        await pm.until_state("batch", "Succeeded")
-        record = await pm.service.get(TENANT, "batch")
-        assert record.state == "Succeeded" and record.reason.startswith("CompletionsReached")
-        assert made_twice(pm.member) == []
-        no_secrets(pm)
 
 
 # -- faults ---------------------------------------------------------------------------------
@@ -298,7 +297,7 @@ async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_return
         await pm.until(pm.stale, "edge stale after the agent's kill", agent_up=False)
         # The cancel is recorded at once; its deletion waits for the agent.
         cancelling = asyncio.create_task(pm.service.cancel(TENANT, "gang"))
-        await pm.until_state("gang", "Cancelled", timeout=5)
+        await pm.until_state("gang", "Cancelled", timeout=5, agent_up=False)
         assert len(pm.our_pods()) == 2  # nobody to delete them yet
         await pm.agent.start()
         await pm.until(lambda: not leftovers(pm.member), "the cancelled gang deleted")
