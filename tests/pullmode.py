@@ -31,7 +31,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp.web
 from builders import Clock
@@ -52,7 +51,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = "edge"
 NS = "fedbroker-team-a"  # team-a's namespace under the default pattern
 TENANT = "team-a"
-GPUS_PER_NODE = 4  # workload_matrix.node_obj
 STALE_AFTER = 5.0  # the edge cluster's staleAfterSeconds (on the broker's clock)
 INTERVAL = 0.2  # the agent's heartbeat seconds (wall time: it is another process)
 BOUND = 30.0  # seconds any one condition may take (a bound, not a synchronisation)
@@ -435,24 +433,9 @@ async def agent_ready(agent: AgentProcess, port: int, prefix: str, launch: bool)
         raise
 
 
-def manifest_doc(name: str, spec: dict[str, Any]) -> bytes:
-    body = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
-            "metadata": {"name": name}, "spec": spec}  # fmt: skip
-    return json.dumps(body).encode()
-
-
-def gang_spec(pods: int = 2, gpus: int = GPUS_PER_NODE, timeout: int = 30) -> dict[str, Any]:
-    """A podSets gang of ``pods`` pods of ``gpus`` GPUs each (one node each, in pin mode)."""
-    return {
-        "podSets": [{"name": "worker", "count": pods,
-                     "resources": {"nvidia.com/gpu": gpus, "cpu": "1", "memory": "1Gi"}}],
-        "gang": {"scheduleTimeoutSeconds": timeout},
-    }  # fmt: skip
-
-
 __all__ = [
-    "BOUND", "CLUSTER", "COMMAND_KEY", "GPUS_PER_NODE", "MEMBER_TOKEN", "NS", "STALE_AFTER",
-    "TENANT", "AgentProcess", "PausableSchedulers", "PullMember", "PullMode",
-    "broker_config", "gang_spec", "launch_config_text", "log_line", "manifest_doc",
-    "member_of", "pull_mode", "write_kubeconfig",
+    "BOUND", "CLUSTER", "COMMAND_KEY", "MEMBER_TOKEN", "NS", "STALE_AFTER", "TENANT",
+    "AgentProcess", "PausableSchedulers", "PullMember", "PullMode", "agent_ready",
+    "broker_config", "launch_config_text", "log_line", "member_of", "pull_mode",
+    "write_kubeconfig",
 ]  # fmt: skip

@@ -11,6 +11,7 @@ as soon as the kernel closes the dead process's connection.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,7 @@ from pullmode import (
     TENANT,
     PullMember,
     PullMode,
-    gang_spec,
     log_line,
-    manifest_doc,
     pull_mode,
 )
 from workload_matrix import WORKLOADS, leftovers, made_twice, node_obj, ours, running_pods
@@ -126,6 +125,21 @@ LAUNCHES = pytest.mark.skip(reason="needs the agent's launches")
 
 def job_key(name: str) -> str:
     return f"{TENANT}/{name}"
+
+
+def manifest_doc(name: str, spec: dict[str, Any]) -> bytes:
+    body = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+    return json.dumps(body).encode()
+
+
+def gang_spec(pods: int = 2, gpus: int = 4, timeout: int = 30) -> dict[str, Any]:
+    """A podSets gang of ``pods`` pods of ``gpus`` GPUs each (one node each, in pin mode)."""
+    return {
+        "podSets": [{"name": "worker", "count": pods,
+                     "resources": {"nvidia.com/gpu": gpus, "cpu": "1", "memory": "1Gi"}}],
+        "gang": {"scheduleTimeoutSeconds": timeout},
+    }  # fmt: skip
 
 
 async def submit(pm: PullMode, name: str, spec: dict[str, Any]) -> None:
