@@ -6,6 +6,13 @@ The harness proof runs the agent as it is today (capacity only) through its faul
 ``kill -9`` of the agent and of mosquitto. Staleness by time is driven by the broker's
 injected clock; a killed agent's staleness comes from its last will, which mosquitto sends
 as soon as the kernel closes the dead process's connection.
+
+The acceptance tests (``LAUNCHES``) need an agent that launches: a gang and a batch Job
+created by the agent, run on the placed nodes and ended Succeeded, their pods and logs read
+through it; mosquitto restarted during a launch (nothing made twice); the agent killed while
+a job runs (it keeps running, its end is heard after the restart); a job cancelled while
+the agent is away (deleted when it returns); a gang that never starts (rolled back through
+the agent, requeued with backoff on the broker's clock).
 """
 
 from __future__ import annotations
