@@ -8,7 +8,9 @@ cluster's key did not sign are ignored. Then the capabilities' checks, table-tes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 from builders import until
 from fake_agent import FakeAgent, done
-from services import private_mosquitto
+from services import PrivateMosquitto
 from test_mqtt import MQTT_PORT, require_mqtt, unique_prefix
 
 from adapters.mqtt.capabilities import Capabilities, parse_capabilities
@@ -69,6 +71,7 @@ async def pair(port: int = MQTT_PORT) -> AsyncIterator[Pair]:
     prefix = unique_prefix()
     refused: list[Reply] = []
     remotes: list[RemoteLauncher] = []  # made below, over the connection
+    sends = itertools.count(1)
 
     def resend() -> None:
         for remote in remotes:
@@ -82,6 +85,7 @@ async def pair(port: int = MQTT_PORT) -> AsyncIterator[Pair]:
     remote = RemoteLauncher(
         "edge", KEY, broker.publish_nowait, lambda placement: SPEC,
         timeouts=Timeouts(delete=0.3, read=0.3), on_refused=refused.append,
+        clock=lambda: float(next(sends)),  # each send's ``at`` tells it apart
     )  # fmt: skip
     remotes.append(remote)
     broker.subscribe(f"{prefix}/{replies_topic('edge')}", lambda t, p, r: remote.on_reply(p))
@@ -143,25 +147,35 @@ async def test_a_reply_not_signed_with_the_clusters_key_is_ignored() -> None:
 
 
 async def test_a_resend_after_the_mqtt_brokers_restart_keeps_the_id(tmp_path: Path) -> None:
-    async with private_mosquitto(tmp_path) as mosquitto, pair(mosquitto.port) as p:
-        launching = asyncio.create_task(p.remote.launch(PLACEMENT))
-        cancelled = asyncio.create_task(p.remote.launch(PLACEMENT))
-        await p.agent.heard(lambda: len(p.agent.ops("launch")) == 2)
-        first, second = p.agent.ops("launch")
-        cancelled.cancel()  # the gang timeout: forgotten, never resent
-        await asyncio.gather(cancelled, return_exceptions=True)
-        assert list(p.remote.pending) == [first.id]
-        connects = p.broker.connects
-        mosquitto.kill()
-        await mosquitto.start()
-        await until(lambda: p.broker.connects > connects and p.agent.publisher.connected)
-        await p.agent.heard(lambda: len(p.agent.ops("launch")) >= 3)
-        resent = p.agent.ops("launch")[2:]
-        assert {c.id for c in resent} == {first.id}  # the same command, never the cancelled
-        assert resent[0].at >= first.at
-        p.agent.reply(resent[-1], "done")
-        await launching
-        assert second.id not in {c.id for c in p.agent.ops("launch")[2:]}
+    # With persistence, as deployed: the agent's session (its subscription, and what comes
+    # for it while it reconnects) outlives the restart.
+    mosquitto = PrivateMosquitto(tmp_path, persistence=True)
+    await mosquitto.start()
+    try:
+        async with pair(mosquitto.port) as p:
+            launching = asyncio.create_task(p.remote.launch(PLACEMENT))
+            cancelled = asyncio.create_task(p.remote.launch(PLACEMENT))
+            await p.agent.heard(lambda: len(p.agent.ops("launch")) == 2)
+            first, second = p.agent.ops("launch")
+            cancelled.cancel()  # the gang timeout: forgotten, never resent
+            await asyncio.gather(cancelled, return_exceptions=True)
+            assert list(p.remote.pending) == [first.id]
+            connects = p.broker.connects
+            mosquitto.kill(signal.SIGTERM)  # saves the sessions
+            await mosquitto.start()
+            await until(lambda: p.broker.connects > connects and p.agent.publisher.connected)
+            sent = {first.at, second.at}
+
+            def resent() -> list[Command]:  # by the broker (MQTT may redeliver the others)
+                return [c for c in p.agent.ops("launch") if c.at not in sent]
+
+            await p.agent.heard(lambda: bool(resent()))
+            assert [c.id for c in resent()] == [first.id]  # the same id; never the cancelled
+            p.agent.reply(resent()[0], "done")
+            await launching
+            assert [c.id for c in resent()] == [first.id]
+    finally:
+        mosquitto.kill(signal.SIGTERM)
 
 
 async def test_an_unanswered_deletion_stays_pending_and_is_resent() -> None:
