@@ -47,6 +47,7 @@ class FakeAgent:
         self.publisher.subscribe(f"{prefix}/{commands_topic(cluster)}", self._on_command)
         self.commands: list[Command] = []  # every one heard, resent ones again
         self.auto: dict[str, Answer] = {}
+        self.kinds: list[str] | None = None  # what ``report`` says it launches by default
         self.changed = asyncio.Event()
 
     async def start(self) -> None:

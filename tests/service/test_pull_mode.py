@@ -1,0 +1,218 @@
+"""Pull mode, the broker's side, in the Service: a job placed on an agent-fed cluster is
+launched and followed through its agent (a fake one answering over the real mosquitto
+with the real codec) and ends Succeeded; a cluster whose agent does not launch the job's
+kind is unfit for it, explain says why, and nothing is simulated there. And no member
+kind but the simulated one is ever run by the simulated launcher (a federation of every
+kind: simulated, Kubernetes served by kmock, agent-fed with and without a launching
+agent, and without a command key)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import kmock as kmocklib
+import pytest
+from builders import Clock, until
+from fake_agent import FakeAgent, done
+from kmock_namespaces import NamespacedEmulator
+from test_kube_service import NODES, kubeconfig_doc, kubelet, manifest, node_obj, our_pod
+from test_mqtt import MQTT_HOST, MQTT_PORT, require_mqtt, unique_prefix
+
+from adapters.mqtt.commands import end_doc
+from adapters.mqtt.remote import Timeouts
+from adapters.simulated import SimulatedLauncher
+from broker.config import parse_config
+from broker.model import Placement
+from broker.ports import LaunchError, RunEnd
+from broker.service.facade import Service
+
+KEY = "edge-command-key-0123456789abcdef0123"
+TIMEOUTS = Timeouts(delete=2.0, read=2.0)
+
+CONFIG = """
+store: {{url: "sqlite:///{db}"}}
+scheduler: {{cycleSeconds: 0.05}}
+events:
+  mqtt: {{host: "{host}", port: {port}, clientId: fbtest-{client}, topicPrefix: "{prefix}"}}
+clusters:
+{clusters}
+queues:
+- {{name: training, policy: gang}}
+tenants:
+- {{name: team-a, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
+"""
+
+
+def agent_fed(name: str, key: str | None = KEY) -> str:
+    command_key = f", commandKey: {{value: {key}}}" if key is not None else ""
+    return f"- {{name: {name}, labels: {{at: {name}}}, source: {{mqtt: {{{command_key[2:]}}}}}}}"
+
+
+def config_text(tmp_path: Path, prefix: str, clusters: list[str]) -> str:
+    return CONFIG.format(
+        db=tmp_path / "jobs.db", host=MQTT_HOST, port=MQTT_PORT, client=secrets.token_hex(4),
+        prefix=prefix, clusters="\n".join(clusters),
+    )  # fmt: skip
+
+
+class Recording(SimulatedLauncher):
+    """The simulated launcher, noting every cluster it was asked to launch into."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    async def launch(self, placement: Placement) -> None:
+        self.asked.append(placement.cluster)
+        await super().launch(placement)
+
+
+@asynccontextmanager
+async def agents(
+    prefix: str, kinds: dict[str, list[str] | None]
+) -> AsyncIterator[dict[str, FakeAgent]]:
+    """A fake agent per cluster, launching ``kinds`` (None: it only reports; ``usable``
+    has it report); every launch, read back and collection answered done at once."""
+    made = {name: FakeAgent(name, KEY.encode(), prefix, MQTT_PORT) for name in kinds}
+    for agent in made.values():
+        agent.auto.update(launch=done(), read_back=done(), collect=done())
+        agent.kinds = kinds[agent.cluster]
+        await agent.start()
+    try:
+        yield made
+    finally:
+        for agent in made.values():
+            await agent.close()
+
+
+async def usable(service: Service, agents: dict[str, FakeAgent]) -> None:
+    """The agents report (once the service listens), and their clusters take placements:
+    each agent heard, and garbage collected through it when it launches."""
+    assert service.mqtt is not None
+    await service.mqtt.publisher.wait_connected()  # subscribed before it says connected
+    for agent in agents.values():
+        agent.report(kinds=agent.kinds)
+    clusters = service.ledger.snapshot
+    await until(lambda: not any(clusters().clusters[name].stale for name in agents))
+
+
+async def test_a_job_on_an_agent_fed_cluster_runs_through_its_agent(tmp_path: Path) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    config = parse_config(config_text(tmp_path, prefix, [agent_fed("edge")]), "test config")
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        service = Service(config, clock=Clock(), agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            assert fake["edge"].ops("collect")  # trusted only once collected through it
+            assert service.ledger.snapshot().clusters["edge"].launchable == {"Pod"}
+            await service.submit("team-a", manifest("train", gpus=2))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            record = await service.get("team-a", "train")
+            assert (record.state, record.cluster) == ("Running", "edge")
+            [launch] = fake["edge"].ops("launch")
+            assert launch.job == "team-a/train" and launch.body["spec"]["job"] == "train"
+            await fake["edge"].heard(lambda: bool(fake["edge"].ops("watch")))
+            [watch] = fake["edge"].ops("watch")
+            fake["edge"].reply(watch, "done", {"end": end_doc(RunEnd(True))})
+            await service.runs_done(timeout=10)
+            assert (await service.get("team-a", "train")).state == "Succeeded"
+        finally:
+            await service.close()
+
+
+async def test_a_kind_the_agent_does_not_launch_is_explained_never_simulated(
+    tmp_path: Path,
+) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    text = config_text(tmp_path, prefix, [agent_fed("edge"), agent_fed("bare", key=None)])
+    launcher = Recording()
+    config = parse_config(text, "test config")
+    async with agents(prefix, {"edge": ["Job"]}) as fake:
+        service = Service(config, clock=Clock(), launcher=launcher, agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train"))
+            await service.schedule_once()
+            assert (await service.get("team-a", "train")).state == "Queued"
+            explained = await service.explain("team-a", "train")
+            said = {c["cluster"]: c["reasons"][0]["message"] for c in explained["clusters"]}
+            assert said["edge"] == "cluster edge is agent-fed; its agent does not launch Pod"
+            assert not fake["edge"].ops("launch") and launcher.asked == []
+            # Whatever gets there all the same is refused for good, never simulated.
+            stray = Placement("team-a/stray", "bare", ())
+            with pytest.raises(LaunchError, match=r"bare is agent-fed.*no commandKey") as info:
+                await service.shared.launcher.launch(stray)
+            assert info.value.permanent and launcher.asked == []
+        finally:
+            await service.close()
+
+
+# -- acceptance: nothing simulated for a cluster that is not simulated ------------------------
+
+
+@pytest.fixture
+def k8s(kmock: kmocklib.KubernetesEmulator) -> kmocklib.KubernetesEmulator:
+    kmock.resources["v1/pods"] = kmocklib.ResourceInfo(namespaced=True)
+    kmock.resources["v1/nodes"] = kmocklib.ResourceInfo(namespaced=False)
+    kmock.resources["v1/services"] = kmocklib.ResourceInfo(namespaced=True)
+    kmock.objects[NODES, None, "n1"] = node_obj("n1", gpus=8)
+    return kmock
+
+
+def placed(service: Service) -> dict[str, Any]:
+    return {
+        launch.placement.job: launch.placement.cluster for launch in service.lifecycle.launches()
+    }
+
+
+@pytest.mark.kmock(cls=NamespacedEmulator)
+async def test_the_simulated_launcher_runs_simulated_clusters_only(
+    tmp_path: Path, k8s: kmocklib.KubernetesEmulator
+) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(kubeconfig_doc(str(k8s.url).rstrip("/"))))
+    clusters = [
+        "- {name: sim, labels: {at: sim}, source: {simulated: {shapes: "
+        '[{gpuType: A100, gpus: 8, cpu: "64", memory: 256Gi, count: 1}]}}}',
+        f'- {{name: east, labels: {{at: east}}, source: {{kube: {{kubeconfig: "{kubeconfig}", '
+        "context: east, launchMode: pin, podPollSeconds: 0.02}}}",
+        agent_fed("edge"), agent_fed("quiet"), agent_fed("bare", key=None),
+    ]  # fmt: skip
+    config = parse_config(config_text(tmp_path, prefix, clusters), "test config")
+    launcher = Recording()
+    async with agents(prefix, {"edge": ["Pod"], "quiet": None, "bare": None}) as fake:
+        service = Service(config, clock=Clock(), launcher=launcher, agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            for name in ("sim", "east", "edge", "quiet", "bare"):
+                body = manifest(name, placement={"clusterSelector": {"at": name}})
+                await service.submit("team-a", body)
+            await service.schedule_once()
+            await until(lambda: our_pod(k8s, "east-worker-0") is not None)
+            await kubelet(k8s, "east-worker-0", "Running", node="n1")
+            await service.launches_done(timeout=10)
+            states = {
+                name: (await service.get("team-a", name)).state
+                for name in ("sim", "east", "edge", "quiet", "bare")
+            }
+            assert states == {
+                "sim": "Running", "east": "Running", "edge": "Running",
+                "quiet": "Queued", "bare": "Queued",
+            }  # fmt: skip
+            assert launcher.asked == ["sim"] and set(launcher.running) == {"team-a/sim"}
+            assert placed(service) == {f"team-a/{c}": c for c in ("sim", "east", "edge")}
+        finally:
+            await service.close()
