@@ -111,7 +111,7 @@ async def test_a_job_on_an_agent_fed_cluster_runs_through_its_agent(tmp_path: Pa
         try:
             await usable(service, fake)
             assert fake["edge"].ops("collect")  # trusted only once collected through it
-            assert service.ledger.snapshot().clusters["edge"].launchable == {"Pod"}
+            assert service.ledger.snapshot().clusters["edge"].launchable == frozenset({"Pod"})
             await service.submit("team-a", manifest("train", gpus=2))
             await service.schedule_once()
             await service.launches_done(timeout=10)
