@@ -162,31 +162,33 @@ class RemoteLauncher:
             self._send(pending.command)
         return len(self.pending)
 
-    def on_reply(self, payload: bytes) -> None:
-        """One message of the cluster's replies topic."""
+    def on_reply(self, payload: bytes) -> bool:
+        """One message of the cluster's replies topic; True when it is the agent's (signed
+        with the cluster's key, naming it): proof the agent is there."""
         try:
             reply = decode_reply(payload, self._key)
         except CommandError as exc:
             self.rejected += 1
             log.warning("cluster %s: reply rejected: %s", self.cluster, exc)
-            return
+            return False
         if reply.cluster != self.cluster:
             self.rejected += 1
             log.warning("cluster %s: reply names cluster %r", self.cluster, reply.cluster[:64])
-            return
+            return False
         pending = self.pending.get(reply.id)
         if reply.status == "refused":
             self._refused(reply, pending)
         if pending is None or pending.command.op != reply.op:
-            return  # no longer waited for (or not this command's)
+            return True  # no longer waited for (or not this command's)
         if not reply.final:
             pending.accepted = True
-            return
+            return True
         del self.pending[reply.id]
         if pending.future is not None and not pending.future.done():
             pending.future.set_result(reply)
         elif pending.on_end is not None:
             pending.on_end(self._end(reply))
+        return True
 
     def _refused(self, reply: Reply, pending: _Pending | None) -> None:
         self.refusals += 1

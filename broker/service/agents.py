@@ -91,10 +91,10 @@ class AgentLaunchers:
 
     # -- what the agents publish ---------------------------------------------------------
 
-    def on_reply(self, cluster: str, payload: bytes) -> None:
+    def on_reply(self, cluster: str, payload: bytes) -> bool:
+        """True when the reply is the agent's own (signed): it is heard then."""
         remote = self.remotes.get(cluster)
-        if remote is not None:
-            remote.on_reply(payload)
+        return remote is not None and remote.on_reply(payload)
 
     def on_capabilities(self, cluster: str, payload: bytes) -> None:
         """A new retained ``capabilities``: the kinds placed there from now on, and the

@@ -89,6 +89,8 @@ class Failover:
             try:
                 deleted = await launcher.collect_garbage(live)
             except Exception as exc:  # any: tried again at the next collection
+                if name in s.kube.agents:  # read back but not collected: not trusted yet
+                    s.kube.dirty.add(name)
                 unexpected = not isinstance(exc, _UNREACHABLE)
                 log.warning("cluster %s: garbage collection failed: %s", name,
                             type(exc).__name__ if unexpected else exc,

@@ -184,10 +184,10 @@ class MqttMembers:
                 agent.last_heartbeat = self._clock()
                 agent.online = True
                 agent.heartbeats += 1
-            elif rest == "replies":
-                if self.agents is not None:
-                    self.agents.on_reply(name, payload)
-                return  # nothing a reply says changes staleness
+            elif rest == "replies":  # a signed reply is as good as a heartbeat
+                if self.agents is None or not self.agents.on_reply(name, payload):
+                    return
+                agent.last_heartbeat, agent.online = self._clock(), True
             elif rest == "capabilities":
                 if self.agents is not None:
                     self.agents.on_capabilities(name, payload)

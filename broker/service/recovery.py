@@ -344,8 +344,14 @@ class Recovery:
             except Exception as exc:  # any: as an unreachable member, its jobs requeued
                 self.s.kube.dirty.add(name)
                 self._unread(name, "cannot read our pods back", exc)
+                return
+            # Its agent answered (so it is heard) with what runs there: the jobs restored
+            # from it are live, the rest is collected at the end of the rebuild, before any
+            # placement (and should that collection fail, it is dirty again).
+            self.s.kube.dirty.discard(name)
 
         await asyncio.gather(*(read(name) for name in agents))
+        self.s.check_stale()
 
     def _unread(self, cluster: str, what: str, exc: Exception) -> None:
         """A member whose pods could not be read back: its jobs are requeued, not adopted

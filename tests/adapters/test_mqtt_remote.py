@@ -88,7 +88,11 @@ async def pair(port: int = MQTT_PORT) -> AsyncIterator[Pair]:
         clock=lambda: float(next(sends)),  # each send's ``at`` tells it apart
     )  # fmt: skip
     remotes.append(remote)
-    broker.subscribe(f"{prefix}/{replies_topic('edge')}", lambda t, p, r: remote.on_reply(p))
+
+    def on_reply(topic: str, payload: bytes, retained: bool) -> None:
+        remote.on_reply(payload)
+
+    broker.subscribe(f"{prefix}/{replies_topic('edge')}", on_reply)
     agent = FakeAgent("edge", KEY, prefix, port)
     await agent.start()
     broker.start()

@@ -23,11 +23,11 @@ from kmock_namespaces import NamespacedEmulator
 from test_kube_service import NODES, kubeconfig_doc, kubelet, manifest, node_obj, our_pod
 from test_mqtt import MQTT_HOST, MQTT_PORT, require_mqtt, unique_prefix
 
-from adapters.mqtt.commands import end_doc
+from adapters.mqtt.commands import Command, bound_doc, end_doc, placement_of
 from adapters.mqtt.remote import Timeouts
 from adapters.simulated import SimulatedLauncher
 from broker.config import parse_config
-from broker.model import Placement
+from broker.model import Placement, PodBound
 from broker.ports import LaunchError, RunEnd
 from broker.service.facade import Service
 
@@ -97,8 +97,13 @@ async def usable(service: Service, agents: dict[str, FakeAgent]) -> None:
     await service.mqtt.publisher.wait_connected()  # subscribed before it says connected
     for agent in agents.values():
         agent.report(kinds=agent.kinds)
-    clusters = service.ledger.snapshot
-    await until(lambda: not any(clusters().clusters[name].stale for name in agents))
+
+    def ready(name: str, agent: FakeAgent) -> bool:
+        view = service.ledger.snapshot().clusters[name]
+        kinds = frozenset(agent.kinds or ())
+        return not view.stale and view.launchable == kinds and "n1" in view.nodes
+
+    await until(lambda: all(ready(name, agent) for name, agent in agents.items()))
 
 
 async def test_a_job_on_an_agent_fed_cluster_runs_through_its_agent(tmp_path: Path) -> None:
@@ -216,3 +221,113 @@ async def test_the_simulated_launcher_runs_simulated_clusters_only(
             assert placed(service) == {f"team-a/{c}": c for c in ("sim", "east", "edge")}
         finally:
             await service.close()
+
+
+# -- refusals, failover, a restart ---------------------------------------------------------------
+
+
+async def test_a_refused_launch_says_why_and_is_counted(tmp_path: Path) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    config = parse_config(config_text(tmp_path, prefix, [agent_fed("edge")]), "test config")
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        edge = fake["edge"]
+
+        def refuse(command: Command) -> None:
+            error = "spec.podTemplates.worker.spec.hostNetwork: not allowed for team-a"
+            edge.reply(command, "refused", error=error)
+
+        edge.auto["launch"] = refuse
+        service = Service(config, clock=Clock(), agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train"))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            record = await service.get("team-a", "train")
+            assert record.state == "Queued"
+            assert "launch refused by edge: spec.podTemplates.worker.spec.hostNetwork" in (
+                record.reason or ""
+            )
+            assert service.mqtt is not None and service.mqtt.agents is not None
+            [family] = list(service.mqtt.agents.metrics())
+            samples = {(s.name, s.labels["cluster"]): s.value for s in family.samples}
+            assert samples == {("fedbroker_agent_refusals_total", "edge"): 1.0}
+        finally:
+            await service.close()
+
+
+async def test_an_agent_away_fails_over_and_is_collected_before_it_is_trusted(
+    tmp_path: Path,
+) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    text = config_text(tmp_path, prefix, [agent_fed("edge")]).replace(
+        "policy: gang}", "policy: gang, failoverAfterSeconds: 60}"
+    )
+    clock = Clock()
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        edge = fake["edge"]
+        service = Service(parse_config(text, "test config"), clock=clock, agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train"))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            assert (await service.get("team-a", "train")).state == "Running"
+            status = "agents/edge/status"
+            edge.publisher.publish_nowait(status, "offline", retain=True)  # as its will
+            await until(lambda: service.ledger.snapshot().clusters["edge"].stale)
+            clock.now += 61
+            await service.schedule_once()
+            record = await service.get("team-a", "train")
+            assert record.state == "Queued" and (record.reason or "").startswith("FailedOver:")
+            collected = len(edge.ops("collect"))
+            edge.publisher.publish_nowait(status, "online", retain=True)
+            edge.report(kinds=["Pod"])  # a heartbeat on the moved clock
+            await usable(service, fake)  # trusted again only once collected through it
+            [collect] = edge.ops("collect")[collected:]
+            assert collect.body == {"live": []}  # the failed-over job's leftovers go
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            assert (await service.get("team-a", "train")).state == "Running"
+            assert edge.commands.index(collect) < edge.commands.index(edge.ops("launch")[-1])
+        finally:
+            await service.close()
+
+
+async def test_a_restarted_broker_reads_running_jobs_back_through_the_agent(
+    tmp_path: Path,
+) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    text = config_text(tmp_path, prefix, [agent_fed("edge")])
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        edge = fake["edge"]
+        service = Service(parse_config(text, "test config"), agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train", gpus=2))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            assert (await service.get("team-a", "train")).state == "Running"
+        finally:
+            await service.close()
+        [pod] = placement_of(edge.ops("launch")[0].body["placement"]).pods
+        bound = PodBound("edge", pod.pod, pod.node, pod.resources, pod.gpus)
+        edge.auto["read_back"] = done({"pods": {"team-a/train": [bound_doc(bound)]}})
+        watches = len(edge.ops("watch"))
+        restarted = Service(parse_config(text, "test config"), agent_timeouts=TIMEOUTS)
+        await restarted.start()
+        try:
+            assert (await restarted.get("team-a", "train")).state == "Running"
+            assert restarted.queue.get("team-a/train") is None  # restored, not requeued
+            await edge.heard(lambda: len(edge.ops("watch")) > watches)  # followed again
+            edge.reply(edge.ops("watch")[-1], "done", {"end": end_doc(RunEnd(True))})
+            await restarted.runs_done(timeout=10)
+            assert (await restarted.get("team-a", "train")).state == "Succeeded"
+        finally:
+            await restarted.close()
