@@ -11,10 +11,11 @@ MQTT (re)connect and when the agent comes back. Nothing else is periodic.
 
 What waits for how long: ``launch`` for as long as the caller lets it (the gang timeout
 cancels it; a cancelled launch is forgotten, never resent); ``delete`` up to
-``Timeouts.delete`` (past it a ``LaunchError``, the command kept pending and resent);
-``read_back``, ``collect``, ``pods`` and ``logs`` up to ``Timeouts.read`` (forgotten past
-it); a ``watch`` until the job ends (kept pending, so a restarted agent is asked again to
-follow every running job; ``cancel`` on its handle forgets it, sending nothing).
+``Timeouts.delete``, not at all while ``heard`` says the agent is away (past it a
+``LaunchError``, the command kept pending and resent); ``read_back``, ``collect``,
+``pods`` and ``logs`` up to ``Timeouts.read`` (forgotten past it); a ``watch`` until the
+job ends (kept pending, so a restarted agent is asked again to follow every running job;
+``cancel`` on its handle forgets it, sending nothing).
 
 A reply is trusted only when signed with the cluster's command key and naming this
 cluster; a final reply for an id no longer waited for is ignored, except a refusal, which
@@ -134,6 +135,7 @@ class RemoteLauncher:
         timeouts: Timeouts = Timeouts(),
         clock: Callable[[], float] = time.time,
         on_refused: Callable[[Reply], None] | None = None,
+        heard: Callable[[], bool] | None = None,
     ) -> None:
         self.cluster = cluster
         self._key = key
@@ -142,6 +144,9 @@ class RemoteLauncher:
         self.timeouts = timeouts
         self._clock = clock
         self._on_refused = on_refused
+        # Whether the agent is heard now (None: assume so): a deletion does not wait for an
+        # agent known to be away (the caller may hold the broker's lock), it is resent.
+        self._heard = heard
         self.pending: dict[str, _Pending] = {}  # by id, oldest first
         self.refusals = 0
         self.rejected = 0  # replies unsigned, malformed, or for another cluster
@@ -262,8 +267,9 @@ class RemoteLauncher:
 
     async def delete(self, placement: Placement) -> None:
         command = self._job_command("delete", placement)
+        away = self._heard is not None and not self._heard()
         try:
-            reply = await self._ask(command, self.timeouts.delete, keep=True)
+            reply = await self._ask(command, 0 if away else self.timeouts.delete, keep=True)
         except TimeoutError:
             raise AgentError(
                 f"cluster {self.cluster}: its agent did not answer the deletion; it is "

@@ -72,14 +72,14 @@ class AgentLaunchers:
             if key is None:
                 continue
             remote = RemoteLauncher(
-                cc.name,
-                key.get_secret_value().encode(),
-                publish,
-                spec_for,
-                timeouts=timeouts or Timeouts(),
-            )
+                cc.name, key.get_secret_value().encode(), publish, spec_for,
+                timeouts=timeouts or Timeouts(), heard=self._heard(cc.name),
+            )  # fmt: skip
             self.remotes[cc.name] = remote
             members.add_agent(cc.name, remote)
+
+    def _heard(self, cluster: str) -> Callable[[], bool]:
+        return lambda: not self._members.down(cluster)
 
     def refusals(self) -> dict[str, str]:
         """Why nothing launches into the agent-fed clusters without a command key."""

@@ -8,6 +8,7 @@ agent, and without a command key)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -331,3 +332,38 @@ async def test_a_restarted_broker_reads_running_jobs_back_through_the_agent(
             assert (await restarted.get("team-a", "train")).state == "Succeeded"
         finally:
             await restarted.close()
+
+
+async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    await require_mqtt()
+    prefix = unique_prefix()
+    config = parse_config(config_text(tmp_path, prefix, [agent_fed("edge")]), "test config")
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        edge = fake["edge"]
+        service = Service(config, clock=Clock(), agent_timeouts=Timeouts(delete=30, read=2))
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train"))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+            assert service.mqtt is not None and service.mqtt.agents is not None
+            remote = service.mqtt.agents.remotes["edge"]
+            # Its watch acknowledged first: any signed reply says the agent is there.
+            await until(lambda: all(p.accepted for p in remote.pending.values()))
+            edge.publisher.publish_nowait("agents/edge/status", "offline", retain=True)
+            await until(lambda: service.ledger.snapshot().clusters["edge"].stale)
+            async with asyncio.timeout(5):  # never the 30 s a deletion may wait for an answer
+                await service.cancel("team-a", "train")
+            assert (await service.get("team-a", "train")).state == "Cancelled"
+            deletes = edge.ops("delete")  # heard by the agent's connection, unanswered
+            assert [p.command.op for p in remote.pending.values()] == ["delete"]
+            edge.auto["delete"] = done()
+            edge.publisher.publish_nowait("agents/edge/status", "online", retain=True)
+            await edge.heard(lambda: len(edge.ops("delete")) > len(deletes))
+            await until(lambda: not remote.pending)
+            assert edge.ops("delete")[-1].job == "team-a/train"
+        finally:
+            await service.close()
