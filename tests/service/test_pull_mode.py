@@ -27,7 +27,7 @@ from test_mqtt import MQTT_HOST, MQTT_PORT, require_mqtt, unique_prefix
 from adapters.mqtt.commands import Command, bound_doc, end_doc, placement_of
 from adapters.mqtt.remote import Timeouts
 from adapters.simulated import SimulatedLauncher
-from broker.config import parse_config
+from broker.config import ConfigError, parse_config
 from broker.model import Placement, PodBound
 from broker.ports import LaunchError, RunEnd
 from broker.service.facade import Service
@@ -367,3 +367,35 @@ async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_return
             assert edge.ops("delete")[-1].job == "team-a/train"
         finally:
             await service.close()
+
+
+# -- the command key in the config ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("{env: FEDBROKER_TEST_NO_SUCH_KEY}", "commandKey.env: environment variable"),
+        ("{file: /nonexistent/key}", "commandKey.file: cannot read /nonexistent/key"),
+        ("{value: k, env: K}", "commandKey: give exactly one of: env, value, file"),
+        ('{value: ""}', "commandKey.value: token is empty"),
+    ],
+)
+def test_a_bad_command_key_is_one_line_naming_it(key: str, message: str) -> None:
+    cluster = f"- {{name: e, source: {{mqtt: {{commandKey: {key}}}}}}}"
+    text = f"events: {{mqtt: {{host: h}}}}\nclusters:\n{cluster}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "cfg.yaml", {})
+    assert str(info.value).startswith(f"cfg.yaml: clusters[0].source.mqtt.{message}")
+    assert "\n" not in str(info.value)
+
+
+def test_the_command_key_from_a_file_stays_secret(tmp_path: Path) -> None:
+    (tmp_path / "key").write_text(KEY + "\n")
+    text = (
+        "events: {mqtt: {host: h}}\nclusters:\n"
+        f"- {{name: e, source: {{mqtt: {{commandKey: {{file: {tmp_path / 'key'}}}}}}}}}\n"
+    )
+    config = parse_config(text, "cfg.yaml", {})
+    assert config.command_keys["e"].get_secret_value() == KEY
+    assert KEY not in repr(config) + str(config.model_dump())
