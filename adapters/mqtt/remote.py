@@ -168,8 +168,9 @@ class RemoteLauncher:
         return len(self.pending)
 
     def on_reply(self, payload: bytes) -> bool:
-        """One message of the cluster's replies topic; True when it is the agent's (signed
-        with the cluster's key, naming it): proof the agent is there."""
+        """One message of the cluster's replies topic; True when it answers a command
+        pending now (signed with the cluster's key, naming it): proof the agent is there
+        (an old reply replayed, say by a persistent session, proves nothing)."""
         try:
             reply = decode_reply(payload, self._key)
         except CommandError as exc:
@@ -184,7 +185,7 @@ class RemoteLauncher:
         if reply.status == "refused":
             self._refused(reply, pending)
         if pending is None or pending.command.op != reply.op:
-            return True  # no longer waited for (or not this command's)
+            return False  # no longer waited for (or not this command's)
         if not reply.final:
             pending.accepted = True
             return True

@@ -12,7 +12,8 @@ Every agent-fed cluster takes only the job kinds its agent launches
 (``Ledger.set_launchable``): none without a command key, none until its agent published
 capabilities, none when those say ``launch: false``. Pending commands are sent again after
 the broker's MQTT (re)connect, when an agent's status goes ``online`` again and when it
-publishes new capabilities.
+publishes capabilities (a restarted agent); the retained ones a (re)subscription hands
+over are covered by the reconnect's resend.
 
 Metrics: ``fedbroker_agent_refusals_total{cluster}`` (commands an agent refused).
 """
@@ -92,13 +93,14 @@ class AgentLaunchers:
     # -- what the agents publish ---------------------------------------------------------
 
     def on_reply(self, cluster: str, payload: bytes) -> bool:
-        """True when the reply is the agent's own (signed): it is heard then."""
+        """True when the reply answers a command pending now: the agent is heard then."""
         remote = self.remotes.get(cluster)
         return remote is not None and remote.on_reply(payload)
 
-    def on_capabilities(self, cluster: str, payload: bytes) -> None:
-        """A new retained ``capabilities``: the kinds placed there from now on, and the
-        pending commands sent again (a new capabilities message is a restarted agent)."""
+    def on_capabilities(self, cluster: str, payload: bytes, *, fresh: bool = True) -> None:
+        """An agent's ``capabilities``: the kinds placed there from now on; ``fresh`` (just
+        published, not the retained one a subscription hands over: a restarted agent) also
+        has the pending commands sent again."""
         try:
             found = parse_capabilities(payload)
         except ReportError as exc:
@@ -111,7 +113,7 @@ class AgentLaunchers:
             log.info("cluster %s: its agent launches %s", cluster, sorted(kinds) or "nothing")
             self._ledger.set_launchable(cluster, kinds)
             self._changed()
-        if remote is not None and payload:
+        if remote is not None and payload and fresh:
             remote.resend_all()
 
     def agent_back(self, cluster: str) -> None:

@@ -171,7 +171,7 @@ class MqttMembers:
         topics = ("heartbeat", "status", "inventory", "nodes/+", "capabilities", "replies")
         return [f"{self.prefix}/agents/{name}/{t}" for name in self.clusters for t in topics]
 
-    def on_message(self, topic: str, payload: bytes, _retained: bool) -> None:
+    def on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         head = f"{self.prefix}/agents/"
         if not topic.startswith(head):
             return
@@ -190,13 +190,13 @@ class MqttMembers:
                 agent.last_heartbeat, agent.online = self._clock(), True
             elif rest == "capabilities":
                 if self.agents is not None:
-                    self.agents.on_capabilities(name, payload)
+                    self.agents.on_capabilities(name, payload, fresh=not retained)
             elif rest == "status":
                 was, agent.online = agent.online, payload == b"online"
                 if not agent.online:
                     log.warning("cluster %s: agent offline", name)
-                elif not was and self.agents is not None:
-                    self.agents.agent_back(name)
+                elif not was and not retained and self.agents is not None:
+                    self.agents.agent_back(name)  # (a retained one: our own reconnect's)
             elif rest == "inventory":
                 if payload:
                     self._on_inventory(agent, parse_inventory(payload))

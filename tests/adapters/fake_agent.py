@@ -48,6 +48,7 @@ class FakeAgent:
         self.commands: list[Command] = []  # every one heard, resent ones again
         self.auto: dict[str, Answer] = {}
         self.kinds: list[str] | None = None  # what ``report`` says it launches by default
+        self.silent: set[str] = set()  # ops it does not even acknowledge
         self.changed = asyncio.Event()
 
     async def start(self) -> None:
@@ -61,6 +62,8 @@ class FakeAgent:
         command = decode_command(payload, self.key)
         self.commands.append(command)
         self.changed.set()
+        if command.op in self.silent:
+            return
         self.reply(command, "accepted")
         answer = self.auto.get(command.op)
         said = answer(command) if answer is not None else None

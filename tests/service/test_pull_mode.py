@@ -369,6 +369,44 @@ async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_return
             await service.close()
 
 
+async def test_an_agent_silent_at_the_election_is_a_member_down(tmp_path: Path) -> None:
+    """Its jobs are requeued (not adopted), and it takes nothing until a collection through
+    it succeeded, so the old gang is gone before the job runs again."""
+    await require_mqtt()
+    prefix = unique_prefix()
+    text = config_text(tmp_path, prefix, [agent_fed("edge")])
+    async with agents(prefix, {"edge": ["Pod"]}) as fake:
+        edge = fake["edge"]
+        service = Service(parse_config(text, "test config"), agent_timeouts=TIMEOUTS)
+        await service.start()
+        try:
+            await usable(service, fake)
+            await service.submit("team-a", manifest("train"))
+            await service.schedule_once()
+            await service.launches_done(timeout=10)
+        finally:
+            await service.close()
+        edge.silent.add("read_back")  # it will not answer
+        collected = len(edge.ops("collect"))
+        timeouts = Timeouts(delete=2.0, read=0.3)
+        restarted = Service(parse_config(text, "test config"), agent_timeouts=timeouts)
+        await restarted.start()
+        try:
+            record = await restarted.get("team-a", "train")
+            assert record.state == "Queued" and restarted.queue.get("team-a/train") is not None
+            assert "edge" in restarted.kube.dirty
+            assert restarted.ledger.snapshot().clusters["edge"].stale
+            await usable(restarted, fake)  # heard again: collected, then trusted
+            [collect] = edge.ops("collect")[collected:]
+            assert collect.body == {"live": []}
+            await restarted.schedule_once()
+            await restarted.launches_done(timeout=10)
+            assert (await restarted.get("team-a", "train")).state == "Running"
+            assert edge.commands.index(collect) < edge.commands.index(edge.ops("launch")[-1])
+        finally:
+            await restarted.close()
+
+
 # -- the command key in the config ---------------------------------------------------------------
 
 
