@@ -184,7 +184,7 @@ class MqttMembers:
                 agent.last_heartbeat = self._clock()
                 agent.online = True
                 agent.heartbeats += 1
-            elif rest == "replies":  # a signed reply is as good as a heartbeat
+            elif rest == "replies":  # one answering a command of ours: a heartbeat too
                 if self.agents is None or not self.agents.on_reply(name, payload):
                     return
                 agent.last_heartbeat, agent.online = self._clock(), True
@@ -196,7 +196,8 @@ class MqttMembers:
                 if not agent.online:
                     log.warning("cluster %s: agent offline", name)
                 elif not was and not retained and self.agents is not None:
-                    self.agents.agent_back(name)  # (a retained one: our own reconnect's)
+                    # (a retained one comes with our own reconnect, which resends anyway)
+                    self.agents.agent_back(name)
             elif rest == "inventory":
                 if payload:
                     self._on_inventory(agent, parse_inventory(payload))
