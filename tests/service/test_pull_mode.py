@@ -24,12 +24,12 @@ from kmock_namespaces import NamespacedEmulator
 from test_kube_service import NODES, kubeconfig_doc, kubelet, manifest, node_obj, our_pod
 from test_mqtt import MQTT_HOST, MQTT_PORT, require_mqtt, unique_prefix
 
-from adapters.mqtt.commands import Command, bound_doc, end_doc, placement_of
+from adapters.mqtt.commands import Command, bound_doc, end_doc, placement_of, row_doc
 from adapters.mqtt.remote import Timeouts
 from adapters.simulated import SimulatedLauncher
 from broker.config import ConfigError, parse_config
 from broker.model import Placement, PodBound
-from broker.ports import LaunchError, RunEnd
+from broker.ports import LaunchError, PodRow, RunEnd
 from broker.service.facade import Service
 
 KEY = "edge-command-key-0123456789abcdef0123"
@@ -125,6 +125,15 @@ async def test_a_job_on_an_agent_fed_cluster_runs_through_its_agent(tmp_path: Pa
             assert (record.state, record.cluster) == ("Running", "edge")
             [launch] = fake["edge"].ops("launch")
             assert launch.job == "team-a/train" and launch.body["spec"]["job"] == "train"
+            # Its pods and logs, read through the agent.
+            row = PodRow("train-worker-0", "worker", "edge", "n1", "Running", 0, "worker-0")
+            fake["edge"].auto["pods"] = done({"pods": [row_doc(row)]})
+            fake["edge"].auto["logs"] = done({"data": "epoch 1\n", "truncated": False})
+            assert await service.pods("team-a", "train") == [row]
+            stream = await service.logs("team-a", "train", None)
+            assert [chunk async for chunk in stream] == [b"epoch 1\n"]
+            await stream.aclose()
+            assert fake["edge"].ops("logs")[0].body["request"]["pod"] == "train-worker-0"
             await fake["edge"].heard(lambda: bool(fake["edge"].ops("watch")))
             [watch] = fake["edge"].ops("watch")
             fake["edge"].reply(watch, "done", {"end": end_doc(RunEnd(True))})
