@@ -1,10 +1,14 @@
-"""Pull mode, the broker's side, in the Service: a job placed on an agent-fed cluster is
-launched and followed through its agent (a fake one answering over the real mosquitto
-with the real codec) and ends Succeeded; a cluster whose agent does not launch the job's
-kind is unfit for it, explain says why, and nothing is simulated there. And no member
-kind but the simulated one is ever run by the simulated launcher (a federation of every
-kind: simulated, Kubernetes served by kmock, agent-fed with and without a launching
-agent, and without a command key)."""
+"""Pull mode, the broker's side, in the Service, with fake agents answering over the real
+mosquitto with the real codec: a job placed on an agent-fed cluster is launched, shown
+(pods, logs) and followed through its agent and ends Succeeded; a cluster whose agent does
+not launch the job's kind is unfit for it, explain says why, and nothing is simulated
+there; no member kind but the simulated one is ever run by the simulated launcher (a
+federation of every kind: simulated, Kubernetes served by kmock, agent-fed with and
+without a launching agent, and without a command key). Faults: a refusal says why and is
+counted; an agent away fails its jobs over and is collected before it is trusted again; a
+job cancelled while its agent is away is deleted when it returns; a restarted broker
+reads running jobs back through the agent, and an agent silent then is a member down.
+Last, the command key's config errors and secrecy."""
 
 from __future__ import annotations
 
