@@ -63,7 +63,8 @@ from broker.ports import (
 log = logging.getLogger(__name__)
 
 Publish = Callable[[str, bytes], object]
-"""Queue ``payload`` on the topic ``suffix`` (below the service's prefix), never waiting."""
+"""Queue ``payload`` on the topic ``suffix`` (below the service's prefix), never waiting;
+False when it could not (a full outbox)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,18 +155,30 @@ class RemoteLauncher:
 
     # -- the wire ------------------------------------------------------------------------
 
-    def _send(self, command: Command) -> None:
+    def _send(self, command: Command) -> bool:
+        """False when the connection's outbox is full (the command stays pending)."""
         fresh = replace(command, at=self._clock())
-        self._publish(commands_topic(self.cluster), encode_command(fresh, self._key))
+        return (
+            self._publish(commands_topic(self.cluster), encode_command(fresh, self._key))
+            is not False
+        )
 
     def _command(self, op: Op, job: str = "", generation: int = 0, **body: Any) -> Command:
         return Command(uuid.uuid4().hex, self.cluster, op, job, generation, 0.0, body)
 
     def resend_all(self) -> int:
-        """Send every pending command again, oldest first (same ids); how many."""
+        """Send every pending command again, oldest first (same ids); how many went. Once
+        the outbox is full the rest wait (pending) for the next resend, said once."""
+        sent = 0
         for pending in list(self.pending.values()):
-            self._send(pending.command)
-        return len(self.pending)
+            if not self._send(pending.command):
+                log.warning(
+                    "cluster %s: MQTT outbox full; %d commands wait for the next resend",
+                    self.cluster, len(self.pending) - sent,
+                )  # fmt: skip
+                break
+            sent += 1
+        return sent
 
     def on_reply(self, payload: bytes) -> bool:
         """One message of the cluster's replies topic; True when it answers a command

@@ -27,6 +27,7 @@ from adapters.mqtt.commands import (
     Command,
     Reply,
     bound_doc,
+    decode_command,
     end_doc,
     found_doc,
     placement_of,
@@ -292,3 +293,28 @@ def test_capabilities_are_checked(payload: bytes, expected: Capabilities | str) 
         return
     with pytest.raises(ReportError, match=expected):
         parse_capabilities(payload)
+
+
+def test_a_resend_goes_oldest_first_and_stops_at_a_full_outbox() -> None:
+    sent: list[Command] = []
+    room = [10]
+
+    def publish(suffix: str, payload: bytes) -> bool:
+        if not room[0]:
+            return False
+        room[0] -= 1
+        sent.append(decode_command(payload, KEY))
+        return True
+
+    remote = RemoteLauncher("edge", KEY, publish, lambda placement: SPEC)
+    for _ in range(3):
+        remote.watch(PLACEMENT, lambda end: None)
+    ids = [c.id for c in sent]
+    sent.clear()
+    room[0] = 2
+    assert remote.resend_all() == 2
+    assert [c.id for c in sent] == ids[:2]  # the third waits, still pending
+    room[0] = 10
+    sent.clear()
+    assert remote.resend_all() == 3
+    assert [c.id for c in sent] == ids
