@@ -209,6 +209,9 @@ class Job:
     # a TrainJob names; ``clusters_missing`` says what the others lack, for explain.
     clusters: frozenset[str] = frozenset()
     clusters_missing: str = ""
+    # The kind of Kubernetes object its launch creates ("" for a gang of pods, else its
+    # workload's kind): an agent-fed member only takes the kinds its agent launches.
+    kind: str = ""
 
     def __post_init__(self) -> None:
         if not self.pod_sets:
@@ -237,6 +240,11 @@ class Job:
     def gpu_request_milli(self) -> int:
         return sum(ps.count * ps.resources.gpu_request_milli for ps in self.pod_sets)
 
+    @property
+    def launch_kind(self) -> str:
+        """What a member's launcher creates for it: ``Pod`` for a gang of pods."""
+        return self.kind or "Pod"
+
     def allows_gpu_type(self, gpu_type: GpuType | None) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
 
@@ -254,7 +262,7 @@ class Job:
         job.cluster_selector, job.min_member = self.cluster_selector, self.min_member
         job.schedule_timeout_seconds, job.policy = self.schedule_timeout_seconds, self.policy
         job.allow_burst, job.clusters = self.allow_burst, self.clusters
-        job.clusters_missing = self.clusters_missing
+        job.clusters_missing, job.kind = self.clusters_missing, self.kind
         job.__class__ = Job
         return cast(Job, job)
 
@@ -423,6 +431,8 @@ class ClusterCapacity(Protocol):
     def name(self) -> str: ...
     @property
     def stale(self) -> bool: ...
+    @property
+    def launchable(self) -> frozenset[str] | None: ...
     @property
     def nodes(self) -> Mapping[str, NodeState]: ...
     def groups(self) -> Iterable[NodeGroup]: ...

@@ -61,6 +61,10 @@ def filter_cluster(job: Job, view: ClusterCapacity) -> list[Reason]:
     name = view.name
     if view.stale:
         return [Reason(ReasonCode.STALE, "capacity data is stale; no new placements", name)]
+    launchable = view.launchable
+    if launchable is not None and job.launch_kind not in launchable:
+        said = f"cluster {name} is agent-fed; its agent does not launch {job.launch_kind}"
+        return [Reason(ReasonCode.MISSING, said, name)]
     if job.clusters and name not in job.clusters:
         return [Reason(ReasonCode.MISSING, f"cluster {name} has no {job.clusters_missing}", name)]
     labels = view.cluster.labels

@@ -175,7 +175,8 @@ def configure_logging(
 
 def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list[str]:
     """Every secret the config holds or names: inline values (SecretStr: static tokens, the
-    MQTT password), the environment variables a ``{env, value}`` reference reads, the store
+    MQTT password), the environment variables a ``{env, value}`` reference reads, the MQTT
+    password and agent-fed clusters' command keys as resolved (from a file too), the store
     URL's password, what the kubeconfigs of members and Cluster API pools hold for their
     users (``kubeconfig_secrets``) and the API's TLS key. (The OIDC issuer needs no secret:
     tokens are checked against its public keys.)"""
@@ -207,6 +208,8 @@ def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list
         found.append(password)
     if config.mqtt_password is not None:  # resolved from the environment at load
         found.append(config.mqtt_password.get_secret_value())
+    # Agent-fed clusters' command keys, as resolved at load (inline, environment or file).
+    found.extend(key.get_secret_value() for key in config.command_keys.values())
     if config.api.tls is not None:
         found.extend(_key_material(_read(Path(config.api.tls.key_file))))
     return found

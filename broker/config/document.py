@@ -57,6 +57,7 @@ class Config(Section):
     # Resolved tokens, filled by parse_config / demo_config; private, so not in repr or dumps.
     _tokens: TokenTable = PrivateAttr(default_factory=TokenTable)
     _mqtt_password: SecretStr | None = PrivateAttr(default=None)
+    _command_keys: dict[str, SecretStr] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
@@ -106,11 +107,27 @@ class Config(Section):
             except FieldError as exc:
                 path = ["events", "mqtt", "password", *exc.path]
                 raise FieldError(path, exc.message) from None
+        keys: dict[str, SecretStr] = {}
+        for i, cc in enumerate(self.clusters):
+            ref = cc.source.mqtt.command_key if cc.source.mqtt is not None else None
+            if ref is None:
+                continue
+            try:
+                keys[cc.name] = ref.resolve(environ)
+            except FieldError as exc:
+                path = ["clusters", i, "source", "mqtt", "commandKey", *exc.path]
+                raise FieldError(path, exc.message) from None
+        self._command_keys = keys
 
     @property
     def mqtt_password(self) -> SecretStr | None:
         """events.mqtt.password, resolved (from the environment for an ``env`` one)."""
         return self._mqtt_password
+
+    @property
+    def command_keys(self) -> dict[str, SecretStr]:
+        """Agent-fed clusters' ``source.mqtt.commandKey``, resolved, by cluster."""
+        return self._command_keys
 
 
 def _unique_names(config: Config) -> None:

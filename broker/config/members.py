@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from adapters.simulated import NodeShape
-from broker.config.section import Section
+from broker.config.section import Section, TokenRef
 from broker.manifest import (
     MAX_GPUS_PER_POD,
     CpuQuantity,
@@ -265,9 +265,12 @@ class KubeSource(KubeconfigRef, KubeLaunchFields):
 class MqttSource(Section):
     """A member cluster whose capacity an agent (``fedbroker agent``) reports over MQTT
     (``events.mqtt`` names the MQTT broker). Stale while the agent's last heartbeat is older
-    than ``staleAfterSeconds`` (default: ``scheduler.staleAfterSeconds``)."""
+    than ``staleAfterSeconds`` (default: ``scheduler.staleAfterSeconds``). ``commandKey``:
+    the secret the broker and that cluster's agent sign commands and replies with; without
+    it the broker sends the agent nothing, and no job that needs a launch goes there."""
 
     stale_after_seconds: float | None = Field(default=None, gt=0, le=3600)
+    command_key: TokenRef | None = Field(default=None, repr=False)
 
 
 class ClusterSource(OneOf):

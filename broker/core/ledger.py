@@ -80,6 +80,12 @@ class Ledger:
     def set_stale(self, cluster: str, stale: bool) -> None:
         self._writable(cluster).stale = stale
 
+    def set_launchable(self, cluster: str, kinds: frozenset[str] | None) -> None:
+        """The job kinds ``cluster``'s launcher creates (None: any; an agent-fed member
+        takes only those its agent launches)."""
+        if self._views[cluster].launchable != kinds:
+            self._writable(cluster).launchable = kinds
+
     def apply(self, event: CapacityEvent) -> list[str]:
         """Apply one capacity event. Returns the jobs whose assumptions it evicted (a
         foreign pod took capacity we had reserved; those jobs must be requeued)."""

@@ -117,11 +117,16 @@ def group_of(node: Node) -> NodeGroup:
 class ClusterView:
     """One cluster's capacity, indexed. Read-only once a snapshot holds it."""
 
-    __slots__ = ("_free_milli", "_frozen", "_gpus_total", "_groups", "cluster", "nodes", "stale")
+    __slots__ = (
+        "_free_milli", "_frozen", "_gpus_total", "_groups", "cluster", "launchable", "nodes",
+        "stale",
+    )  # fmt: skip
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.stale = False
+        # The job kinds its launcher creates (None: any); an agent-fed member's agent says.
+        self.launchable: frozenset[str] | None = None
         self.nodes: dict[str, NodeState] = {}
         self._groups: dict[NodeGroup, _GroupIndex] = {}
         # Cluster-wide totals of the groups' own, kept so allocation() (which binpack's
@@ -187,6 +192,7 @@ class ClusterView:
     def _copy(self) -> ClusterView:
         view = ClusterView(self.cluster)
         view.stale = self.stale
+        view.launchable = self.launchable
         view.nodes = dict(self.nodes)
         view._groups = {g: idx.copy() for g, idx in self._groups.items()}
         view._gpus_total = self._gpus_total

@@ -49,6 +49,7 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         schedule_timeout_seconds=spec.gang.schedule_timeout_seconds,
         policy=spec.policy,
         allow_burst=spec.placement.allow_burst,
+        kind=spec.workload.kind if spec.workload is not None else "",
         **_runtime_clusters(spec.workload.runtime if spec.workload is not None else None),
     )
 

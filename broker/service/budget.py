@@ -99,6 +99,10 @@ class _BudgetedView:
         return self._view.stale
 
     @property
+    def launchable(self) -> frozenset[str] | None:
+        return self._view.launchable
+
+    @property
     def nodes(self) -> Mapping[str, NodeState]:
         return self._view.nodes
 

@@ -1,10 +1,12 @@
 """The composition root of the live broker: every part built once, in one fixed order.
 
 ``build`` makes, from the config: the ledger with the simulated clusters' nodes and the
-default launcher; the Kubernetes members (their clients and watchers connect in
-``Service.start``) and the launcher that dispatches to them; the burst pools; the queue,
+default launcher (for the simulated clusters only); the Kubernetes members (their clients
+and watchers connect in ``Service.start``) and the launcher that dispatches to them and to
+the agent-fed members' agents; the burst pools; the queue,
 the lifecycle and the policies; the store and the leader election; the rooms (binding,
-cycles, recovery, admission) and the read model; MQTT when configured; and last the
+cycles, recovery, admission) and the read model; MQTT when configured, with the agents
+that launch into agent-fed members; and last the
 event-publishing store: the store wrapped ONCE in a ``PublishingStore`` whose bus feeds
 ``/v1/events`` and, with MQTT, tees every job event to MQTT as well.
 """
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
+from adapters.mqtt.remote import Timeouts
 from adapters.simulated import SimulatedLauncher, generate_nodes
 from broker.config import Config
 from broker.core.ledger import Ledger
@@ -25,6 +28,7 @@ from broker.core.scheduler import SchedulerSettings
 from broker.model import Placement
 from broker.ports import Launcher
 from broker.service.admission import Admission
+from broker.service.agents import AgentLaunchers
 from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.events import EventBus, PublishingStore
@@ -93,8 +97,9 @@ def _launching(
     run_seconds: Callable[[Placement], float | None] | None,
     kube: KubeMembers,
 ) -> tuple[Launcher, ClusterLauncher | None]:
-    """The simulated clusters' nodes into ``ledger``; the launcher (dispatching to the
-    Kubernetes members' own when there are any)."""
+    """The simulated clusters' nodes into ``ledger``; the launcher: the simulated one (or
+    ``launcher``, injected) when every cluster is simulated, else one dispatching to each
+    member's own that keeps the simulated one for the simulated clusters."""
     per_cluster: dict[str, tuple[float, float]] = {}
     for cc in config.clusters:
         source = cc.source.simulated
@@ -104,9 +109,10 @@ def _launching(
             per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
         ledger.add_cluster(cc.to_cluster(), nodes)
     default = launcher or SimulatedLauncher(per_cluster=per_cluster, run_seconds=run_seconds)
-    if not kube:
+    simulated = frozenset(cc.name for cc in config.clusters if cc.source.simulated is not None)
+    if not kube and len(simulated) == len(config.clusters):
         return default, None
-    dispatch = ClusterLauncher(default)
+    dispatch = ClusterLauncher(default, simulated)
     return dispatch, dispatch
 
 
@@ -141,6 +147,33 @@ def _shared(
     )  # fmt: skip
 
 
+def _agents(
+    config: Config,
+    mqtt: MqttEvents,
+    shared: Shared,
+    binding: Binding,
+    dispatch: ClusterLauncher | None,
+    timeouts: Timeouts | None,
+) -> None:
+    """The agent-fed clusters' agents: launchers and pod readers of their clusters."""
+    if not mqtt.members:
+        return
+    publisher = mqtt.publisher
+
+    def publish(suffix: str, payload: bytes) -> bool:
+        return publisher.publish_nowait(suffix, payload, qos=1)
+
+    agents = AgentLaunchers(
+        config, publish, binding.launch_spec, shared.ledger, shared.kube, shared.wake.set,
+        shared.check_stale, timeouts,
+    )  # fmt: skip
+    mqtt.attach(agents)
+    assert dispatch is not None  # agent-fed clusters are not simulated
+    dispatch.by_cluster.update(agents.remotes)
+    dispatch.readers.update(agents.remotes)
+    dispatch.refusals.update(agents.refusals())
+
+
 class Options(TypedDict, total=False):
     """What a caller (a test, the demo) may put in place of the config's defaults."""
 
@@ -153,6 +186,7 @@ class Options(TypedDict, total=False):
     pool_retry: PoolRetry | None  # default: PoolRetry() (reading unreadable Cluster API pools)
     member_retry_wait: wait_base | None  # between Kubernetes members' request retries
     plan_clock: Callable[[], float]  # the dry runs' budgets (default: time.monotonic)
+    agent_timeouts: Timeouts  # how long the broker waits for an agent's replies
 
 
 def build(config: Config, **options: Unpack[Options]) -> Parts:
@@ -193,6 +227,7 @@ def build(config: Config, **options: Unpack[Options]) -> Parts:
     sources: list[MetricSource] = []
     if config.events.mqtt is not None:
         mqtt = MqttEvents(config, clock, shared.ledger, binding.on_capacity, view.clusters)
+        _agents(config, mqtt, shared, binding, dispatch, options.get("agent_timeouts"))
         view.agents.append(mqtt.members.connected)
         bus = TeeBus(tee=mqtt.on_job, capacity_changed=mqtt.capacity_changed)
         sources.append(mqtt.metrics)

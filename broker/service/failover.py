@@ -4,7 +4,8 @@
 Kubernetes member that has been stale for at least its queue's ``failoverAfterSeconds``
 (``broker.core.failover.due``) has its launch and run watch stopped, its reservation or
 bound usage on that member released in the ledger and is requeued at once with its attempt
-count kept (``Lifecycle.fail_over``); the store records a Queued transition whose reason
+count kept (``Lifecycle.fail_over``; an agent-fed member is lost when its agent goes
+unheard); the store records a Queued transition whose reason
 starts with ``FailedOver:`` and names the lost cluster; ``fedbroker_failovers_total`` counts
 it per cluster. Nothing is deleted then: the member cannot be reached.
 
@@ -77,7 +78,7 @@ class Failover:
         live on it (under the lock: no launch creates objects the live set missed); a
         member collected without error is trusted again."""
         s = self.s
-        for name, member in s.kube.members.items():
+        for name, launcher in s.kube.recoverable():
             if (names is not None and name not in names) or s.kube.down(name):
                 continue
             live = {
@@ -86,8 +87,10 @@ class Failover:
                 if launch.placement.cluster == name
             }
             try:
-                deleted = await member.launcher.collect_garbage(live)
+                deleted = await launcher.collect_garbage(live)
             except Exception as exc:  # any: tried again at the next collection
+                if name in s.kube.agents:  # read back but not collected: not trusted yet
+                    s.kube.dirty.add(name)
                 unexpected = not isinstance(exc, _UNREACHABLE)
                 log.warning("cluster %s: garbage collection failed: %s", name,
                             type(exc).__name__ if unexpected else exc,

@@ -3,16 +3,20 @@
 ``KubeMembers`` is built by ``broker.service.compose`` for the clusters whose config
 source is ``kube``: one API client per cluster (from its kubeconfig context), a
 ``ClusterWatcher`` feeding the ledger, a ``StaleTracker`` fed by the watcher's status, and a
-``KubeLauncher`` and a ``KubePods`` (the job's pods and logs). ``ClusterLauncher`` dispatches
-each placement to its cluster's launcher, and reads of pods and logs to its cluster's
-reader; clusters without one (simulated) keep the default launcher.
+``KubeLauncher`` and a ``KubePods`` (the job's pods and logs). It also holds the agent-fed
+members whose agent launches (``AgentMember``: their ``RemoteLauncher``, and whether their
+agent is heard), so staleness, failover, read back and garbage collection treat both
+kinds alike (``recoverable``). ``ClusterLauncher`` dispatches each placement to its
+cluster's launcher, and reads of pods and logs to its cluster's reader; the default
+launcher (the simulated one) serves the simulated clusters only: a placement anywhere else
+without a launcher of its own is refused for good, never simulated.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.kube.translate import GpuConfig
@@ -22,7 +26,9 @@ from broker.manifest.workloads import INTEGRATIONS
 from broker.model import Placement
 from broker.ports import CapacitySink as Emit
 from broker.ports import (
+    GangRecovery,
     Launcher,
+    LaunchError,
     LaunchSpec,
     LogRequest,
     LogStream,
@@ -44,17 +50,42 @@ if TYPE_CHECKING:
     from adapters.kube.runtimes import RuntimeCache
 
 
-class ClusterLauncher:
-    """The launcher of each placement's cluster: a KubeLauncher for Kubernetes members,
-    ``default`` (the simulated launcher) for the others."""
+class Refusing:
+    """The launcher of a cluster nothing can launch into (an agent-fed cluster whose agent
+    does not launch): every launch refused for good, with why."""
 
-    def __init__(self, default: Launcher) -> None:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def launch(self, placement: Placement) -> None:
+        raise LaunchError(self.reason, permanent=True)
+
+    async def delete(self, placement: Placement) -> None:
+        return None  # nothing was ever created
+
+
+class ClusterLauncher:
+    """The launcher of each placement's cluster: a KubeLauncher for Kubernetes members, a
+    RemoteLauncher for agent-fed ones whose agent launches, ``default`` (the simulated
+    launcher, or the one a test injects) for the ``simulated`` clusters (None: every
+    cluster without a launcher of its own), and a ``Refusing`` one for the rest."""
+
+    def __init__(self, default: Launcher, simulated: frozenset[str] | None = None) -> None:
         self.default = default
-        self.by_cluster: dict[str, KubeLauncher] = {}
+        self.simulated = simulated
+        self.by_cluster: dict[str, Launcher] = {}
         self.readers: dict[str, PodReader] = {}
+        self.refusals: dict[str, str] = {}  # cluster -> why nothing launches there
 
     def _for(self, placement: Placement) -> Launcher:
-        return self.by_cluster.get(placement.cluster) or self.default
+        cluster = placement.cluster
+        launcher = self.by_cluster.get(cluster)
+        if launcher is not None:
+            return launcher
+        if self.simulated is None or cluster in self.simulated:
+            return self.default
+        why = self.refusals.get(cluster, f"cluster {cluster} has no launcher")
+        return Refusing(why)
 
     async def launch(self, placement: Placement) -> None:
         await self._for(placement).launch(placement)
@@ -94,7 +125,8 @@ class ClusterLauncher:
 
     def _reader(self, cluster: str) -> PodReader:
         reader = self.readers.get(cluster)
-        if reader is None and isinstance(self.default, PodReader):
+        simulated = self.simulated is None or cluster in self.simulated
+        if reader is None and simulated and isinstance(self.default, PodReader):
             reader = self.default
         if reader is None:
             raise PodReadError(f"cluster {cluster}: its launcher cannot show pods")
@@ -118,8 +150,19 @@ class KubeMember:
     runtimes: RuntimeCache
 
 
+@dataclass(slots=True)
+class AgentMember:
+    """An agent-fed member whose agent launches: recovery goes through the agent; down
+    while the agent is not heard (``MqttMembers`` says), since ``down_since``."""
+
+    name: str
+    launcher: GangRecovery
+    down_since: float | None = field(default=None)
+
+
 class KubeMembers:
-    """The Kubernetes member clusters of one service, and whether each is stale."""
+    """The members the broker launches into, Kubernetes ones and agent-fed ones whose
+    agent launches (``agents``), and whether each is stale."""
 
     def __init__(
         self,
@@ -137,9 +180,33 @@ class KubeMembers:
         # Members seen down (stale) since their last garbage collection: kept out of
         # placements until a collection on them succeeded (failover: no job runs twice).
         self.dirty: set[str] = set()
+        self.agents: dict[str, AgentMember] = {}
+        self._clock = clock
 
     def __bool__(self) -> bool:
-        return bool(self.configs)
+        return bool(self.configs) or bool(self.agents)
+
+    def add_agent(self, name: str, launcher: GangRecovery) -> None:
+        """An agent-fed member whose agent launches; down until its agent is heard."""
+        self.agents[name] = AgentMember(name, launcher, self._clock())
+
+    def agent_down(self, name: str, down: bool) -> None:
+        """Its agent went unheard (stale) or was heard again."""
+        member = self.agents[name]
+        if not down:
+            member.down_since = None
+        elif member.down_since is None:
+            member.down_since = self._clock()
+
+    def names(self) -> list[str]:
+        return [cc.name for cc in self.configs] + list(self.agents)
+
+    def recoverable(self) -> list[tuple[str, GangRecovery]]:
+        """Each member's launcher as what reads our objects back and collects them."""
+        found: list[tuple[str, GangRecovery]] = [
+            (name, member.launcher) for name, member in self.members.items()
+        ]
+        return found + [(name, member.launcher) for name, member in self.agents.items()]
 
     async def connect(
         self, emit: Emit, spec_for: Callable[[Placement], LaunchSpec], launchers: ClusterLauncher
@@ -213,7 +280,10 @@ class KubeMembers:
     def down(self, name: str) -> bool:
         """Down for staleAfterSeconds, or never listed. A cluster that comes back is up
         only once its watcher has relisted it (the watcher reports itself connected after
-        the relist's events are emitted)."""
+        the relist's events are emitted). An agent-fed member: while its agent is unheard."""
+        agent = self.agents.get(name)
+        if agent is not None:
+            return agent.down_since is not None
         member = self.members.get(name)
         return member is None or member.watcher.lists == 0 or self.tracker.is_stale(name)
 
@@ -240,6 +310,9 @@ class KubeMembers:
             since = self.tracker.stale_since(name)
             if since is not None:
                 out[name] = since
+        for name, agent in self.agents.items():
+            if agent.down_since is not None:
+                out[name] = agent.down_since
         return out
 
     def connected(self, name: str) -> bool:

@@ -29,16 +29,19 @@ is full), and every cluster's current row is published again after a reconnect, 
 rows never take the job events' room and a refused capacity row is not counted as dropped.
 
 Member clusters with ``source: {mqtt: {...}}`` are fed by ``fedbroker agent`` (topics and
-schema in ``adapters.mqtt.reports``): the broker subscribes to
-``<prefix>/agents/<cluster>/#``, turns node reports into ledger capacity events (through
-``Binding.on_capacity``, as the Kubernetes watchers do), and keeps the cluster stale until
-the agent's first heartbeat, and again when the last heartbeat (timed by the broker's clock)
-is older than ``staleAfterSeconds`` (default ``scheduler.staleAfterSeconds``) or the agent's
-status says ``offline`` (its will). Jobs placed on such a cluster use the default launcher:
-launching into agent-fed clusters is not part of this adapter.
+schema in ``adapters.mqtt.reports``): the broker subscribes to each agent's topics below
+``<prefix>/agents/<cluster>/`` (not its own ``commands``), turns node reports into ledger
+capacity events (through ``Binding.on_capacity``, as the Kubernetes watchers do), and keeps
+the cluster stale until the agent's first heartbeat, and again when the last heartbeat
+(timed by the broker's clock) is older than ``staleAfterSeconds`` (default
+``scheduler.staleAfterSeconds``) or the agent's status says ``offline`` (its will). Jobs are
+launched there by the agent, through ``broker.service.agents`` (``attach``): its replies
+and capabilities are handed there, and so is the staleness of a cluster whose agent
+launches (a member's, with its garbage collection on return).
 
 Metrics (``Service.metric_sources``): ``fedbroker_mqtt_connected``,
-``fedbroker_mqtt_dropped_events_total``, ``fedbroker_mqtt_outbox_messages``.
+``fedbroker_mqtt_dropped_events_total``, ``fedbroker_mqtt_outbox_messages``,
+``fedbroker_agent_refusals_total{cluster}``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from broker.config import ClusterConfig, Config
 from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Node, NodeDeleted, PodDeleted
 from broker.ports import ReportError
+from broker.service.agents import AgentLaunchers
 from broker.service.events import EventBus, EventKind
 from broker.service.readmodel import ClusterRow
 from broker.service.tasks import Supervisor
@@ -148,6 +152,7 @@ class MqttMembers:
         self._set_stale = set_stale
         self._clock = clock
         self.clusters: dict[str, AgentCluster] = {}
+        self.agents: AgentLaunchers | None = None  # replies, capabilities, returns
         self._stale: dict[str, bool] = {}
         for cc in clusters:
             source = cc.source.mqtt
@@ -162,9 +167,11 @@ class MqttMembers:
         return bool(self.clusters)
 
     def topic_filters(self) -> list[str]:
-        return [f"{self.prefix}/agents/{name}/#" for name in self.clusters]
+        """What each agent publishes (never its ``commands``: ours, not to be heard back)."""
+        topics = ("heartbeat", "status", "inventory", "nodes/+", "capabilities", "replies")
+        return [f"{self.prefix}/agents/{name}/{t}" for name in self.clusters for t in topics]
 
-    def on_message(self, topic: str, payload: bytes, _retained: bool) -> None:
+    def on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         head = f"{self.prefix}/agents/"
         if not topic.startswith(head):
             return
@@ -177,10 +184,20 @@ class MqttMembers:
                 agent.last_heartbeat = self._clock()
                 agent.online = True
                 agent.heartbeats += 1
+            elif rest == "replies":  # one answering a command of ours: a heartbeat too
+                if self.agents is None or not self.agents.on_reply(name, payload):
+                    return
+                agent.last_heartbeat, agent.online = self._clock(), True
+            elif rest == "capabilities":
+                if self.agents is not None:
+                    self.agents.on_capabilities(name, payload, fresh=not retained)
             elif rest == "status":
-                agent.online = payload == b"online"
+                was, agent.online = agent.online, payload == b"online"
                 if not agent.online:
                     log.warning("cluster %s: agent offline", name)
+                elif not was and not retained and self.agents is not None:
+                    # (a retained one comes with our own reconnect, which resends anyway)
+                    self.agents.agent_back(name)
             elif rest == "inventory":
                 if payload:
                     self._on_inventory(agent, parse_inventory(payload))
@@ -281,6 +298,7 @@ class MqttEvents:
         self._emit = emit
         self._clusters = clusters
         self._capacity_wake = asyncio.Event()
+        self.agents: AgentLaunchers | None = None
         self.publisher = Publisher(settings_of(config), on_connect=self._on_connect)
         prefix = self.publisher.settings.prefix
         self.members = MqttMembers(
@@ -316,14 +334,21 @@ class MqttEvents:
     def capacity_changed(self) -> None:
         self._capacity_wake.set()
 
+    def attach(self, agents: AgentLaunchers) -> None:
+        """Agents that launch: their replies, capabilities and staleness go there."""
+        self.agents = self.members.agents = agents
+
     def _set_stale(self, name: str, stale: bool) -> None:
-        self._ledger.set_stale(name, stale)
+        if self.agents is None or not self.agents.set_stale(name, stale):
+            self._ledger.set_stale(name, stale)
         self._emit([])  # wakes the scheduler
         self._capacity_wake.set()
 
     def _on_connect(self) -> None:
         self._sent.clear()  # retained state may have been lost: publish it all again
         self._capacity_wake.set()
+        if self.agents is not None:  # commands unanswered may have been lost with it
+            self.agents.resend_all()
 
     def publish_capacity(self, now: float | None = None, *, force: bool = False) -> int:
         """Publish the rows that changed (each at most once per CAPACITY_MIN_SECONDS);
@@ -407,6 +432,8 @@ class MqttEvents:
         )
         outbox.add_metric([], float(self.publisher.backlog))
         yield outbox
+        if self.agents is not None:
+            yield from self.agents.metrics()
 
 
 __all__ = ["MqttEvents", "MqttMembers", "TeeBus", "job_message", "settings_of"]

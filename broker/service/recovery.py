@@ -117,9 +117,11 @@ class Recovery:
 
     async def elected(self) -> None:
         """Won the lease: rebuild the queue and reservations from the store, then place.
-        (The first time, the pods read back at start are used.)"""
+        (The first time, the pods read back at start are used, and the agents' read now.)"""
         s = self.s
         found, self.found = self.found, None
+        if found is not None:
+            await self._read_back_agents(found)
         s.active.clear()  # another replica may have led meanwhile: counts are read again
         async with s.lock:
             started = time.perf_counter()
@@ -290,11 +292,14 @@ class Recovery:
     async def start_kube(self, dispatch: ClusterLauncher | None) -> None:
         """Connect every Kubernetes member, list it into the ledger and read our pods back
         (kept for the first election); then start the watchers and their upkeep. An
-        unreachable member stays stale (its jobs are requeued) until its watcher lists it."""
+        unreachable member stays stale (its jobs are requeued) until its watcher lists it.
+        Agent-fed members are read back at the election (their agents answer over MQTT,
+        which starts after this)."""
         s = self.s
         if dispatch is None:
             return
-        await s.kube.connect(self.binding.on_capacity, self.binding.launch_spec, dispatch)
+        if s.kube.configs:
+            await s.kube.connect(self.binding.on_capacity, self.binding.launch_spec, dispatch)
         found: Found = {}
         for name, member in s.kube.members.items():
             try:
@@ -321,7 +326,32 @@ class Recovery:
                 found[name] = pods
             except Exception as exc:  # any: as an unreachable member, its jobs requeued
                 self._unread(name, "cannot read our pods back", exc)
+        await self._read_back_agents(found)
         return found
+
+    async def _read_back_agents(self, found: Found) -> None:
+        """Our pods and workloads through each launching agent, all at once (each bounded
+        by the agent's read timeout). One that does not answer is down: its jobs are
+        requeued, and it takes no placement until a collection through it succeeded."""
+        agents = self.s.kube.agents
+
+        async def read(name: str) -> None:
+            launcher = agents[name].launcher
+            try:
+                pods = await launcher.read_back()
+                self._workloads[name] = await launcher.read_back_workloads()
+                found[name] = pods
+            except Exception as exc:  # any: as an unreachable member, its jobs requeued
+                self.s.kube.dirty.add(name)
+                self._unread(name, "cannot read our pods back", exc)
+                return
+            # Its agent answered (so it is heard) with what runs there: the jobs restored
+            # from it are live, the rest is collected at the end of the rebuild, before any
+            # placement (and should that collection fail, it is dirty again).
+            self.s.kube.dirty.discard(name)
+
+        await asyncio.gather(*(read(name) for name in agents))
+        self.s.check_stale()
 
     def _unread(self, cluster: str, what: str, exc: Exception) -> None:
         """A member whose pods could not be read back: its jobs are requeued, not adopted

@@ -77,12 +77,13 @@ class Shared:
         return self.rebuilt and self.leadership.valid()
 
     def check_stale(self) -> None:
-        """Mark Kubernetes members stale (no new placements) or trusted again."""
-        for cc in self.kube.configs:
-            stale = self.kube.stale(cc.name)
-            if self.ledger.snapshot().clusters[cc.name].stale != stale:
-                log.warning("cluster %s is %s", cc.name, "stale" if stale else "back")
-                self.ledger.set_stale(cc.name, stale)
+        """Mark the members we launch into (Kubernetes, launching agents) stale (no new
+        placements) or trusted again."""
+        for name in self.kube.names():
+            stale = self.kube.stale(name)
+            if self.ledger.snapshot().clusters[name].stale != stale:
+                log.warning("cluster %s is %s", name, "stale" if stale else "back")
+                self.ledger.set_stale(name, stale)
                 self.wake.set()
 
 

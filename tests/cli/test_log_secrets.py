@@ -1,11 +1,11 @@
 """Every kind of secret a config holds or names is known to the log redactor
 (broker/cli/logs.py ``secrets_of``): one row per kind, each putting one canary in one
-place (static tokens, the store's and MQTT's passwords, the kubeconfigs of member clusters
-and Cluster API pools in every form client-go reads, the API's TLS key). Each canary is
-then sent through every handler ``configure_logging`` installs (the process's log on
-stderr and the audit file), in a message, its arguments, an exception and an extra field,
-under the loggers that write (ours, aiohttp's server and access logs, the audit trail),
-and must appear nowhere."""
+place (static tokens, the store's and MQTT's passwords, agents' command keys, the
+kubeconfigs of member clusters and Cluster API pools in every form client-go reads, the
+API's TLS key). Each canary is then sent through every handler ``configure_logging``
+installs (the process's log on stderr and the audit file), in a message, its arguments,
+an exception and an extra field, under the loggers that write (ours, aiohttp's server and
+access logs, the audit trail), and must appear nowhere."""
 
 from __future__ import annotations
 
@@ -57,6 +57,11 @@ def in_file(tmp: Path, name: str, text: str) -> str:
     return str(path)
 
 
+def agent(key: str, environ: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    cluster = f"- name: edge\n  source: {{mqtt: {{commandKey: {key}}}}}"
+    return {"clusters": cluster, "rest": "events: {mqtt: {host: m}}"}, environ
+
+
 Row = Callable[[Path], tuple[dict[str, str], dict[str, str]]]  # -> (BASE fields, environ)
 ROWS: list[tuple[str, Row]] = [
     ("static token, inline", lambda t: ({"token": f"{{value: {CANARY}}}"}, {})),
@@ -72,6 +77,11 @@ ROWS: list[tuple[str, Row]] = [
     ("MQTT password, from the environment", lambda t: (
         {"rest": "events: {mqtt: {host: m, username: u, password: {env: MQTT_PASSWORD}}}"},
         {"MQTT_PASSWORD": CANARY})),
+    ("agent command key, inline", lambda t: agent(f"{{value: {CANARY}}}", {})),
+    ("agent command key, from the environment",
+     lambda t: agent("{env: EDGE_KEY}", {"EDGE_KEY": CANARY})),
+    ("agent command key, a file",
+     lambda t: agent(f"{{file: {in_file(t, 'key', CANARY + chr(10))}}}", {})),
     ("member kubeconfig token, a file", lambda t: ({"clusters": member(
         f"kubeconfig: {in_file(t, 'kc', json.dumps(kubeconfig({'token': CANARY})))}")}, {})),
     ("member kubeconfig token, inline", lambda t: ({"clusters": member(

@@ -245,6 +245,7 @@ def test_each_kind_derives_the_pod_sets_kueue_does(
     parsed = admit_templates(parse_manifest(manifest(workload), None), "baseline", ["default"])
     job = to_job(parsed, "team-a", "training")
     assert job.pod_sets == tuple(PodSet(name, n, r) for name, n, r, _ in expected)
+    assert job.launch_kind == workload["kind"]  # what an agent-fed member must launch
     wire = parsed.wire()
     spec = workload_of(wire)
     assert spec is not None

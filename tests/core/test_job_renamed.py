@@ -16,7 +16,7 @@ def every_field_set() -> Job:
         queue="training", priority=7, gpu_types=frozenset({GpuType("A100")}),
         cluster_selector={"zone": "a"}, min_member=1, schedule_timeout_seconds=30,
         policy="binpack", allow_burst=True, clusters=frozenset({"east"}),
-        clusters_missing="ClusterTrainingRuntime torch",
+        clusters_missing="ClusterTrainingRuntime torch", kind="TrainJob",
     )  # fmt: skip
 
 
