@@ -2,12 +2,12 @@
 agent (``fedbroker agent``, a subprocess) reports it over a private mosquitto and, with a
 command key and a launch config, launches, follows and reports the broker's jobs in it.
 
-The harness proof runs the agent as it is today (capacity only) through its faults: a
-``kill -9`` of the agent and of mosquitto. Staleness by time is driven by the broker's
+The harness proof runs the agent as a capacity reporter through its faults: a ``kill -9``
+of the agent and of mosquitto. Staleness by time is driven by the broker's
 injected clock; a killed agent's staleness comes from its last will, which mosquitto sends
 as soon as the kernel closes the dead process's connection.
 
-The acceptance tests (``LAUNCHES``) need an agent that launches: a gang and a batch Job
+With a command key and a launch config the agent launches: a gang and a batch Job
 created by the agent, run on the placed nodes and ended Succeeded, their pods and logs read
 through it; mosquitto restarted during a launch (nothing made twice); the agent killed while
 a job runs (it keeps running, its end is heard after the restart); a job cancelled while
@@ -125,9 +125,7 @@ async def test_harness_the_agent_reports_through_its_faults(
         assert pm.agent.starts == 2
 
 
-# -- the agent launches (acceptance of pull mode; unskipped once the agent launches) -------
-
-LAUNCHES = pytest.mark.skip(reason="needs the agent's launches")
+# -- the agent launches --------------------------------------------------------------------
 
 
 def job_key(name: str) -> str:
@@ -250,7 +248,6 @@ async def batch_through_the_agent(pm: PullMode) -> None:
     assert made_twice(pm.member) == []
 
 
-@LAUNCHES
 async def test_a_gang_and_a_batch_job_run_in_the_member_through_its_agent(
     kmock: PullMember, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -265,7 +262,6 @@ async def test_a_gang_and_a_batch_job_run_in_the_member_through_its_agent(
 # -- faults ---------------------------------------------------------------------------------
 
 
-@LAUNCHES
 @pytest.mark.parametrize("when", ["before the agent has it", "while its pods wait"])
 async def test_mosquitto_restarted_during_a_launch_makes_nothing_twice(
     kmock: PullMember, tmp_path: Path, when: str
@@ -300,7 +296,6 @@ async def test_mosquitto_restarted_during_a_launch_makes_nothing_twice(
         assert await history(pm, "gang") == [*RUN, "Succeeded"]  # placed once
 
 
-@LAUNCHES
 async def test_a_job_outlives_its_agents_kill_and_its_end_is_heard(
     kmock: PullMember, tmp_path: Path
 ) -> None:
@@ -326,7 +321,6 @@ async def test_a_job_outlives_its_agents_kill_and_its_end_is_heard(
         no_secrets(pm)
 
 
-@LAUNCHES
 async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_returns(
     kmock: PullMember, tmp_path: Path
 ) -> None:
@@ -347,7 +341,6 @@ async def test_a_job_cancelled_while_its_agent_is_away_is_deleted_when_it_return
         assert not pm.service.ledger.reservations()
 
 
-@LAUNCHES
 async def test_a_gang_that_does_not_start_is_rolled_back_through_the_agent(
     kmock: PullMember, tmp_path: Path
 ) -> None:
