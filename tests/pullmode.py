@@ -36,7 +36,7 @@ import aiohttp.web
 from builders import Clock
 from controllers import Member
 from controllers.base import PODS, Obj
-from controllers.schedulers import Schedulers
+from controllers.schedulers import Mode, Schedulers
 from kmock_namespaces import NamespacedEmulator
 from services import PrivateMosquitto
 from test_mqtt import subscriber
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = "edge"
 NS = "fedbroker-team-a"  # team-a's namespace under the default pattern
 TENANT = "team-a"
+TOKEN = "tok-a-00000000000000000000000000"  # team-a's, for the HTTP API
 STALE_AFTER = 5.0  # the edge cluster's staleAfterSeconds (on the broker's clock)
 INTERVAL = 0.2  # the agent's heartbeat seconds (wall time: it is another process)
 BOUND = 30.0  # seconds any one condition may take (a bound, not a synchronisation)
@@ -106,11 +107,11 @@ class PausableSchedulers(Schedulers):
             await super().step()
 
 
-def member_of(k8s: PullMember, nodes: int = 3) -> Member:
-    """The member in pin mode: ``nodes`` nodes of 4 GPUs, every kind served, its
+def member_of(k8s: PullMember, nodes: int = 3, mode: Mode = "pin") -> Member:
+    """The member in ``mode``: ``nodes`` nodes of 4 GPUs, every kind served, its
     controllers and a pausable scheduler."""
-    member = Member(serve(k8s, "pin", nodes), "pin")
-    member.schedulers = PausableSchedulers(member.c, "pin")
+    member = Member(serve(k8s, mode, nodes), mode)
+    member.schedulers = PausableSchedulers(member.c, mode)
     return member
 
 
@@ -127,10 +128,12 @@ def write_kubeconfig(path: Path, server: str) -> Path:
     return path
 
 
-def broker_config(db: Path, mqtt_port: int, prefix: str, command_key: str | None) -> str:
+def broker_config(
+    db: Path, mqtt_port: int, prefix: str, command_key: str | None, tenants: str = ""
+) -> str:
     """The broker's config: the cluster ``edge`` fed (and, with ``command_key``, launched
-    into) by its agent over the private mosquitto. Adjust here when the source's schema
-    changes."""
+    into) by its agent over the private mosquitto; ``tenants``: more tenant lines. Adjust
+    here when the source's schema changes."""
     key = f", commandKey: {{value: {json.dumps(command_key)}}}" if command_key else ""
     client = f"fbtest-broker-{secrets.token_hex(4)}"
     return f"""
@@ -144,21 +147,17 @@ clusters:
 queues:
 - {{name: training, policy: gang}}
 tenants:
-- {{name: {TENANT}, defaultQueue: training, token: {{value: tok-a-00000000000000000000000000}}}}
-"""
+- {{name: {TENANT}, defaultQueue: training, token: {{value: {TOKEN}}}}}
+{tenants}"""
 
 
-def launch_config_text() -> str:
-    """The agent's ``--launch-config``: how it launches into its member (what a ``kube``
-    member's source says on the broker: pin mode, a fast pod poll) and its own policy for
-    the tenants. Adjust here to the agent's schema."""
-    return """
-launchMode: pin
-podPollSeconds: 0.02
-namespacePattern: "fedbroker-{tenant}"
-tenants:
-- {name: team-a}
-"""
+def launch_config_text(kube: str = "launchMode: pin", tenants: str = "{name: team-a}") -> str:
+    """The agent's ``--launch-config``: how it launches into its member (``kube``: what a
+    ``kube`` member's source says on the broker, as in ``workload_matrix.KUBE``; a fast pod
+    poll) and its own policy for the tenants (``tenants``: flow mappings). Adjust here to
+    the agent's schema."""
+    pattern = "fedbroker-{tenant}"
+    return f"{{{kube}, podPollSeconds: 0.02, namespacePattern: {pattern!r}, tenants: [{tenants}]}}"
 
 
 class AgentProcess:
@@ -376,39 +375,44 @@ async def pull_mode(
     launch: bool = False,
     nodes: int = 3,
     command_key: str | None = None,
+    mode: Mode = "pin",
+    launch_config: str | None = None,
+    tenants: str = "",
 ) -> AsyncIterator[PullMode]:
     """The member (its players running), a private mosquitto, the agent (started and
     subscribed) and the broker (started, on a clock at the real time; a test waits for
-    ``reported``). ``launch``: the agent gets ``--launch-config`` and the command key, and
-    the broker's cluster its ``commandKey`` (``command_key`` alone: the broker's side
-    only). Torn down in reverse: broker, agent, member, mosquitto."""
+    ``reported``). ``launch``: the agent gets ``--launch-config`` (``launch_config``, else
+    ``launch_config_text()``) and the command key, and the broker's cluster its
+    ``commandKey`` (``command_key`` alone: the broker's side only). ``mode``: the member's
+    scheduler; ``tenants``: more tenants of the broker (``broker_config``). Torn down in
+    reverse: broker, agent, member, mosquitto."""
     prefix = f"fbtest/{secrets.token_hex(6)}"
     key = COMMAND_KEY if launch else command_key
     async with contextlib.AsyncExitStack() as stack:
         mosquitto = PrivateMosquitto(tmp_path / "mosquitto")
         await mosquitto.start()
         stack.callback(mosquitto.kill, signal.SIGTERM)
-        member = member_of(k8s, nodes)
+        member = member_of(k8s, nodes, mode)
         await stack.enter_async_context(member.running())
         kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", str(k8s.url))
         # The broker's clock starts at the real time: a command carries its ``at``, which
         # the agent (on the real clock) refuses beyond MAX_SKEW_SECONDS; tests move it
         # by a minute or two at most.
         clock = Clock(float(int(time.time())))
-        launch_config = None
+        launch_path = None
         if launch:
-            launch_config = tmp_path / "launch.yaml"
-            launch_config.write_text(launch_config_text(), encoding="utf-8")
+            launch_path = tmp_path / "launch.yaml"
+            launch_path.write_text(launch_config or launch_config_text(), encoding="utf-8")
         agent = AgentProcess(
             kubeconfig, mosquitto.port, prefix, tmp_path,
-            key=COMMAND_KEY if launch else None, launch_config=launch_config,
+            key=COMMAND_KEY if launch else None, launch_config=launch_path,
         )  # fmt: skip
         # The agent first, its commands subscribed before the broker starts: a starting
         # broker reads its jobs back through every launching agent, and would wait for an
         # absent one until its timeout.
         await agent_ready(agent, mosquitto.port, prefix, launch)
         stack.push_async_callback(agent.close)
-        text = broker_config(tmp_path / "jobs.db", mosquitto.port, prefix, key)
+        text = broker_config(tmp_path / "jobs.db", mosquitto.port, prefix, key, tenants)
         service = Service(parse_config(text, "test config"), clock=clock)
         await service.start()
         stack.push_async_callback(service.close)
@@ -434,7 +438,7 @@ async def agent_ready(agent: AgentProcess, port: int, prefix: str, launch: bool)
 
 
 __all__ = [
-    "BOUND", "CLUSTER", "COMMAND_KEY", "MEMBER_TOKEN", "NS", "STALE_AFTER", "TENANT",
+    "BOUND", "CLUSTER", "COMMAND_KEY", "MEMBER_TOKEN", "NS", "STALE_AFTER", "TENANT", "TOKEN",
     "AgentProcess", "PausableSchedulers", "PullMember", "PullMode", "agent_ready",
     "broker_config", "launch_config_text", "log_line", "member_of", "pull_mode",
     "write_kubeconfig",

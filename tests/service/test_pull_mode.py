@@ -18,27 +18,43 @@ the agent, requeued with backoff on the broker's clock).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from controllers import RESOURCES
-from controllers.base import phase
+from controllers.base import labels_of, phase
+from controllers.schedulers import COSCHED, COSCHED_LABEL, SCHEDULER, pinned
+from prometheus_client.parser import text_string_to_metric_families
 from pullmode import (
     BOUND,
     CLUSTER,
     COMMAND_KEY,
     MEMBER_TOKEN,
     TENANT,
+    TOKEN,
     PullMember,
     PullMode,
+    launch_config_text,
     log_line,
     pull_mode,
 )
-from workload_matrix import WORKLOADS, leftovers, made_twice, node_obj, ours, running_pods
+from test_mqtt import Inbox, subscriber
+from workload_matrix import KUBE, WORKLOADS, leftovers, made_twice, node_obj, ours, running_pods
 
+from adapters.mqtt.commands import Command, commands_topic, decode_command, encode_command
+from broker.cli.main import main
+from broker.cli.podlogs import POD_HEADER
+from broker.http.app import make_app
 from broker.manifest import parse_manifest
 from broker.ports import PodNotFound
 
@@ -366,3 +382,205 @@ async def test_a_gang_that_does_not_start_is_rolled_back_through_the_agent(
         await pm.placed("gang")
         await pm.until_state("gang", "Running")
         assert pod_nodes(pm) == placed_nodes(pm, "gang")
+
+
+# -- what the agent refuses -------------------------------------------------------------------
+
+# The agent's own policy: team-a stricter than the broker's (baseline by default), team-b
+# without the service account the broker lets it name.
+STRICT = "{name: team-a, podSecurity: restricted}, {name: team-b}"
+TEAM_B = (
+    "- {name: team-b, defaultQueue: training, serviceAccounts: [default, trainer],"
+    " token: {value: tok-b-00000000000000000000000000}}\n"
+)
+BY_POLICY = f"launch refused by {CLUSTER}: refused by the agent's policy: "
+PLAIN = {"name": "main", "image": "trainer:1.0"}  # baseline, not restricted: no securityContext
+
+
+def templated(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """``gang_spec``'s gang (one pod) with the pod template ``pod_spec``."""
+    spec = gang_spec(pods=1)
+    spec["podSets"][0]["template"] = {"spec": pod_spec}
+    return spec
+
+
+@contextlib.asynccontextmanager
+async def api(pm: PullMode) -> AsyncIterator[TestClient[Any, Any]]:
+    """The service's HTTP API, served on a loopback port."""
+    client: TestClient[Any, Any] = TestClient(TestServer(make_app(pm.service, pm.service.config)))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def refusals(client: TestClient[Any, Any]) -> float:
+    """``fedbroker_agent_refusals_total{cluster="edge"}`` as /metrics shows it."""
+    text = await (await client.get("/metrics")).text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "fedbroker_agent_refusals_total" and sample.labels == {
+                "cluster": CLUSTER
+            }:
+                return sample.value
+    raise AssertionError(f"no agent refusals of {CLUSTER} in /metrics")
+
+
+def writes(pm: PullMode) -> list[str]:
+    """Every request that would create or change something in the member."""
+    return [f"{m} {r.url}" for m in ("post", "put", "patch") for r in pm.k8s[m]]
+
+
+async def refused(pm: PullMode, tenant: str, name: str) -> str:
+    """Scheduling cycles until the job's launch was refused (it is back in the queue, on
+    backoff: not placed again); the reason its history gives."""
+
+    async def cycle() -> bool:
+        await pm.service.schedule_once()
+        return "launch refused" in ((await pm.service.get(tenant, name)).reason or "")
+
+    await pm.until(cycle, f"job {name}'s launch refused")
+    states = [t.state for t in await pm.service.store.history(tenant, name)]
+    assert states == ["Queued", "Placed", "Queued"], states
+    return (await pm.service.store.history(tenant, name))[-1].reason
+
+
+async def test_the_agent_refuses_what_its_policy_or_its_cluster_forbids_and_the_broker_says_why(
+    kmock: PullMember, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    text = launch_config_text(tenants=STRICT)
+    async with (
+        pull_mode(kmock, tmp_path, launch=True, launch_config=text, tenants=TEAM_B) as pm,
+        api(pm) as client,
+        subscriber(f"{pm.prefix}/{commands_topic(CLUSTER)}", port=pm.mosquitto.port) as sent,
+    ):
+        await pm.reported(12)
+        assert await refusals(client) == 0.0
+        # Admitted at the broker's baseline; refused at the agent's restricted.
+        await submit(pm, "strict", templated({"containers": [PLAIN]}))
+        reason = await refused(pm, TENANT, "strict")
+        assert f"{BY_POLICY}spec.podSecurity: 'baseline' is laxer than this agent's level " \
+            "for tenant 'team-a' ('restricted')" in reason  # fmt: skip
+        assert await refusals(client) == 1.0
+        # A service account the broker allows team-b and its agent does not: the field.
+        body = manifest_doc("trainer", templated({"serviceAccountName": "trainer",
+                                                  "containers": [PLAIN]}))  # fmt: skip
+        assert (await pm.service.submit("team-b", parse_manifest(body, None)))[1]
+        reason = await refused(pm, "team-b", "trainer")
+        assert f"{BY_POLICY}podTemplates.worker.spec.serviceAccountName: " in reason
+        assert await refusals(client) == 2.0
+
+        # The broker's own launch, misrouted: signed with the key, for cluster west.
+        topic = f"{pm.prefix}/{commands_topic(CLUSTER)}"
+        [launch] = [c for c in commands(sent, topic) if c.op == "launch" and "strict" in c.job]
+        placement = {**launch.body["placement"], "cluster": "west"}
+        west = replace(launch, id=uuid.uuid4().hex, cluster="west", at=time.time(),
+                       body={**launch.body, "placement": placement})  # fmt: skip
+        async with aiomqtt.Client("127.0.0.1", pm.mosquitto.port) as sender:
+            await sender.publish(topic, encode_command(west, COMMAND_KEY.encode()), qos=1)
+
+        async def counted() -> bool:
+            return await refusals(client) == 3.0
+
+        await pm.until(counted, "the misrouted command's refusal counted")
+        said = f"command for cluster west; this agent runs cluster {CLUSTER}"
+        assert f"cluster {CLUSTER}: its agent refused launch {west.id}: {said}" in caplog.text
+        assert said in pm.agent.log()
+        # Nothing of any of them reached the member.
+        assert writes(pm) == [] and leftovers(pm.member) == []
+        no_secrets(pm)
+        assert COMMAND_KEY not in caplog.text
+
+
+def commands(inbox: Inbox, topic: str) -> list[Command]:
+    return [decode_command(p, COMMAND_KEY.encode()) for p in inbox.payloads(topic)]
+
+
+# -- the CLI through the agent ---------------------------------------------------------------
+
+
+async def cli(capsys: pytest.CaptureFixture[str], server: str, *argv: str) -> tuple[int, str, str]:
+    """``fedbroker argv --server server`` as team-a: exit status, stdout, stderr (in a
+    thread: it runs a loop of its own, and this one keeps serving the member and the API)."""
+    capsys.readouterr()
+    code = await asyncio.to_thread(main, [*argv, "--server", server, "--token", TOKEN])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+async def test_fedbroker_pods_and_logs_read_the_member_through_its_agent(
+    kmock: PullMember,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("FEDBROKER_SERVER", "FEDBROKER_TOKEN", "FEDBROKER_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    async with pull_mode(kmock, tmp_path, launch=True) as pm, api(pm) as client:
+        await running_gang(pm)
+        server = str(client.make_url("/"))
+        code, out, err = await cli(capsys, server, "pods", "gang")
+        assert (code, err) == (0, "")
+        header, *lines = out.splitlines()
+        assert header.split() == list(POD_HEADER)
+        shown = {tuple(line.split()[:5]) for line in lines}
+        member = {(n, "worker", CLUSTER, p["spec"]["nodeName"], phase(p))
+                  for n, p in pm.our_pods().items()}  # fmt: skip
+        assert shown == member and len(shown) == 2
+        assert sorted(node for *_, node, _ in shown) == placed_nodes(pm, "gang")
+
+        first, last = sorted(pm.our_pods())
+        reads = len(kmock.log_reads)
+        code, out, err = await cli(capsys, server, "logs", "gang")
+        assert (code, out, err) == (0, "".join(log_line(first, i) for i in (1, 2, 3)), "")
+        code, out, err = await cli(capsys, server, "logs", "gang", "-p", last, "--tail", "1")
+        assert (code, out, err) == (0, log_line(last, 3), "")
+        assert [(pod, q.get("tailLines")) for _, pod, q in kmock.log_reads[reads:]] == [
+            (first, None), (last, "1")
+        ]  # read in the member, by the agent  # fmt: skip
+        code, out, err = await cli(capsys, server, "logs", "gang", "-p", "not-the-jobs-0")
+        assert (code, out) == (1, "") and err.startswith("fedbroker: error: 404 ")
+        assert err.count("\n") == 1
+
+
+# -- delegate mode ----------------------------------------------------------------------------
+
+
+async def test_a_gang_delegated_to_the_members_coscheduling_runs_through_its_agent(
+    kmock: PullMember, tmp_path: Path
+) -> None:
+    text = launch_config_text(KUBE["coscheduling"])
+    async with pull_mode(
+        kmock, tmp_path, launch=True, launch_config=text, mode="coscheduling"
+    ) as pm:
+        await pm.reported(12)
+        await submit(pm, "gang", gang_spec())
+        await pm.placed("gang")
+        await pm.until_state("gang", "Running")
+        pods = pm.our_pods()
+        # The agent made a PodGroup and unpinned pods of the group, for the member's
+        # gang scheduler, which bound them on nodes of its choice.
+        [(group, found)] = ours(pm.member, COSCHED).items()
+        assert found["spec"]["minMember"] == 2
+        await pm.until(
+            lambda: ours(pm.member, COSCHED)[group].get("status", {}).get("phase") == "Running",
+            "the PodGroup Running",
+        )
+        assert len(pods) == 2 and all(
+            p["spec"]["schedulerName"] == SCHEDULER["coscheduling"]
+            and labels_of(p)[COSCHED_LABEL] == group
+            and pinned(p) is None
+            and p["spec"]["nodeName"]
+            and phase(p) == "Running"
+            for p in pods.values()
+        ), pods
+        await pm.heard(3)
+        assert pm.gpus() == (12, 8.0)  # counted once, where they run
+        await end_pods(pm)
+        await pm.until_state("gang", "Succeeded")
+        assert await history(pm, "gang") == [*RUN, "Succeeded"]
+        assert not pm.service.ledger.reservations()
+        assert sorted(pm.pod_writes("post")) == sorted(pods)  # each made once
