@@ -3,13 +3,13 @@
 The pieces, each real: the member is a kmock ``NamespacedEmulator`` (the API server's rules
 enforced) served over HTTP by the test process, serving what the workload matrix serves
 (``workload_matrix.serve``: every kind, a few 4-GPU nodes) plus pod logs, with its
-controllers, scheduler and kubelet played in pin mode (``controllers.Member``; the
-scheduler can be paused, so that a gang's pods stay Pending). The agent is a SUBPROCESS
-(``python -m broker.cli agent``, ``AgentProcess``) that reaches the member through a
-kubeconfig over real HTTP and the broker through a private mosquitto
-(``services.PrivateMosquitto``: killed and restarted at will). The broker is the real
-``Service`` in the test process, on an injected clock, whose cluster ``edge`` is
-``source: {mqtt: ...}``.
+controllers, scheduler and kubelet played in pin mode or a gang scheduler's
+(``controllers.Member``; the scheduler can be paused, so that a gang's pods stay
+Pending). The agent is a SUBPROCESS (``python -m broker.cli agent``, ``AgentProcess``)
+that reaches the member through a kubeconfig over real HTTP and the broker through a
+private mosquitto (``services.PrivateMosquitto``: killed and restarted at will). The
+broker is the real ``Service`` in the test process, on an injected clock, whose cluster
+``edge`` is ``source: {mqtt: ...}``.
 
 The agent talks to the member served by this process: a test must keep its event loop
 serving while the agent runs, so every wait here awaits (``PullMode.until``, the

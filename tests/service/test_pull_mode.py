@@ -13,6 +13,13 @@ through it; mosquitto restarted during a launch (nothing made twice); the agent 
 a job runs (it keeps running, its end is heard after the restart); a job cancelled while
 the agent is away (deleted when it returns); a gang that never starts (rolled back through
 the agent, requeued with backoff on the broker's clock).
+
+What the agent refuses, the broker records (its job's history, its log, /metrics'
+``fedbroker_agent_refusals_total``) and the member never sees: a launch its own policy
+forbids (a tenant's level stricter than the broker's; a service account the broker allows
+and the agent does not) and a signed command for another cluster. ``fedbroker pods`` and
+``fedbroker logs`` (the CLI against the served API) read the member through the agent. In
+delegate mode a gang goes to the member's coscheduling as a PodGroup and runs to its end.
 """
 
 from __future__ import annotations
