@@ -11,6 +11,7 @@ agent's own policy (``broker.agent.policy``). A refusal is a ``Refused`` naming 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from adapters.mqtt.commands import (
     placement_of,
     spec_of,
 )
-from broker.agent.policy import AgentPolicy, launch_violations
+from broker.agent.policy import AgentPolicy, enforced_level, launch_violations
 from broker.model import Placement
 from broker.ports import LaunchSpec, LogRequest
 
@@ -148,6 +149,10 @@ def order_of(command: Command, cluster: str, policy: AgentPolicy, now: float) ->
         violations = launch_violations(spec, tenant)
         if violations:
             raise Refused(refusal(violations))
+        level = enforced_level(spec, tenant)
+        if level is not None and level != spec.pod_security:
+            # the tenant's namespace is labelled with the level its templates passed
+            spec = dataclasses.replace(spec, pod_security=level)
     return Order(command, placement=placement, spec=spec)
 
 

@@ -3,9 +3,10 @@ anything of it is created (pure, no I/O).
 
 The broker admitted the job already; the agent does not trust the wire. Every tenant's Pod
 Security level, service accounts and runtime classes come from the agent's launch config
-(``broker.agent.config``), never from the command: a spec whose ``podSecurity`` is laxer
-than the agent's level for its tenant is refused, and the templates are checked at the
-spec's level (equal or stricter, and the level the tenant's namespace is labelled with)
+(``broker.agent.config``), never from the command: the level enforced is the stricter of
+the spec's ``podSecurity`` and the agent's for its tenant (``enforced_level``: the
+templates are checked at it, and the tenant's namespace is labelled with it, so a broker
+configured laxer than the member's owner gets the member's level, not a blanket refusal),
 by the same pure checks as admission (``broker.manifest``): ``template_violations`` and
 the template metadata rule on every pod template, and for a ``spec.workload`` job its
 kind's allowlist, the broker's own metadata keys, every template of the object and what
@@ -150,18 +151,21 @@ def _workload(
     return out
 
 
+def enforced_level(spec: LaunchSpec, tenant: TenantPolicy) -> Level | None:
+    """The stricter of the spec's level and the agent's for its tenant; None when the
+    spec's is not a level at all."""
+    if spec.pod_security not in LEVELS:
+        return None
+    return LEVELS[max(LEVELS.index(spec.pod_security), LEVELS.index(tenant.level))]
+
+
 def launch_violations(spec: LaunchSpec, tenant: TenantPolicy) -> list[str]:
     """Every problem of ``spec`` under ``tenant``'s policy (empty: launch it), one line
     each naming the field."""
-    level = spec.pod_security
-    if level not in LEVELS:
+    checked = enforced_level(spec, tenant)
+    if checked is None:
+        level = spec.pod_security
         return [f"spec.podSecurity: {level[:32]!r} is not one of {', '.join(LEVELS)}"]
-    if LEVELS.index(level) < LEVELS.index(tenant.level):
-        return [
-            f"spec.podSecurity: {level!r} is laxer than this agent's level for tenant "
-            f"{spec.tenant!r} ({tenant.level!r})"
-        ]
-    checked: Level = LEVELS[LEVELS.index(level)]
     out: list[str] = []
     for name, template in spec.pod_templates.items():
         if not isinstance(template, Mapping):
@@ -179,6 +183,7 @@ __all__ = [
     "UNLAUNCHED_KINDS",
     "AgentPolicy",
     "TenantPolicy",
+    "enforced_level",
     "launch_violations",
     "namespace_problem",
 ]

@@ -16,7 +16,7 @@ from workload_matrix import WORKLOADS as MATRIX_WORKLOADS
 
 from adapters.mqtt.commands import Command, placement_doc, spec_doc, spec_of
 from broker.agent.intake import Refused, Stale, order_of
-from broker.agent.policy import AgentPolicy, TenantPolicy, launch_violations
+from broker.agent.policy import AgentPolicy, TenantPolicy, enforced_level, launch_violations
 from broker.manifest import (
     NodeAccess,
     admit_templates,
@@ -107,8 +107,9 @@ def _with(path: list[Any], value: Any) -> dict[str, Any]:
 
 PRIVILEGED = {"privileged": True}
 CASES: list[tuple[str, LaunchSpec, TenantPolicy, str]] = [
-    ("laxer level than the agent's", gang(level="baseline"), RESTRICTED,
-     "spec.podSecurity: 'baseline' is laxer than this agent's level for tenant 'acme'"),
+    ("baseline template at the agent's restricted", gang(_with(
+        ["spec", "securityContext"], {}), level="baseline"), RESTRICTED,
+     "podTemplates.worker.spec"),
     ("unknown level", dataclasses.replace(gang(), pod_security="root"), RESTRICTED,
      "spec.podSecurity: 'root' is not one of"),
     ("privileged container", dataclasses.replace(gang(), pod_templates={"worker": _with(
@@ -240,6 +241,17 @@ def test_commands_the_agent_refuses(
         order_of(cmd, "edge", policy, NOW)
     assert expected in str(refused.value)
     assert isinstance(refused.value, Stale) == ("behind" in expected)
+
+
+def test_the_stricter_of_the_specs_level_and_the_agents_is_enforced() -> None:
+    """A broker configured laxer than the member's owner gets the member's level: its
+    templates checked at it and its namespace labelled with it, not a blanket refusal."""
+    laxer = command(spec=gang(level="baseline"))
+    assert enforced_level(gang(level="baseline"), RESTRICTED) == "restricted"
+    assert order_of(laxer, "edge", LISTED, NOW).spec == gang(level="restricted")
+    stricter = dataclasses.replace(RESTRICTED, level="baseline")
+    assert enforced_level(gang(), stricter) == "restricted"  # the spec's own, stricter
+    assert enforced_level(dataclasses.replace(gang(), pod_security="root"), stricter) is None
 
 
 def test_a_refused_launch_names_its_first_violations() -> None:
