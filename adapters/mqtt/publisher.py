@@ -28,8 +28,14 @@ Subscriptions (``subscribe``) are made on every connect; their messages go to a 
 handler. Iterating the client's messages is also how a dropped connection is noticed while
 nothing is being published.
 
+TLS (``settings.tls``, ``adapters.mqtt.tls``): the context is built when the publisher is
+(a file that does not load raises ``MqttTlsError`` then, before any connection) and serves
+every reconnect; the files are not read again, so a renewed certificate is taken by a
+restart.
+
 Secrets: the password is never logged, nor put in an error; log lines name the host, the
-port and the error only.
+port and the error only. Of the TLS key only its path is held here (``ssl``
+loads it into the context).
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiomqtt
 
+from adapters.mqtt.tls import MqttTls
 from broker.ports import EventSink, MessageHandler
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,11 @@ class MqttSettings:
     outbox_size: int = DEFAULT_OUTBOX
     keepalive: int = 15
     timeout: float = 10.0  # per MQTT operation (connect, PUBACK, SUBACK)
+    tls: MqttTls | None = None  # None: plain TCP
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client's TLS context (None without TLS); raises ``MqttTlsError``."""
+        return None if self.tls is None else self.tls.context()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +116,7 @@ class Publisher(EventSink):
         on_connect: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._tls = settings.tls_context()
         self._sleep = sleep
         self._backoff = backoff or Backoff()
         self._on_connect = on_connect
@@ -201,6 +215,7 @@ class Publisher(EventSink):
             clean_session=False,
             keepalive=s.keepalive,
             timeout=s.timeout,
+            tls_context=self._tls,
             will=aiomqtt.Will(self.status_topic, OFFLINE, qos=1, retain=True),
         )
 
