@@ -204,7 +204,8 @@ class MqttTlsConfig(Section):
     """TLS to the MQTT broker (adapters.mqtt.tls): its certificate verified with ``caFile``
     (default: the system's trust store); with ``certFile`` and ``keyFile`` (PEM, an
     unencrypted key) the broker shows its own client certificate, which mosquitto can take
-    as its username (deploy/mosquitto). Read at start: a renewed certificate takes a restart."""
+    as its username (deploy/mosquitto). Files that changed are loaded again before each
+    reconnect: a renewed certificate is used from the next connection on."""
 
     ca_file: str | None = Field(default=None, min_length=1, max_length=4096)
     cert_file: str | None = Field(default=None, min_length=1, max_length=4096)

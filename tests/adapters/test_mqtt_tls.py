@@ -1,18 +1,23 @@
 """``MqttSettings.tls_context``: the TLS the MQTT client connects with (adapters.mqtt.tls),
 built from files of a test CA (pki.Authority): the server always verified (only against the
 given CA), TLS 1.2 or newer, the client pair loaded; a file that does not load is one line
-naming the setting, never the key's content. (The handshakes themselves, with mosquitto:
-tests/deploy/test_mosquitto_acl.py and tests/agent/test_agent_tls.py.)"""
+naming the setting, never the key's content; renewed files are taken at the next
+connection. (More handshakes with mosquitto: tests/deploy/test_mosquitto_acl.py and
+tests/agent/test_agent_tls.py.)"""
 
 from __future__ import annotations
 
+import re
+import socket
 import ssl
 from pathlib import Path
 
 import pytest
+from builders import until
 from pki import Authority
+from services import PrivateMosquitto
 
-from adapters.mqtt.publisher import MqttSettings, Publisher
+from adapters.mqtt.publisher import Backoff, MqttSettings, Publisher
 from adapters.mqtt.tls import MqttTls, MqttTlsError
 
 LABELS = ("events.mqtt.tls.caFile", "events.mqtt.tls.certFile/keyFile")
@@ -81,3 +86,50 @@ def test_a_file_that_does_not_load_is_one_line_naming_the_setting(ca: Authority)
         for key in ca.directory.glob("*.key"):
             body = key.read_text().splitlines()[1]
             assert body not in message
+
+
+async def test_a_renewed_certificate_is_used_from_the_next_connection(
+    ca: Authority, tmp_path: Path
+) -> None:
+    """A private mosquitto whose TLS listener takes the certificate's CN as the username:
+    the publisher connects as ``old``; its files are replaced by ``new``'s, and after
+    mosquitto's restart it connects as ``new``; a pair that does not load keeps ``new``."""
+    ca.issue("server", 1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    d = ca.directory
+    mosquitto = PrivateMosquitto(tmp_path / "mosquitto", extra=[
+        f"listener {port} 127.0.0.1", f"cafile {ca.ca_file}", f"certfile {d / 'server.crt'}",
+        f"keyfile {d / 'server.key'}", "require_certificate true",
+        "use_identity_as_username true",
+    ])  # fmt: skip
+    cert, key = d / "client.crt", d / "client.key"
+
+    def install(cn: str, serial: int, key_of: str | None = None) -> None:
+        new_cert, new_key = ca.issue(cn, serial)
+        cert.write_bytes(new_cert.read_bytes())
+        key.write_bytes((d / f"{key_of}.key" if key_of else new_key).read_bytes())
+
+    def logins() -> list[str]:
+        return re.findall(r"New client connected .* u'([^']+)'", mosquitto.log.read_text())
+
+    install("old", 2)
+    settings = MqttSettings("127.0.0.1", port, tls=MqttTls(str(ca.ca_file), str(cert), str(key)))
+    publisher = Publisher(settings, backoff=Backoff(base=0.05, cap=0.1))
+    await mosquitto.start()
+    publisher.start()
+    try:
+        await until(lambda: publisher.connects == 1)
+        install("new", 3)
+        mosquitto.kill()
+        await mosquitto.start()
+        await until(lambda: publisher.connects == 2)
+        install("newer", 4, key_of="old")  # a certificate with another's key
+        mosquitto.kill()
+        await mosquitto.start()
+        await until(lambda: publisher.connects == 3)
+        assert logins() == ["old", "new", "new"]
+    finally:
+        await publisher.close()
+        mosquitto.kill()
