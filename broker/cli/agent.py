@@ -73,23 +73,17 @@ def add_agent_command(sub: Any) -> None:
     cmd.add_argument("--mqtt-host", required=True, help="the MQTT broker's host")
     cmd.add_argument("--mqtt-port", type=int, default=1883, help="the MQTT broker's port")
     cmd.add_argument("--mqtt-username", default=None, help=f"password: ${PASSWORD_ENV}")
-    cmd.add_argument(
-        "--mqtt-tls",
-        action="store_true",
-        help="TLS to the MQTT broker (implied by the three file flags below)",
-    )
+    cmd.add_argument("--mqtt-tls", action="store_true",
+                     help="TLS to the MQTT broker (implied by the three file flags "
+                     "below)")  # fmt: skip
     cmd.add_argument("--mqtt-ca-file", default=None, metavar="FILE",
                      help="CA certificates (PEM) the MQTT broker is verified with "
                      "(default: the system's trust store)")  # fmt: skip
     cmd.add_argument("--mqtt-cert-file", default=None, metavar="FILE",
                      help="client certificate (PEM; its CN: the cluster's name), with "
                      "--mqtt-key-file")  # fmt: skip
-    cmd.add_argument(
-        "--mqtt-key-file",
-        default=None,
-        metavar="FILE",
-        help="the client certificate's unencrypted key (PEM)",
-    )
+    cmd.add_argument("--mqtt-key-file", default=None, metavar="FILE",
+                     help="the client certificate's unencrypted key (PEM)")  # fmt: skip
     cmd.add_argument("--topic-prefix", default="fedbroker", help="prefix of the MQTT topics")
     cmd.add_argument("--client-id", default=None, help="default: fedbroker-agent-<cluster>")
     cmd.add_argument("--interval", type=float, default=10.0, help="heartbeat seconds")
