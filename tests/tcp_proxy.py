@@ -1,19 +1,24 @@
 """A TCP proxy for fault tests: in front of a real server, it passes bytes through, or
 refuses connections, swallows them (a black hole), slows every chunk down, or resets every
-open connection. Loopback only."""
+open connection. Loopback only. Given an ``ssl`` server context it terminates TLS in front of
+a plain server (an https endpoint for a member kmock serves over http)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as _ssl
 from typing import Literal
 
 Mode = Literal["pass", "blackhole", "slow"]
 
 
 class TcpProxy:
-    def __init__(self, upstream_port: int, delay: float = 0.5) -> None:
+    def __init__(
+        self, upstream_port: int, delay: float = 0.5, ssl: _ssl.SSLContext | None = None
+    ) -> None:
         self.upstream_port = upstream_port
+        self.ssl = ssl
         self.delay = delay
         self.mode: Mode = "pass"
         self.port = 0
@@ -23,11 +28,13 @@ class TcpProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'http' if self.ssl is None else 'https'}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         """Listen (on the same port again after ``refuse``)."""
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(
+            self._handle, "127.0.0.1", self.port, ssl=self.ssl
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def refuse(self) -> None:

@@ -3,20 +3,28 @@
 Every error raised here is a ``broker.ports.KubeconfigError`` whose message has been
 scrubbed of the kubeconfig's credentials (tokens, passwords, client keys), so it can be
 logged or shown.
+
+``in_cluster_client``: no kubeconfig, the pod's own service account (the API server's
+Service from the environment, the CA and the projected token the kubelet mounts). The
+library's in-cluster loader re-reads the token file when a token it read is a minute old,
+before a request, so the kubelet's rotation of the projected token is followed without a
+restart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes.aio.client import ApiClient, Configuration
-from kubernetes.aio.config import kube_config
+from kubernetes.aio.config import incluster_config, kube_config
 
 from broker.ports import KubeconfigError
 
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _REDACTED = "<redacted>"
 _MIN_SECRET = 4
 
@@ -124,3 +132,26 @@ async def load_clients(
             await client.close()  # type: ignore[no-untyped-call]
         raise
     return clients, secrets
+
+
+def in_cluster_client(
+    environ: Mapping[str, str] = os.environ, directory: Path = SERVICE_ACCOUNT_DIR
+) -> ApiClient:
+    """An ApiClient as the pod's service account: ``KUBERNETES_SERVICE_HOST``/``_PORT``
+    from ``environ``, ``token`` and ``ca.crt`` from ``directory``; the token is re-read as
+    it rotates (see the module's docstring). The caller owns the client."""
+    loader = incluster_config.InClusterConfigLoader(  # type: ignore[no-untyped-call]
+        token_filename=str(directory / "token"),
+        cert_filename=str(directory / "ca.crt"),
+        try_refresh_token=True,
+        environ=environ,
+    )
+    configuration = Configuration()
+    try:
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # the loader's messages name files and variables, no token
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        raise KubeconfigError(
+            f"in-cluster service account: {type(exc).__name__}: {message}"
+        ) from None
+    return ApiClient(configuration=configuration)

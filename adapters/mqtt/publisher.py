@@ -28,8 +28,15 @@ Subscriptions (``subscribe``) are made on every connect; their messages go to a 
 handler. Iterating the client's messages is also how a dropped connection is noticed while
 nothing is being published.
 
+TLS (``settings.tls``, ``adapters.mqtt.tls``): the context is built when the publisher is
+(a file that does not load raises ``MqttTlsError`` then, before any connection). Before each
+reconnect, files that changed are loaded into it again (a renewed client certificate is
+used from the next connection on, without a restart; one that does not load is logged and
+the previous one kept).
+
 Secrets: the password is never logged, nor put in an error; log lines name the host, the
-port and the error only.
+port and the error only. Of the TLS key only its path is held here (``ssl``
+loads it into the context).
 """
 
 from __future__ import annotations
@@ -38,11 +45,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiomqtt
 
+from adapters.mqtt.tls import MqttTls, MqttTlsError
 from broker.ports import EventSink, MessageHandler
 
 log = logging.getLogger(__name__)
@@ -65,6 +74,11 @@ class MqttSettings:
     outbox_size: int = DEFAULT_OUTBOX
     keepalive: int = 15
     timeout: float = 10.0  # per MQTT operation (connect, PUBACK, SUBACK)
+    tls: MqttTls | None = None  # None: plain TCP
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client's TLS context (None without TLS); raises ``MqttTlsError``."""
+        return None if self.tls is None else self.tls.context()
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +117,8 @@ class Publisher(EventSink):
         on_connect: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        self._tls = settings.tls_context()
+        self._tls_stamp = settings.tls.stamp() if settings.tls is not None else ()
         self._sleep = sleep
         self._backoff = backoff or Backoff()
         self._on_connect = on_connect
@@ -201,6 +217,7 @@ class Publisher(EventSink):
             clean_session=False,
             keepalive=s.keepalive,
             timeout=s.timeout,
+            tls_context=self._tls,
             will=aiomqtt.Will(self.status_topic, OFFLINE, qos=1, retain=True),
         )
 
@@ -213,6 +230,7 @@ class Publisher(EventSink):
         client = self._client = self._new_client()
         attempt = 0
         while True:
+            self._refresh_tls()
             try:
                 async with client:
                     await client.publish(self.status_topic, ONLINE, qos=1, retain=True)
@@ -233,6 +251,19 @@ class Publisher(EventSink):
                 await self._sleep(delay)
             finally:
                 self._set_connected(False)
+
+    def _refresh_tls(self) -> None:
+        """Load the TLS files again if they changed (no connection is open now)."""
+        tls, s = self.settings.tls, self.settings
+        if tls is None or self._tls is None or tls.stamp() == self._tls_stamp:
+            return
+        self._tls_stamp = tls.stamp()
+        try:
+            tls.refresh(self._tls)
+        except MqttTlsError as exc:
+            log.error("mqtt %s:%s: %s; connecting with the previous one", s.host, s.port, exc)
+            return
+        log.info("mqtt %s:%s: TLS files loaded again", s.host, s.port)
 
     def _set_connected(self, up: bool) -> None:
         if up and not self.connected:

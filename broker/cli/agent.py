@@ -2,17 +2,23 @@
 in pull mode, launch, follow and delete the broker's jobs there.
 
 A composition root: runs inside (or next to) a member cluster with that cluster's own
-credentials (a kubeconfig context) and needs no inbound port. ``broker.agent.capacity.Agent``
-does the work: the capacity reports (topics and schema there and in
-``adapters.mqtt.reports``) and, given ``--launch-config FILE`` (``broker.agent.config``)
-and the command key in ``FEDBROKER_AGENT_KEY``, the broker's signed commands
-(``broker.agent.commands``). Without both the agent only reports (its retained
-capabilities say ``launch: false``). The broker's config declares the cluster with
-``source: {mqtt: {}}``.
+credentials (a kubeconfig context, or without ``--kubeconfig`` the pod's service account)
+and needs no inbound port. ``broker.agent.capacity.Agent`` does the work: the capacity
+reports (topics and schema there and in ``adapters.mqtt.reports``) and, given
+``--launch-config FILE`` (``broker.agent.config``) and the command key in
+``FEDBROKER_AGENT_KEY``, the broker's signed commands (``broker.agent.commands``). Without
+both the agent only reports (its retained capabilities say ``launch: false``). The broker's
+config declares the cluster with ``source: {mqtt: {}}``.
+
+MQTT over TLS (``--mqtt-tls``, implied by any of ``--mqtt-ca-file``, ``--mqtt-cert-file``
+and ``--mqtt-key-file``): the MQTT broker verified with the CA file (else the system's
+trust store) and, given the pair, a client certificate (its CN the cluster's name, for
+mosquitto's ``use_identity_as_username``). Every file is loaded before anything connects.
 
 The MQTT password (``FEDBROKER_MQTT_PASSWORD``) and the command key are read from the
-environment, never from the command line, and never logged: they and the kubeconfig's
-secrets are given to the log redactor. SIGTERM/SIGINT: publish ``offline`` and exit 0.
+environment, never from the command line, and never logged: they, the kubeconfig's
+secrets (or the service account's token as read at start) and the TLS key's content are
+given to the log redactor. SIGTERM/SIGINT: publish ``offline`` and exit 0.
 """
 
 from __future__ import annotations
@@ -31,14 +37,17 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.kube.translate import GpuConfig
 from adapters.mqtt.publisher import MqttSettings
+from adapters.mqtt.tls import MqttTls, MqttTlsError
 from broker.agent.capacity import Agent
 from broker.cli.args import UsageError
-from broker.cli.logs import kubeconfig_secrets
+from broker.cli.logs import key_file_secrets, kubeconfig_secrets
 from broker.cli.runtime import configure_logging, supervise
 from broker.ports import KubeconfigError
 from broker.process import run_loop
 
 if TYPE_CHECKING:
+    from kubernetes.aio.client import ApiClient
+
     from broker.agent.config import AgentLaunchConfig
 
 log = logging.getLogger("broker.agent")
@@ -56,12 +65,25 @@ def add_agent_command(sub: Any) -> None:
         "agent", help="report a member cluster's capacity over MQTT (and launch its jobs)"
     )
     cmd.add_argument("--cluster", required=True, help="the cluster's name in the broker config")
-    cmd.add_argument("--kubeconfig", required=True, type=Path, metavar="FILE",
-                     help="the kubeconfig of the cluster to report")  # fmt: skip
-    cmd.add_argument("--context", default=None, help="default: the current context")
+    cmd.add_argument("--kubeconfig", type=Path, default=None, metavar="FILE",
+                     help="the kubeconfig of the cluster to report (default: in-cluster, the "
+                     "pod's service account)")  # fmt: skip
+    cmd.add_argument("--context", default=None,
+                     help="with --kubeconfig; default: the current context")  # fmt: skip
     cmd.add_argument("--mqtt-host", required=True, help="the MQTT broker's host")
     cmd.add_argument("--mqtt-port", type=int, default=1883, help="the MQTT broker's port")
     cmd.add_argument("--mqtt-username", default=None, help=f"password: ${PASSWORD_ENV}")
+    cmd.add_argument("--mqtt-tls", action="store_true",
+                     help="TLS to the MQTT broker (implied by the three file flags "
+                     "below)")  # fmt: skip
+    cmd.add_argument("--mqtt-ca-file", default=None, metavar="FILE",
+                     help="CA certificates (PEM) the MQTT broker is verified with "
+                     "(default: the system's trust store)")  # fmt: skip
+    cmd.add_argument("--mqtt-cert-file", default=None, metavar="FILE",
+                     help="client certificate (PEM; its CN: the cluster's name), with "
+                     "--mqtt-key-file")  # fmt: skip
+    cmd.add_argument("--mqtt-key-file", default=None, metavar="FILE",
+                     help="the client certificate's unencrypted key (PEM)")  # fmt: skip
     cmd.add_argument("--topic-prefix", default="fedbroker", help="prefix of the MQTT topics")
     cmd.add_argument("--client-id", default=None, help="default: fedbroker-agent-<cluster>")
     cmd.add_argument("--interval", type=float, default=10.0, help="heartbeat seconds")
@@ -85,7 +107,23 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--interval must be within 0.1..3600 seconds, not {args.interval}"
     if not _PREFIX.fullmatch(args.topic_prefix):
         return "--topic-prefix: topic levels without wildcards or surrounding slashes"
+    if args.context is not None and args.kubeconfig is None:
+        return "--context needs --kubeconfig (in-cluster there is one context)"
+    for flag in ("--mqtt-ca-file", "--mqtt-cert-file", "--mqtt-key-file"):
+        path = getattr(args, flag[2:].replace("-", "_"))
+        if path is not None and not Path(path).is_file():
+            return f"{flag}: no such file: {path}"
+    if (args.mqtt_cert_file is None) != (args.mqtt_key_file is None):
+        return "--mqtt-cert-file and --mqtt-key-file go together"
     return None
+
+
+def mqtt_tls(args: argparse.Namespace) -> MqttTls | None:
+    """The agent's TLS to the MQTT broker from its flags (None: plain TCP)."""
+    if not (args.mqtt_tls or args.mqtt_ca_file or args.mqtt_cert_file or args.mqtt_key_file):
+        return None
+    return MqttTls(args.mqtt_ca_file, args.mqtt_cert_file, args.mqtt_key_file,
+                   labels=("--mqtt-ca-file", "--mqtt-cert-file/--mqtt-key-file"))  # fmt: skip
 
 
 def _launching(args: argparse.Namespace) -> tuple[AgentLaunchConfig | None, bytes | None]:
@@ -116,15 +154,28 @@ def run_agent_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     password = os.environ.get(PASSWORD_ENV)
     key = os.environ.get(KEY_ENV)
-    configure_logging(
-        secrets=[*kubeconfig_secrets(args.kubeconfig), *filter(None, [password, key])]
-    )
+    configure_logging(secrets=[*_credential_secrets(args), *filter(None, [password, key])])
     try:
+        tls = mqtt_tls(args)
+        if tls is not None:
+            tls.context()  # loaded here for a one-line error before anything starts
         launch, command_key = _launching(args)
-    except UsageError as exc:
+    except (UsageError, MqttTlsError) as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_USAGE
     return run_loop(agent_main(args, launch, command_key))
+
+
+def _credential_secrets(args: argparse.Namespace) -> list[str]:
+    """For the redactor: the kubeconfig's secrets, else the service account's token; the
+    MQTT client key's content."""
+    from adapters.kubeapi.kubeconfig import SERVICE_ACCOUNT_DIR
+
+    found = (kubeconfig_secrets(args.kubeconfig) if args.kubeconfig is not None
+             else key_file_secrets(SERVICE_ACCOUNT_DIR / "token"))  # fmt: skip
+    if args.mqtt_key_file is not None:
+        found.extend(key_file_secrets(args.mqtt_key_file))
+    return found
 
 
 async def agent_main(
@@ -133,20 +184,11 @@ async def agent_main(
     key: bytes | None = None,
 ) -> int:
     """The agent until SIGTERM/SIGINT; it launches given both ``launch`` and ``key``."""
-    # Imported here: every fedbroker command imports this module, and only the agent
-    # needs kubernetes (the heaviest import of a start).
-    from adapters.kubeapi.kubeconfig import load_clients, read_kubeconfig
-
     try:
-        doc, _ = read_kubeconfig(args.kubeconfig)
-        context = args.context or str(doc.get("current-context") or "")
-        if not context:
-            raise KubeconfigError(f"kubeconfig {args.kubeconfig}: no --context and no current")
-        clients, _ = await load_clients(args.kubeconfig, [context])
+        client, context = await _kube_client(args)
     except KubeconfigError as exc:  # scrubbed of the kubeconfig's secrets
         log.error("%s", exc)
         return EXIT_USAGE
-    client = clients[context]
     settings = MqttSettings(
         host=args.mqtt_host,
         port=args.mqtt_port,
@@ -154,6 +196,7 @@ async def agent_main(
         username=args.mqtt_username,
         password=os.environ.get(PASSWORD_ENV) or None,
         prefix=args.topic_prefix,
+        tls=mqtt_tls(args),
     )
     commands = None
     if launch is not None and key is not None:
@@ -168,14 +211,31 @@ async def agent_main(
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     log.info(
-        "agent for cluster %s on %s (context %s) -> mqtt %s:%s, %s",
-        args.cluster, socket.gethostname(), context, args.mqtt_host, args.mqtt_port,
-        "launching" if commands is not None else "report-only",
+        "agent for cluster %s on %s (%s) -> mqtt%s %s:%s, %s",
+        args.cluster, socket.gethostname(), context, "s" if settings.tls else "",
+        args.mqtt_host, args.mqtt_port, "launching" if commands is not None else "report-only",
     )  # fmt: skip
     try:
         return await supervise({"agent": agent.run()}, stop)
     finally:
         await client.close()  # type: ignore[no-untyped-call]
+
+
+async def _kube_client(args: argparse.Namespace) -> tuple[ApiClient, str]:
+    """The member's client and how it was made (for the start's log line): the kubeconfig's
+    context, else the pod's service account."""
+    # Imported here: every fedbroker command imports this module, and only the agent
+    # needs kubernetes (the heaviest import of a start).
+    from adapters.kubeapi.kubeconfig import in_cluster_client, load_clients, read_kubeconfig
+
+    if args.kubeconfig is None:
+        return in_cluster_client(), "in-cluster service account"
+    doc, _ = read_kubeconfig(args.kubeconfig)
+    context = args.context or str(doc.get("current-context") or "")
+    if not context:
+        raise KubeconfigError(f"kubeconfig {args.kubeconfig}: no --context and no current")
+    clients, _ = await load_clients(args.kubeconfig, [context])
+    return clients[context], f"context {context}"
 
 
 def _gpu(args: argparse.Namespace, launch: AgentLaunchConfig | None) -> GpuConfig:

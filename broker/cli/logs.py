@@ -178,8 +178,8 @@ def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list
     MQTT password), the environment variables a ``{env, value}`` reference reads, the MQTT
     password and agent-fed clusters' command keys as resolved (from a file too), the store
     URL's password, what the kubeconfigs of members and Cluster API pools hold for their
-    users (``kubeconfig_secrets``) and the API's TLS key. (The OIDC issuer needs no secret:
-    tokens are checked against its public keys.)"""
+    users (``kubeconfig_secrets``) and the TLS keys of the API and of MQTT. (The OIDC
+    issuer needs no secret: tokens are checked against its public keys.)"""
     environ = os.environ if environ is None else environ
     found: list[str] = []
 
@@ -211,8 +211,17 @@ def secrets_of(config: Config, environ: Mapping[str, str] | None = None) -> list
     # Agent-fed clusters' command keys, as resolved at load (inline, environment or file).
     found.extend(key.get_secret_value() for key in config.command_keys.values())
     if config.api.tls is not None:
-        found.extend(_key_material(_read(Path(config.api.tls.key_file))))
+        found.extend(key_file_secrets(config.api.tls.key_file))
+    mqtt_tls = config.events.mqtt.tls if config.events.mqtt is not None else None
+    if mqtt_tls is not None and mqtt_tls.key_file is not None:
+        found.extend(key_file_secrets(mqtt_tls.key_file))
     return found
+
+
+def key_file_secrets(path: str | Path) -> list[str]:
+    """What a private key file holds, for the redactor (nothing for one that cannot be read:
+    loading it reports that)."""
+    return _key_material(_read(Path(path)))
 
 
 # What a kubeconfig's user may hold that is secret, by client-go's names: a bearer token, a
@@ -295,6 +304,6 @@ def remember_secrets(config: Config) -> None:
 
 
 __all__ = [
-    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "kubeconfig_secrets",
-    "remember_secrets", "secrets_of",
+    "ACCESS_LOG_FORMAT", "JsonFormatter", "Redactor", "configure_logging", "key_file_secrets",
+    "kubeconfig_secrets", "remember_secrets", "secrets_of",
 ]  # fmt: skip

@@ -34,6 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
+from adapters.mqtt.tls import MqttTlsError
 from broker.cli.logs import (
     ACCESS_LOG_FORMAT,
     JsonFormatter,
@@ -49,6 +50,7 @@ from broker.model import Placement
 from broker.ports import KubeconfigError
 from broker.process import run_loop, settle_heap
 from broker.service.facade import Service
+from broker.service.mqtt import settings_of
 
 log = logging.getLogger("broker.runtime")
 
@@ -241,7 +243,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:  # checked here too, for a one-line error like the config's own
         if config.api.tls is not None:
             ApiCertificates(config.api.tls)
-    except TlsError as exc:
+        if config.events.mqtt is not None:
+            settings_of(config).tls_context()
+    except (TlsError, MqttTlsError) as exc:
         sys.stderr.write(f"fedbroker: error: {args.config}: {exc}\n")
         return EXIT_USAGE
     port = config.api.port if args.port is None else args.port

@@ -200,6 +200,31 @@ def _default_client_id() -> str:
     return f"fedbroker-{socket.gethostname()}"[:128]
 
 
+class MqttTlsConfig(Section):
+    """TLS to the MQTT broker (adapters.mqtt.tls): its certificate verified with ``caFile``
+    (default: the system's trust store); with ``certFile`` and ``keyFile`` (PEM, an
+    unencrypted key) the broker shows its own client certificate, which mosquitto can take
+    as its username (deploy/mosquitto). Files that changed are loaded again before each
+    reconnect: a renewed certificate is used from the next connection on."""
+
+    ca_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    cert_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    key_file: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _files_exist(cls, path: str | None) -> str | None:
+        return None if path is None else _existing_file(path)
+
+    @model_validator(mode="after")
+    def _pair(self) -> MqttTlsConfig:
+        if self.cert_file is not None and self.key_file is None:
+            raise FieldError(["keyFile"], "required with certFile")
+        if self.key_file is not None and self.cert_file is None:
+            raise FieldError(["certFile"], "required with keyFile")
+        return self
+
+
 class MqttEventsConfig(Section):
     """The MQTT broker fedbroker publishes its events to (and hears agents on)."""
 
@@ -215,6 +240,7 @@ class MqttEventsConfig(Section):
         default="fedbroker", max_length=128, pattern=r"^[^#+/\s]+(/[^#+/\s]+)*$"
     )
     outbox_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    tls: MqttTlsConfig | None = None  # None: plain TCP
 
 
 class EventsConfig(Section):

@@ -65,6 +65,7 @@ from adapters.mqtt.reports import (
     parse_node_report,
     report_events,
 )
+from adapters.mqtt.tls import MqttTls
 from broker.config import ClusterConfig, Config
 from broker.core.ledger import Ledger
 from broker.model import CapacityEvent, Node, NodeDeleted, PodDeleted
@@ -268,7 +269,8 @@ class MqttMembers:
 def settings_of(config: Config) -> MqttSettings:
     mqtt = config.events.mqtt
     assert mqtt is not None
-    password = config.mqtt_password
+    password, tls = config.mqtt_password, mqtt.tls
+    labels = ("events.mqtt.tls.caFile", "events.mqtt.tls.certFile/keyFile")
     return MqttSettings(
         host=mqtt.host,
         port=mqtt.port,
@@ -277,6 +279,7 @@ def settings_of(config: Config) -> MqttSettings:
         password=password.get_secret_value() if password is not None else None,
         prefix=mqtt.topic_prefix,
         outbox_size=mqtt.outbox_size,
+        tls=None if tls is None else MqttTls(tls.ca_file, tls.cert_file, tls.key_file, labels),
     )
 
 

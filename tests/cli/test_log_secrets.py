@@ -2,10 +2,10 @@
 (broker/cli/logs.py ``secrets_of``): one row per kind, each putting one canary in one
 place (static tokens, the store's and MQTT's passwords, agents' command keys, the
 kubeconfigs of member clusters and Cluster API pools in every form client-go reads, the
-API's TLS key). Each canary is then sent through every handler ``configure_logging``
-installs (the process's log on stderr and the audit file), in a message, its arguments,
-an exception and an extra field, under the loggers that write (ours, aiohttp's server and
-access logs, the audit trail), and must appear nowhere."""
+TLS keys of the API and of MQTT). Each canary is then sent through every handler
+``configure_logging`` installs (the process's log on stderr and the audit file), in a
+message, its arguments, an exception and an extra field, under the loggers that write
+(ours, aiohttp's server and access logs, the audit trail), and must appear nowhere."""
 
 from __future__ import annotations
 
@@ -116,6 +116,9 @@ ROWS: list[tuple[str, Row]] = [
     ("API TLS key", lambda t: ({"rest": (
         f"api: {{tls: {{certFile: {in_file(t, 'tls.crt', 'cert')}, "
         f"keyFile: {in_file(t, 'tls.key', PEM)}}}}}")}, {})),
+    ("MQTT TLS key", lambda t: ({"rest": (
+        f"events: {{mqtt: {{host: m, tls: {{certFile: {in_file(t, 'mqtt.crt', 'cert')}, "
+        f"keyFile: {in_file(t, 'mqtt.key', PEM)}}}}}}}")}, {})),
 ]  # fmt: skip
 
 

@@ -5,18 +5,18 @@ shipped); here, what running ``fedbroker agent`` in a member needs: exactly the 
 the broker's own account gets (test_deploy.check_member_rules, the one statement of what the
 Kubernetes launcher and the capacity watch call), a pod the restricted Pod Security
 Standard admits (the broker's own evaluation of it, broker.manifest.podsecurity), the
-arguments the real CLI takes, the shipped in-cluster kubeconfig loaded by the real loader,
-and a launch config whose settings are a kube source's and whose tenants are the broker's.
+arguments the real CLI takes (in-cluster: no kubeconfig; MQTT over TLS with a client
+certificate from a Secret the agent can read), and a launch config whose settings are a kube
+source's and whose tenants are the broker's.
 """
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any, cast
 
 import pytest
 import yaml
-from pki import Authority
 from test_deploy import (
     AGENT_TARGET,
     MEMBER_TARGET,
@@ -30,14 +30,13 @@ from test_deploy import (
     render,
 )
 
-from adapters.kubeapi.kubeconfig import load_clients
 from broker.cli.main import build_parser
 from broker.config import KubeSource
 from broker.manifest.podsecurity import Fields, Pod, check
 
 Rendered = dict[str, list[Doc]]
-SERVICE_ACCOUNT_DIR = PurePosixPath("/var/run/secrets/kubernetes.io/serviceaccount")
-SECRET_ENV = {"FEDBROKER_MQTT_PASSWORD", "FEDBROKER_AGENT_KEY"}
+SECRET_ENV = {"FEDBROKER_AGENT_KEY"}
+TLS_FLAGS = ("--mqtt-ca-file", "--mqtt-cert-file", "--mqtt-key-file")
 
 
 @pytest.fixture(scope="module")
@@ -128,37 +127,45 @@ def test_one_agent_serving_nothing(rendered: Rendered) -> None:
 def test_the_agents_arguments_and_secrets(rendered: Rendered) -> None:
     docs = rendered[AGENT_TARGET]
     args = _args(docs)
-    assert args["--mqtt-username"] == args["--cluster"], "the ACL grants by username"
     build_parser().parse_args(_container(docs)["args"])  # the real CLI takes them
     env = {e["name"]: e for e in _container(docs)["env"]}
+    assert set(env) >= SECRET_ENV
     for name in SECRET_ENV:
         ref = env[name]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == "fedbroker-agent", name
+    # Its MQTT identity is its client certificate (the ACL's user: the CN), no password.
+    assert "--mqtt-username" not in args and "FEDBROKER_MQTT_PASSWORD" not in env
 
 
-async def test_the_shipped_kubeconfig_is_the_pods_own_account(
-    rendered: Rendered, tmp_path: Path
+def test_the_client_certificate_comes_from_a_secret_the_agent_can_read(
+    rendered: Rendered,
 ) -> None:
-    """The real loader reads it; with the kubelet's files in place it talks to the API
-    server's Service as the pod's account."""
     docs = rendered[AGENT_TARGET]
-    assert _deployment(docs)["spec"]["template"]["spec"]["automountServiceAccountToken"]
-    doc = yaml.safe_load(_mounted_file(docs, _args(docs)["--kubeconfig"]))
-    [user] = doc["users"]
-    [cluster] = doc["clusters"]
-    assert user["user"] == {"tokenFile": str(SERVICE_ACCOUNT_DIR / "token")}
-    assert cluster["cluster"]["certificate-authority"] == str(SERVICE_ACCOUNT_DIR / "ca.crt")
-    # Where the kubelet would have put them, here:
-    (tmp_path / "token").write_text("stand-in-token")
-    user["user"]["tokenFile"] = str(tmp_path / "token")
-    cluster["cluster"]["certificate-authority"] = str(Authority(tmp_path).ca_file)
-    clients, _ = await load_clients(doc, [doc["current-context"]])
-    [client] = clients.values()
-    try:
-        assert client.configuration.host == "https://kubernetes.default.svc"
-        assert list(client.configuration.api_key.values()) == ["Bearer stand-in-token"]
-    finally:
-        await client.close()  # type: ignore[no-untyped-call]
+    args = _args(docs)
+    pod = _deployment(docs)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in _container(docs)["volumeMounts"]}
+    for flag in TLS_FLAGS:
+        file = PurePosixPath(args[flag])
+        secret = volumes[mounts[str(file.parent)]]["secret"]
+        assert secret["secretName"] == "fedbroker-agent-mqtt", flag
+        # Files of a Secret volume are root's: the pod's fsGroup and the group's read bit
+        # are what let the agent (a non-root user) read the key.
+        assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007, flag
+    assert pod["securityContext"]["fsGroup"] == _container(docs)["securityContext"]["runAsGroup"]
+    assert not _of_kind(docs, "Secret"), "the certificate and its key are the operator's"
+
+
+def test_the_agent_runs_as_its_pods_own_service_account(rendered: Rendered) -> None:
+    """No kubeconfig: the library's in-cluster loader (the kubelet's token, followed as it
+    rotates; tests/agent/test_agent_in_cluster.py)."""
+    docs = rendered[AGENT_TARGET]
+    pod = _deployment(docs)["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == "fedbroker-agent"
+    assert "--kubeconfig" not in _args(docs) and "--context" not in _args(docs)
+    names = {m["metadata"]["name"] for m in _of_kind(docs, "ConfigMap")}
+    assert all(name.startswith("fedbroker-agent-launch") for name in names), names
 
 
 def test_the_launch_config_is_a_kube_source_and_the_brokers_tenants(
