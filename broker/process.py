@@ -1,4 +1,5 @@
-"""The broker process's runtime settings: the event loop it runs on and its heap after start-up.
+"""The broker process's runtime settings: the event loop it runs on and its heap after start-up;
+and how a process tells that a file it loaded (a TLS certificate, key or CA) changed.
 
 Shared by every long-running composition root (``serve``, ``demo``, ``agent``, ``bench --e2e``,
 ``bench --cycle``).
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import ssl
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -93,3 +96,25 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return uvloop.run(main)
     finally:
         sys.setswitchinterval(previous)
+
+
+Stamp = tuple[int, int, int] | None
+"""A file's modification time, size and inode (None: absent or unreadable)."""
+
+
+def file_stamp(path: str | None) -> Stamp:
+    """What changes when a file is replaced or rewritten (certificates renewed in place)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def tls_reason(exc: Exception) -> str:
+    """Why a certificate, key or CA file did not load, in words that hold no key material."""
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__

@@ -17,12 +17,12 @@ a restart.
 
 from __future__ import annotations
 
-import os
 import ssl
 from dataclasses import dataclass
 
+from broker.process import Stamp, file_stamp, tls_reason
+
 # What a file looked like: (mtime ns, size, inode), or None when missing.
-Stamp = tuple[int, int, int] | None
 
 
 class MqttTlsError(Exception):
@@ -50,19 +50,19 @@ class MqttTls:
                 context.load_verify_locations(cafile=self.ca_file)
             except (OSError, ssl.SSLError, ValueError) as exc:
                 raise MqttTlsError(f"{ca_label}: cannot load the CA certificates: "
-                                   f"{_reason(exc)}") from None  # fmt: skip
+                                   f"{tls_reason(exc)}") from None  # fmt: skip
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.cert_file is not None and self.key_file is not None:
             try:
                 context.load_cert_chain(self.cert_file, self.key_file)
             except (OSError, ssl.SSLError, ValueError) as exc:  # no key material in these
                 raise MqttTlsError(f"{pair_label}: cannot load the certificate and key: "
-                                   f"{_reason(exc)}") from None  # fmt: skip
+                                   f"{tls_reason(exc)}") from None  # fmt: skip
         return context
 
     def stamp(self) -> tuple[Stamp, ...]:
         """What the files look like now: compare to tell whether they changed."""
-        return tuple(_stamp(p) for p in (self.ca_file, self.cert_file, self.key_file))
+        return tuple(file_stamp(p) for p in (self.ca_file, self.cert_file, self.key_file))
 
     def refresh(self, context: ssl.SSLContext) -> None:
         """Load the files again into ``context`` (one no connection is using); raises
@@ -74,23 +74,7 @@ class MqttTls:
             if self.cert_file is not None and self.key_file is not None:
                 context.load_cert_chain(self.cert_file, self.key_file)
         except (OSError, ssl.SSLError, ValueError) as exc:  # changed again meanwhile
-            raise MqttTlsError(f"{self.labels[1]}: cannot load again: {_reason(exc)}") from None
-
-
-def _stamp(path: str | None) -> Stamp:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise MqttTlsError(f"{self.labels[1]}: cannot load again: {tls_reason(exc)}") from None
 
 
 __all__ = ["MqttTls", "MqttTlsError"]

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.config import TlsConfig
+from broker.process import Stamp, file_stamp, tls_reason
 
 log = logging.getLogger(__name__)
 
 # What a file looked like when last loaded: (mtime ns, size, inode), or None when missing.
-Stamp = tuple[int, int, int] | None
 
 
 class TlsError(Exception):
@@ -62,30 +61,14 @@ def _load(context: ssl.SSLContext, cert: str, key: str, keys: str) -> None:
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError, ValueError) as exc:  # the message holds no key material
-        raise TlsError(f"{keys}: cannot load the certificate and key: {_reason(exc)}") from None
+        raise TlsError(f"{keys}: cannot load the certificate and key: {tls_reason(exc)}") from None
 
 
 def _trust(context: ssl.SSLContext, ca: str, key: str) -> None:
     try:
         context.load_verify_locations(cafile=ca)
     except (OSError, ssl.SSLError, ValueError) as exc:
-        raise TlsError(f"{key}: cannot load the CA certificates: {_reason(exc)}") from None
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-
-
-def _stamp(path: str | None) -> Stamp:
-    if path is None:
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+        raise TlsError(f"{key}: cannot load the CA certificates: {tls_reason(exc)}") from None
 
 
 class ApiCertificates:
@@ -106,7 +89,7 @@ class ApiCertificates:
 
     def _read_stamps(self) -> tuple[Stamp, ...]:
         t = self.tls
-        return tuple(_stamp(p) for p in (t.cert_file, t.key_file, t.client_ca_file, t.ca_file))
+        return tuple(file_stamp(p) for p in (t.cert_file, t.key_file, t.client_ca_file, t.ca_file))
 
     def _hand_over(self, connection: Any, server_name: str | None, _: ssl.SSLContext) -> None:
         connection.context = self._current
