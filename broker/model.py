@@ -170,6 +170,22 @@ class Cluster:
     labels: Mapping[str, str] = field(default_factory=dict)
     kind: ClusterKind = "onprem"
     cost_per_gpu_hour: float = 0.0
+    # Node label keys of its topology domains, widest first (block, rack, host): a node
+    # without a level's label belongs to no domain of that level.
+    topology_levels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """Where a pod set's pods sit together: inside one domain of ``required`` (a node label
+    key; never spanning), or of ``preferred`` (falling back to wider levels, then the
+    cluster); and in slices of ``slice_size`` pods, each inside one domain of
+    ``slice_level``. Empty strings: no such constraint."""
+
+    required: str = ""
+    preferred: str = ""
+    slice_size: int = 0
+    slice_level: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +197,7 @@ class PodSet:
     resources: Resources
     # What its pods tolerate (``broker.taints``: Kubernetes' matching), shared by equal sets.
     tolerations: frozenset[Toleration] = frozenset()
+    topology: TopologyRequest | None = None
 
     def __post_init__(self) -> None:
         if self.count < 1:
