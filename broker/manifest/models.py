@@ -8,11 +8,18 @@ is generated from (broker.http.openapi).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import DEFAULT_REF_TEMPLATE
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE, WithJsonSchema
 
 from broker.interned import frozen, shared
 from broker.manifest import workloads
@@ -35,8 +42,9 @@ from broker.manifest.fields import (
     MemoryQuantity,
 )
 from broker.manifest.noderules import toleration_of
+from broker.manifest.topology import annotated, check_slices, qualified_key
 from broker.manifest.workloads import Path
-from broker.model import PolicyName
+from broker.model import PolicyName, TopologyRequest
 from broker.taints import Toleration
 
 API_VERSION = "fedbroker.io/v1alpha1"
@@ -115,6 +123,42 @@ class ResourcesSpec(WireModel):
         return self.nvidia_gpu or self.amd_gpu or 0
 
 
+TopologyKey = Annotated[
+    str,
+    AfterValidator(qualified_key),
+    WithJsonSchema({"type": "string", "maxLength": 317, "description": "a node label key"}),
+]
+
+
+class TopologySpec(WireModel):
+    """Where a pod set's pods sit together (node label keys of the member's
+    ``topologyLevels``): inside one domain of ``required`` (never spanning) or of
+    ``preferred`` (wider ones, then the whole cluster, when none fits), and in slices of
+    ``sliceSize`` pods each inside one domain of ``sliceRequired``."""
+
+    required: TopologyKey | None = None
+    preferred: TopologyKey | None = None
+    slice_size: int | None = Field(default=None, ge=1, le=MAX_PODS_PER_SET)
+    slice_required: TopologyKey | None = None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> TopologySpec:
+        if self.required is not None and self.preferred is not None:
+            raise FieldError(["preferred"], "give required or preferred, not both")
+        if (self.slice_size is None) != (self.slice_required is None):
+            missing = "sliceRequired" if self.slice_required is None else "sliceSize"
+            raise FieldError([missing], "sliceSize and sliceRequired go together")
+        if self.required is None and self.preferred is None and self.slice_size is None:
+            raise FieldError([], "give required, preferred, or sliceSize with sliceRequired")
+        return self
+
+    def request(self) -> TopologyRequest:
+        return TopologyRequest(
+            self.required or "", self.preferred or "", self.slice_size or 0,
+            self.slice_required or "",
+        )  # fmt: skip
+
+
 class PodSetSpec(WireModel):
     name: DnsLabel
     count: int = Field(ge=1, le=MAX_PODS_PER_SET)
@@ -124,11 +168,18 @@ class PodSetSpec(WireModel):
     # Free-form pod template, handed to the cluster as is; only checked to be plain JSON so
     # storing and echoing it can never fail later (YAML can hold dates, sets and bytes).
     template: dict[str, Any] = Field(default_factory=dict)
+    topology: TopologySpec | None = None
 
     @field_validator("template")
     @classmethod
     def _plain_json(cls, template: dict[str, Any]) -> dict[str, Any]:
         return plain_json(template)
+
+    @model_validator(mode="after")
+    def _whole_slices(self) -> PodSetSpec:
+        if self.topology is not None and self.topology.slice_size is not None:
+            check_slices(self.count, self.topology.slice_size, ("topology", "sliceSize"))
+        return self
 
     def tolerations(self) -> frozenset[Toleration]:
         """What the template's pods tolerate (``spec.tolerations``), so the placement honours
@@ -229,7 +280,26 @@ class JobSpec(WireModel):
             raise FieldError(["podSets"], f"{total} pods in all, at most {MAX_PODS} allowed")
         if self.gang.min_member > total:
             raise FieldError(["gang", "minMember"], f"must be <= the job's {total} pods")
+        self.topologies()
         return self
+
+    def topologies(self) -> list[TopologyRequest | None]:
+        """Each pod set's topology request (``pod_set_views``' order): its ``topology``,
+        or what its template's Kueue or KAI annotations say (KAI's also on the workload
+        object); FieldError (path from the spec) naming the annotation that conflicts."""
+        meta = self.workload.metadata if self.workload is not None else None
+        owner = meta.annotations if meta is not None else None
+        out: list[TopologyRequest | None] = []
+        for ps, at in self.pod_set_views():
+            found = annotated(
+                ps.template, ps.count, at[1:], owner, ("workload", "metadata", "annotations")
+            )
+            given = ps.topology.request() if ps.topology is not None else None
+            if given is not None and found is not None and found != given:
+                why = "a topology annotation conflicts with the pod set's topology"
+                raise FieldError((*at[1:], "metadata", "annotations"), why)
+            out.append(given or found)
+        return out
 
     def pod_set_views(self) -> list[tuple[PodSetSpec, Path]]:
         """Every pod set with its template's path from the manifest root: the given

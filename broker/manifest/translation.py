@@ -32,10 +32,15 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
     except FieldError as exc:  # a workload whose member runtime was never looked up
         where = f"spec.workload.{field_path(exc.path)}"
         raise ManifestError(f"{where}: {exc.message}", where) from None
+    try:
+        topologies = spec.topologies()
+    except FieldError as exc:  # admission refused it before
+        where = f"spec.{field_path(exc.path)}"
+        raise ManifestError(f"{where}: {exc.message}", where) from None
     pod_sets = []
-    for ps, at in views:
+    for (ps, at), topology in zip(views, topologies, strict=True):
         resources = ps.resources if spec.workload is None else derived_resources(ps.template, at)
-        made = PodSet(ps.name, ps.count, shared(_resources(resources)), ps.tolerations())
+        made = PodSet(ps.name, ps.count, shared(_resources(resources)), ps.tolerations(), topology)
         pod_sets.append(shared(made))
     return Job(
         name=manifest.metadata.name,
