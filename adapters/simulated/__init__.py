@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from adapters.simulated.launcher import (
     SimulatedLauncher as SimulatedLauncher,
@@ -54,6 +54,7 @@ class NodeShape:
     cpu_milli: int
     memory_mib: int
     count: int
+    labels: tuple[tuple[str, str], ...] = ()  # every node of the shape carries them
 
 
 # The six largest node shapes of the openb production cluster (Weng et al., ATC'23; counts
@@ -85,10 +86,42 @@ def generate_nodes(
             f"{prefix}-{i:0{width}d}",
             GpuType(s.gpu_type),
             Resources(gpus=s.gpus, cpu_milli=s.cpu_milli, memory_mib=s.memory_mib),
-            labels={"gpu-type": s.gpu_type},
+            labels={**dict(s.labels), "gpu-type": s.gpu_type},
         )
         for i, s in enumerate(order)
     ]
+
+
+def lay_topology(
+    nodes: Sequence[Node], levels: Sequence[str], nodes_per_rack: int, racks_per_block: int = 0
+) -> list[Node]:
+    """The nodes labelled with racks of ``nodes_per_rack`` nodes (and blocks of
+    ``racks_per_block`` racks): ``levels`` are the label keys, widest first, either
+    ``[rack]`` (values ``r0``, ``r1``, ...) or ``[block, rack]`` (values ``b0`` and
+    ``b0-r0``, ``b0-r1``, ...: a rack's value names its block, so it is unique). Racks are
+    filled in node order, and alike nodes (same GPU type and size) fill racks of their own,
+    as real racks hold one kind of node; blocks take consecutive racks."""
+    if not 1 <= len(levels) <= 2 or nodes_per_rack < 1 or racks_per_block < 0:
+        raise ValueError("levels: [rack] or [block, rack]; nodesPerRack >= 1")
+    if len(levels) == 2 and racks_per_block < 1:
+        raise ValueError("racksPerBlock >= 1 with a block level")
+    kinds: dict[tuple[object, Resources], list[int]] = {}
+    for i, n in enumerate(nodes):
+        kinds.setdefault((n.gpu_type, n.allocatable), []).append(i)
+    out = list(nodes)
+    rack = 0
+    for members in kinds.values():
+        for start in range(0, len(members), nodes_per_rack):
+            block, within = divmod(rack, racks_per_block or 1)
+            if len(levels) == 2:
+                labels = {levels[0]: f"b{block}", levels[1]: f"b{block}-r{within}"}
+            else:
+                labels = {levels[0]: f"r{rack}"}
+            for i in members[start : start + nodes_per_rack]:
+                node = out[i]
+                out[i] = replace(node, labels={**node.labels, **labels})
+            rack += 1
+    return out
 
 
 def split_round_robin(nodes: Sequence[Node], clusters: int) -> list[list[Node]]:
@@ -230,8 +263,10 @@ class SimulatedPool:
         provision_seconds: float = 60.0,
         failure_rate: float = 0.0,
         seed: int = 0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.cluster = cluster
+        self.node_labels = dict(labels or {})  # every node of the pool: its topology domains
         self.gpu_type = GpuType(gpu_type)
         self.node = node
         self.name = name
@@ -307,7 +342,7 @@ class SimulatedPool:
         self._events.append(NodeUpdated(self.cluster, self._node(node)))
 
     def _node(self, name: str) -> Node:
-        labels = {"gpu-type": str(self.gpu_type), **self._labels.get(name, {})}
+        labels = {"gpu-type": str(self.gpu_type), **self.node_labels, **self._labels.get(name, {})}
         return Node(name, self.gpu_type, self.node, labels=labels)
 
     def next_due(self) -> float | None:

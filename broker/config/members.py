@@ -11,7 +11,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from adapters.simulated import NodeShape
+from adapters.simulated import NodeShape, generate_nodes, lay_topology
 from broker.config.section import Section, TokenRef
 from broker.manifest import (
     MAX_GPUS_PER_POD,
@@ -20,11 +20,15 @@ from broker.manifest import (
     FieldError,
     GpuTypeName,
     Labels,
+    LabelValue,
     MemoryQuantity,
     cpu_millicores,
     memory_mebibytes,
+    qualified_key,
 )
-from broker.model import Cluster, ClusterKind
+from broker.model import Cluster, ClusterKind, Node
+
+MAX_TOPOLOGY_LEVELS = 8
 
 MAX_SIMULATED_NODES = 50_000  # per cluster: far above the trace inventories, still in memory
 
@@ -114,6 +118,7 @@ class ShapeSpec(Section):
     cpu: CpuQuantity
     memory: MemoryQuantity
     count: int = Field(ge=1, le=MAX_SIMULATED_NODES)
+    labels: Labels = Field(default_factory=dict)  # every node of the shape carries them
 
     def node_shape(self) -> NodeShape:
         return NodeShape(
@@ -122,7 +127,39 @@ class ShapeSpec(Section):
             cpu_millicores(self.cpu),
             memory_mebibytes(self.memory),
             self.count,
+            tuple(sorted(self.labels.items())),
         )
+
+
+def _label_keys(keys: list[str]) -> list[str]:
+    """Node label keys, each once (ValueError naming the first that is not)."""
+    for key in keys:
+        qualified_key(key)
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate label key")
+    return keys
+
+
+class SimulatedTopology(Section):
+    """Racks (and blocks) laid over the generated nodes (``adapters.simulated.
+    lay_topology``): ``levels`` are the label keys, ``[rack]`` or ``[block, rack]``; racks
+    of ``nodesPerRack`` alike nodes, blocks of ``racksPerBlock`` racks; values ``b0``,
+    ``b0-r1``, ... (``r0``, ``r1``, ... without blocks)."""
+
+    levels: list[str] = Field(min_length=1, max_length=2)
+    nodes_per_rack: int = Field(ge=1, le=MAX_SIMULATED_NODES)
+    racks_per_block: int | None = Field(default=None, ge=1, le=MAX_SIMULATED_NODES)
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, levels: list[str]) -> list[str]:
+        return _label_keys(levels)
+
+    @model_validator(mode="after")
+    def _blocks(self) -> SimulatedTopology:
+        if (len(self.levels) == 2) != (self.racks_per_block is not None):
+            raise FieldError(["racksPerBlock"], "given exactly when levels are [block, rack]")
+        return self
 
 
 class SimulatedSource(Section):
@@ -131,6 +168,7 @@ class SimulatedSource(Section):
     scale: float = Field(default=1.0, gt=0, le=100)  # as in adapters.simulated.generate_nodes
     launch_delay_seconds: float = Field(default=0.0, ge=0, le=3600)
     failure_rate: float = Field(default=0.0, ge=0, le=1)
+    topology: SimulatedTopology | None = None
 
     @model_validator(mode="after")
     def _fits_in_memory(self) -> SimulatedSource:
@@ -141,6 +179,14 @@ class SimulatedSource(Section):
 
     def node_shapes(self) -> list[NodeShape]:
         return [s.node_shape() for s in self.shapes]
+
+    def nodes(self, prefix: str) -> list[Node]:
+        """The cluster's nodes, named ``<prefix>-0000``..., with their racks and blocks."""
+        nodes = generate_nodes(self.node_shapes(), prefix, self.scale)
+        top = self.topology
+        if top is None:
+            return nodes
+        return lay_topology(nodes, top.levels, top.nodes_per_rack, top.racks_per_block or 0)
 
 
 class KubeconfigRef(Section):
@@ -287,10 +333,20 @@ class ClusterConfig(Section):
     kind: ClusterKind = "onprem"
     labels: Labels = Field(default_factory=dict)
     cost_per_gpu_hour: float = Field(default=0.0, ge=0, le=10_000)
+    # Node label keys of its topology domains, widest first (block, rack, host).
+    topology_levels: list[str] = Field(default_factory=list, max_length=MAX_TOPOLOGY_LEVELS)
     source: ClusterSource
 
+    @field_validator("topology_levels")
+    @classmethod
+    def _levels(cls, levels: list[str]) -> list[str]:
+        return _label_keys(levels)
+
     def to_cluster(self) -> Cluster:
-        return Cluster(self.name, dict(self.labels), self.kind, self.cost_per_gpu_hour)
+        return Cluster(
+            self.name, dict(self.labels), self.kind, self.cost_per_gpu_hour,
+            tuple(self.topology_levels),
+        )  # fmt: skip
 
 
 class SimulatedPoolSource(Section):
@@ -338,7 +394,17 @@ class BurstPoolConfig(Section):
     # Who scales the pool: the broker, or the cluster autoscaler (then the broker only
     # places onto what is there and never scales it, so the two never fight).
     owner: Literal["fedbroker", "cluster-autoscaler"] = "fedbroker"
+    # The topology domains its nodes join: level label key -> value (``b0-r3``).
+    topology_labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_TOPOLOGY_LEVELS
+    )
     source: PoolSource
+
+    @field_validator("topology_labels")
+    @classmethod
+    def _topology_keys(cls, labels: dict[str, str]) -> dict[str, str]:
+        _label_keys(list(labels))
+        return labels
 
     @model_validator(mode="after")
     def _shape_for_simulated(self) -> BurstPoolConfig:

@@ -22,6 +22,7 @@ from broker.manifest.fields import (
     DnsLabel,
     GpuTypeName,
     Labels,
+    LabelValue,
     MemoryQuantity,
     cpu_millicores,
     memory_mebibytes,
@@ -36,6 +37,7 @@ from broker.manifest.podpolicy import (
     template_violations,
 )
 from broker.manifest.podrequests import Violation, pod_requests
+from broker.manifest.topology import qualified_key
 from broker.manifest.translation import (
     master_port,
     pod_templates,
@@ -61,6 +63,7 @@ __all__ = [
     "FederatedJob",
     "FieldError",
     "GpuTypeName",
+    "LabelValue",
     "Labels",
     "ManifestError",
     "MemoryQuantity",
@@ -79,6 +82,7 @@ __all__ = [
     "parse_quantity",
     "pod_requests",
     "pod_templates",
+    "qualified_key",
     "stored_manifest",
     "template_violations",
     "to_job",

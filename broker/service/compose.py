@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from adapters.mqtt.remote import Timeouts
-from adapters.simulated import SimulatedLauncher, generate_nodes
+from adapters.simulated import SimulatedLauncher
 from broker.config import Config
 from broker.core.ledger import Ledger
 from broker.core.lifecycle import Lifecycle, LifecycleSettings
@@ -105,7 +105,7 @@ def _launching(
         source = cc.source.simulated
         nodes = []
         if source is not None:
-            nodes = generate_nodes(source.node_shapes(), cc.name, source.scale)
+            nodes = source.nodes(cc.name)
             per_cluster[cc.name] = (source.launch_delay_seconds, source.failure_rate)
         ledger.add_cluster(cc.to_cluster(), nodes)
     default = launcher or SimulatedLauncher(per_cluster=per_cluster, run_seconds=run_seconds)

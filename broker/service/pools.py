@@ -118,7 +118,7 @@ class BurstPools:
         sim = SimulatedPool(
             pc.cluster, str(pc.gpu_type), node_of(pc), name=pc.name,
             provision_seconds=pc.provision_seconds, failure_rate=source.failure_rate,
-            seed=source.seed,
+            seed=source.seed, labels=pc.topology_labels,
         )  # fmt: skip
         self.simulated.append(sim)
         self.ports[pc.name] = OnClock(sim, self._clock)
