@@ -14,6 +14,7 @@ Topics, below the prefix (default ``fedbroker``), for member cluster ``<c>``:
 ``agents/<c>/nodes/<node>``  retained, QoS 1, one per node, on every change:
     ``{"node": "n1", "gpuType": "A100" | null, "ready": true, "unschedulable": false,
     "taints": [{"key": k, "value": v, "effect": "NoSchedule"}],
+    "labels": {"cloud.provider.com/topology-rack": "b0-r1", ...},
     "allocatable": {"gpus": 8, "cpuMilli": 96000, "memoryMib": 786432},
     "used": {"gpus": 3, "sharedGpuMilli": [250, 500], "cpuMilli": 24000,
     "memoryMib": 65536, "pods": 4},
@@ -24,8 +25,11 @@ Topics, below the prefix (default ``fedbroker``), for member cluster ``<c>``:
     (pull mode: the agent launched them), each under its ledger name
     (``<tenant>.<job>-<pod set>-<index>``: the key the agent's watcher gives them, one
     without "/") with its requests and the GPUs the broker picked (null: none recorded).
-    A report without ``ours`` (an older agent) counts every pod in ``used``. An empty
-    retained payload clears a deleted node.
+    A report without ``ours`` (an older agent) counts every pod in ``used``. ``labels``:
+    the node's labels (its topology domains, what node selectors match), at most 64: of a
+    node with more, the topology ones first (``reported_labels``); a report without them
+    (an older agent) gives a node without labels. An empty retained payload clears a
+    deleted node.
 
 The broker turns a node report into ``NodeUpdated`` plus ``PodBound`` events: synthetic
 ones for ``used`` (one pod ``agent:<node>`` holding the whole GPUs, CPU and memory; one
@@ -37,6 +41,7 @@ reservation instead of counting it twice, exactly as if it had watched the pods 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -63,6 +68,15 @@ _EFFECTS: tuple[Literal["NoSchedule", "NoExecute", "PreferNoSchedule"], ...] = (
 MAX_INT = 1 << 53
 MAX_OURS = 4096  # the broker's pods on one node
 MAX_GPU_INDEX = 1024
+MAX_LABELS = 64  # a node's labels in one report
+# A Kubernetes label: key [prefix/]name (a DNS subdomain of at most 253, a name of at
+# most 63), value of at most 63 (or empty).
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_LABEL_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_LABEL_KEY = re.compile(f"(?:(?P<prefix>{_LABEL_PREFIX})/)?(?P<name>{_LABEL_NAME})")
+_LABEL_VALUE = re.compile(f"({_LABEL_NAME})?")
+# Labels that say where a node sits, reported first from a node with too many labels.
+_TOPOLOGY_KEYS = ("topology", "hostname", "gpu.clique", "rack", "block", "zone", "region")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +127,29 @@ def _resources_doc(r: Resources) -> dict[str, int]:
             "memoryMib": r.memory_mib}  # fmt: skip
 
 
+def is_label(key: object, value: object) -> bool:
+    """A label as Kubernetes allows it (so one from the wire can be kept as is)."""
+    if not isinstance(key, str) or not isinstance(value, str) or len(value) > 63:
+        return False
+    found = _LABEL_KEY.fullmatch(key) if len(key) <= 317 else None
+    return (
+        found is not None
+        and len(found["name"]) <= 63
+        and len(found["prefix"] or "") <= 253
+        and _LABEL_VALUE.fullmatch(value) is not None
+    )
+
+
+def reported_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels a node report carries: all of a node's, up to ``MAX_LABELS``; of a node
+    with more (feature discovery labels by the hundred), those naming where it sits first
+    (``_TOPOLOGY_KEYS``), then the others by key."""
+    valid = sorted(k for k, v in labels.items() if is_label(k, v))
+    if len(valid) > MAX_LABELS:
+        valid.sort(key=lambda k: not any(word in k for word in _TOPOLOGY_KEYS))
+    return {k: labels[k] for k in valid[:MAX_LABELS]}
+
+
 def node_report(node: Node, usage: Usage, at: float) -> dict[str, Any]:
     alloc = node.allocatable
     return {
@@ -121,6 +158,7 @@ def node_report(node: Node, usage: Usage, at: float) -> dict[str, Any]:
         "ready": node.ready,
         "unschedulable": node.unschedulable,
         "taints": [{"key": t.key, "value": t.value, "effect": t.effect} for t in node.taints],
+        "labels": reported_labels(node.labels),
         "allocatable": {
             "gpus": alloc.gpus, "cpuMilli": alloc.cpu_milli, "memoryMib": alloc.memory_mib,
         },
@@ -184,6 +222,7 @@ def parse_node_report(payload: bytes, expected_node: str) -> tuple[Node, Usage]:
             cpu_milli=_int(alloc, "cpuMilli", "allocatable."),
             memory_mib=_int(alloc, "memoryMib", "allocatable."),
         ),
+        labels=_labels(doc.get("labels")),
         taints=tuple(taints),
         unschedulable=doc.get("unschedulable") is True,
         ready=doc.get("ready", True) is True,
@@ -197,6 +236,17 @@ def parse_node_report(payload: bytes, expected_node: str) -> tuple[Node, Usage]:
         _ours(doc.get("ours")),
     )
     return node, usage
+
+
+def _labels(value: object) -> dict[str, str]:
+    """The ``labels`` of a report (absent: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > MAX_LABELS:
+        raise ReportError(f"labels: not an object of at most {MAX_LABELS} labels")
+    if not all(is_label(k, v) for k, v in value.items()):
+        raise ReportError("labels: not Kubernetes labels (key [prefix/]name, value of <= 63)")
+    return dict(value)
 
 
 def _ours(value: object) -> tuple[OurPod, ...]:
@@ -322,11 +372,13 @@ __all__ = [
     "CapacityState",
     "OurPod",
     "Usage",
+    "is_label",
     "is_ours",
     "node_report",
     "parse_inventory",
     "parse_node_report",
     "report_events",
+    "reported_labels",
     "synthetic_pods",
     "usage_of",
 ]
