@@ -275,22 +275,26 @@ class JobSpec(WireModel):
             seen.add(pod_set.name)
         if self.workload is not None and self.workload.unresolved:
             return self  # its pods are counted once its runtime is looked up
-        total = self.total_pods
+        views = self.pod_set_views()
+        total = sum(ps.count for ps, _ in views)
         if total > MAX_PODS:
             raise FieldError(["podSets"], f"{total} pods in all, at most {MAX_PODS} allowed")
         if self.gang.min_member > total:
             raise FieldError(["gang", "minMember"], f"must be <= the job's {total} pods")
-        self.topologies()
+        self.topologies(views)
         return self
 
-    def topologies(self) -> list[TopologyRequest | None]:
-        """Each pod set's topology request (``pod_set_views``' order): its ``topology``,
-        or what its template's Kueue or KAI annotations say (KAI's also on the workload
-        object); FieldError (path from the spec) naming the annotation that conflicts."""
+    def topologies(
+        self, views: list[tuple[PodSetSpec, Path]] | None = None
+    ) -> list[TopologyRequest | None]:
+        """Each pod set's topology request (in the order of ``views``, default
+        ``pod_set_views()``): its ``topology``, or what its template's Kueue or KAI
+        annotations say (KAI's also on the workload object); FieldError (path from the
+        spec) naming the annotation that is wrong or conflicts."""
         meta = self.workload.metadata if self.workload is not None else None
         owner = meta.annotations if meta is not None else None
         out: list[TopologyRequest | None] = []
-        for ps, at in self.pod_set_views():
+        for ps, at in self.pod_set_views() if views is None else views:
             found = annotated(
                 ps.template, ps.count, at[1:], owner, ("workload", "metadata", "annotations")
             )

@@ -33,7 +33,7 @@ def to_job(manifest: FederatedJob, tenant: str, default_queue: str) -> Job:
         where = f"spec.workload.{field_path(exc.path)}"
         raise ManifestError(f"{where}: {exc.message}", where) from None
     try:
-        topologies = spec.topologies()
+        topologies = spec.topologies(views)
     except FieldError as exc:  # admission refused it before
         where = f"spec.{field_path(exc.path)}"
         raise ManifestError(f"{where}: {exc.message}", where) from None
