@@ -51,15 +51,17 @@ def qualified_key(key: str) -> str:
 
 def check_slices(count: int, slice_size: int, where: Path) -> None:
     if slice_size > count or count % slice_size:
-        raise FieldError(where, f"{slice_size} must divide the pod set's {count} pods")
+        raise FieldError(where, f"a slice of {slice_size} must divide the pod set's {count} pods")
 
 
 def _level(annotations: Mapping[str, Any], key: str, at: Path) -> str:
     value = annotations.get(key)
     if value is None:
         return ""
+    if not isinstance(value, str):
+        raise FieldError((*at, key), "must be a string (a node label key)")
     try:
-        return qualified_key(value) if isinstance(value, str) else qualified_key("")
+        return qualified_key(value)
     except ValueError as exc:
         raise FieldError((*at, key), str(exc)) from None
 

@@ -124,6 +124,7 @@ A = "spec.workload.spec.template.metadata.annotations"
         (batch({REQ: RACK, UNC: "true"}), f"{A}.{UNC}", f"conflicts with {REQ}"),
         (batch({UNC: "yes"}), f"{A}.{UNC}", "must be a boolean"),
         (batch({REQ: "rack level"}), f"{A}.{REQ}", "not a label key"),
+        (batch({REQ: 1}), f"{A}", "must be a string"),
         (batch({SLICE: RACK}), f"{A}.{SIZE}", "together"),
         (batch({SIZE: "2"}), f"{A}.{SLICE}", "together"),
         (batch({SLICE: RACK, SIZE: "two"}), f"{A}.{SIZE}", "whole number"),
