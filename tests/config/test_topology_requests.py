@@ -60,6 +60,20 @@ def jobset(*replicated: tuple[str, Obj]) -> bytes:
                                    "spec": {"replicatedJobs": rjs}}})  # fmt: skip
 
 
+def pytorch(worker: Obj) -> bytes:
+    def replica(count: int, annotations: Obj) -> Obj:
+        spec = {
+            **POD,
+            "containers": [{"name": "pytorch", "image": "x", "resources": {"limits": LIMITS}}],
+        }
+        meta = {"metadata": {"annotations": annotations}} if annotations else {}
+        return {"replicas": count, "template": {**meta, "spec": spec}}
+
+    specs = {"Master": replica(1, {}), "Worker": replica(3, worker)}
+    return federated({"workload": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                   "spec": {"pytorchReplicaSpecs": specs}}})  # fmt: skip
+
+
 def topologies(body: bytes) -> list[TopologyRequest | None]:
     job = to_job(parse_manifest(body, "application/json"), "acme", "default")
     return [ps.topology for ps in job.pod_sets]
@@ -91,6 +105,8 @@ def topologies(body: bytes) -> list[TopologyRequest | None]:
         # KAI's annotations on the workload object (where its pod grouper reads them)
         (batch({}, owner={KAI_REQ: RACK}), [TopologyRequest(required=RACK)]),
         (jobset(("a", {REQ: RACK}), ("b", {})), [TopologyRequest(required=RACK), None]),
+        (pytorch({SLICE: RACK, SIZE: "3"}),
+         [None, TopologyRequest(slice_size=3, slice_level=RACK)]),
         (jobset(("a", {PREF: BLOCK}), ("b", {KAI_REQ: RACK})),
          [TopologyRequest(preferred=BLOCK), TopologyRequest(required=RACK)]),
     ],
