@@ -28,6 +28,7 @@ _NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 # Go's strconv.ParseBool, which Kueue parses the unconstrained annotation with.
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_SIZE = re.compile(r"[0-9]{1,9}")  # ASCII digits only (str.isdigit takes '²'), int32 as Kueue
 
 Path = tuple[str | int, ...]
 
@@ -71,7 +72,9 @@ def _kueue(annotations: Mapping[str, Any], count: int, at: Path) -> TopologyRequ
     if len(given) > 1:
         raise FieldError((*at, given[1]), f"conflicts with {given[0]}: give one of them")
     unconstrained = annotations.get(KUEUE_UNCONSTRAINED)
-    if unconstrained is not None and unconstrained not in _TRUE | _FALSE:
+    if unconstrained is not None and (
+        not isinstance(unconstrained, str) or unconstrained not in _TRUE | _FALSE
+    ):
         raise FieldError((*at, KUEUE_UNCONSTRAINED), "must be a boolean (true or false)")
     required = _level(annotations, KUEUE_REQUIRED, at)
     preferred = _level(annotations, KUEUE_PREFERRED, at)
@@ -83,7 +86,7 @@ def _kueue(annotations: Mapping[str, Any], count: int, at: Path) -> TopologyRequ
                          f" and {KUEUE_SLICE_SIZE.rpartition('/')[2]} together")  # fmt: skip
     size = 0
     if size_text is not None:
-        if not isinstance(size_text, str) or not size_text.isdigit() or int(size_text) < 1:
+        if not isinstance(size_text, str) or not _SIZE.fullmatch(size_text) or int(size_text) < 1:
             raise FieldError((*at, KUEUE_SLICE_SIZE), "must be a whole number of pods, >= 1")
         size = int(size_text)
         check_slices(count, size, (*at, KUEUE_SLICE_SIZE))
