@@ -23,6 +23,7 @@ from broker.model import (
     NodeGroup,
     NodeState,
     Placement,
+    Reason,
     Resources,
     Unplaceable,
 )
@@ -38,6 +39,8 @@ from policies.framework import (
     to_placement,
     unplaceable,
 )
+from policies.topology import decide as decide_topology
+from policies.topology import wants_topology
 
 CPU_NORM = 128_000  # the paper's normalisation: 128 cores...
 GPU_NORM = 8 * MILLI_PER_GPU  # ...and 8 GPUs per node
@@ -166,6 +169,8 @@ class NodeScoringPolicy:
             self.rng.shuffle(views)
         else:
             views = self.order(views)
+        if wants_topology(job):
+            return self._decide_topology(job, snapshot, views)
         for view in views:
             rejected = filter_cluster(job, view)
             if rejected:
@@ -181,6 +186,21 @@ class NodeScoringPolicy:
             best = min(fits, key=lambda f: (-f.score, f.pods[0].node, f.cluster))
             return to_placement(job, best, self.name)
         return unplaceable(job, snapshot, reasons)
+
+    def _decide_topology(
+        self, job: Job, snapshot: CapacitySnapshot, views: list[ClusterCapacity]
+    ) -> Placement | Unplaceable:
+        """``policies.topology``: the tightest domain wins across clusters; among equally
+        tight ones the cluster tried first in this policy's order."""
+        reasons: dict[str, list[Reason]] = {}
+        open_views = []
+        for view in views:
+            rejected = filter_cluster(job, view)
+            if rejected:
+                reasons[view.name] = rejected
+            else:
+                open_views.append((job, view))
+        return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons)
 
 
 def binpack() -> NodeScoringPolicy:
