@@ -191,7 +191,8 @@ class NodeScoringPolicy:
         self, job: Job, snapshot: CapacitySnapshot, views: list[ClusterCapacity]
     ) -> Placement | Unplaceable:
         """``policies.topology``: the tightest domain wins across clusters; among equally
-        tight ones the cluster tried first in this policy's order."""
+        tight ones the cluster this policy would pick: the first tried in its order, or for
+        a best-cluster policy the highest total score."""
         reasons: dict[str, list[Reason]] = {}
         open_views = []
         for view in views:
@@ -200,7 +201,18 @@ class NodeScoringPolicy:
                 reasons[view.name] = rejected
             else:
                 open_views.append((job, view))
-        return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons)
+        tie = _by_score if self.best_cluster else _by_order
+        return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons, tie)
+
+
+def _by_order(_: ClusterFit, index: int) -> tuple[object, ...]:
+    return (index,)
+
+
+def _by_score(fit: ClusterFit, _: int) -> tuple[object, ...]:
+    """A best-cluster policy's own order: the highest total score, the first node, the
+    cluster name (as ``NodeScoringPolicy.decide`` picks among whole-cluster fits)."""
+    return (-fit.score, fit.pods[0].node, fit.cluster)
 
 
 def binpack() -> NodeScoringPolicy:

@@ -406,11 +406,13 @@ def decide(
     choose: Chooser,
     policy: str,
     reasons: dict[str, list[Reason]],
+    tie: Callable[[ClusterFit, int], tuple[object, ...]] = lambda _, i: (i,),
 ) -> Placement | Unplaceable:
     """The tightest fit among ``candidates`` ((the job as the policy would place it there,
-    the cluster), in the policy's usual order), ties to the earliest; else Unplaceable with
-    ``reasons`` and each cluster's topology reasons."""
-    best: tuple[Tightness, int, ClusterFit] | None = None
+    the cluster)), ties by ``tie`` (of the fit and the candidate's index; by default the
+    earliest: candidates come in the policy's usual order); else Unplaceable with ``reasons``
+    and each cluster's topology reasons."""
+    best: tuple[tuple[object, ...], ClusterFit] | None = None
     for i, (variant, view) in enumerate(candidates):
         result = place_job(variant, view, choose)
         if isinstance(result, list):
@@ -418,8 +420,9 @@ def decide(
                 reasons[view.name] = result
             continue
         fit, tight = result
-        if best is None or (tight, i) < best[:2]:
-            best = (tight, i, fit)
+        key = (*tight, *tie(fit, i))
+        if best is None or key < best[0]:
+            best = (key, fit)
     if best is not None:
-        return to_placement(job, best[2], policy)
+        return to_placement(job, best[1], policy)
     return unplaceable(job, snapshot, reasons)
