@@ -9,6 +9,11 @@ left in that type. Only that cluster is then walked node by node to name the nod
 memory are checked there; if they fail, the next cluster is tried).
 
 Elastic gangs (minMember below the pod count) place as many pods as fit, at least minMember.
+
+A gang with a topology request goes through ``policies.topology`` instead: every (cluster,
+GPU type) the estimate admits is tried, and the one whose chosen domain is tightest wins
+(fewest levels wider than asked, then fewest whole free nodes left in the domains), ties
+going to this policy's rank above.
 """
 
 from __future__ import annotations

@@ -153,6 +153,10 @@ class NodeScoringPolicy:
     With ``best_cluster`` False the first cluster that takes the whole job wins; with True
     every cluster is tried and the highest total score wins (ties: the node name that sorts
     first, then the cluster name), which makes a split federation behave like one cluster.
+
+    A job with a topology request is placed by ``policies.topology`` in every cluster that
+    passes the filters; the tightest domain wins, ties going to the first cluster in
+    ``order`` (with ``best_cluster``: the highest total score, as above).
     """
 
     name: str

@@ -5,17 +5,27 @@ A domain of level L is the set of a cluster's nodes sharing one value of the nod
 a node without the label is in no domain of L. For a pod set with ``required = L`` every
 domain of L is tried with the policy's own node chooser (node by node, exactly as without a
 request, but seeing only the domain's nodes) and the *tightest* that takes the whole pod set
-wins: the one left with the fewest whole free nodes, then the label value that sorts first.
-So racks and blocks fill one at a time and whole ones stay free for the gangs that need
-them, as binpack keeps whole nodes free. ``preferred = L`` tries L, then each wider declared
+wins: the one left with the fewest whole free nodes (schedulable GPU nodes with every GPU
+free) in its enclosing domains of the wider declared levels, widest first, then in itself,
+then the label value that sorts first. So a rack is taken in the block already most used,
+racks and blocks fill one at a time, and whole ones stay free for the gangs that need them,
+as binpack keeps whole nodes free. ``preferred = L`` tries L, then each wider declared
 level (those before L in ``Cluster.topology_levels``), then the whole cluster. Slices
 (``slice_size`` pods each inside one domain of ``slice_level``) are placed one after the
 other, each in the tightest domain of the slice level inside the pod set's chosen scope.
 
-Across clusters (``decide``): the cluster whose placement reached the fewest levels wider
-than asked wins (a cluster that does not declare a preferred level counts as having fallen
-back to the whole cluster), then the one whose chosen domains are left with the fewest whole
-free nodes, then the calling policy's usual order (its ``usual`` key per candidate).
+Across clusters (``decide``): the cluster whose placement went the fewest levels wider than
+asked wins (summed over the pod sets; the whole cluster counts as ``WHOLE_CLUSTER`` levels,
+and a cluster that does not declare a preferred level is placed on as a whole, so it counts
+so too), then the one whose chosen domains are left with the fewest whole free nodes
+(summed), then the calling policy's usual order among the clusters that fit: gang's rank
+(most pods, fewest GPUs stranded, fewest left free, name, GPU type), the first cluster in a
+node-scoring policy's order (binpack fullest first, spread emptiest first, firstfit by name,
+random shuffled), for a best-cluster policy (fgd) the highest total score.
+
+A pod set with a request is placed whole or not at all (an elastic gang's minimum does not
+split a domain); a slice level or a required level the cluster does not declare makes it
+unfit, with a reason naming the level.
 
 Jobs without a topology request never come here: ``wants_topology`` is the only cost they
 pay, so their placements and decision rates stay exactly as they are.
