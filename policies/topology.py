@@ -6,13 +6,16 @@ a node without the label is in no domain of L. For a pod set with ``required = L
 domain of L is tried with the policy's own node chooser (node by node, exactly as without a
 request, but seeing only the domain's nodes) and the *tightest* that takes the whole pod set
 wins: the one left with the fewest whole free nodes (schedulable GPU nodes with every GPU
-free) in its enclosing domains of the wider declared levels, widest first, then in itself,
-then the label value that sorts first. So a rack is taken in the block already most used,
-racks and blocks fill one at a time, and whole ones stay free for the gangs that need them,
-as binpack keeps whole nodes free. ``preferred = L`` tries L, then each wider declared
-level (those before L in ``Cluster.topology_levels``), then the whole cluster. Slices
-(``slice_size`` pods each inside one domain of ``slice_level``) are placed one after the
-other, each in the tightest domain of the slice level inside the pod set's chosen scope.
+free; for pods of whole GPUs, among the nodes that could take one) in its enclosing domains
+of the wider declared levels, widest first, then in itself, then the label value that sorts
+first. So a rack is taken in the block already most used, racks and blocks fill one at a
+time, and whole ones stay free for the gangs that need them, as binpack keeps whole nodes
+free. For pods of whole GPUs only the nodes with room for one are read (off the cluster's
+index) and a domain without room for the pod set in total is not tried.
+``preferred = L`` tries L, then each wider declared level (those before L in
+``Cluster.topology_levels``), then the whole cluster. Slices (``slice_size`` pods each
+inside one domain of ``slice_level``) are placed one after the other, each in the tightest
+domain of the slice level inside the pod set's chosen scope.
 
 Across clusters (``decide``): the cluster whose placement went the fewest levels wider than
 asked wins (summed over the pod sets; the whole cluster counts as ``WHOLE_CLUSTER`` levels,
@@ -33,18 +36,13 @@ pay, so their placements and decision rates stay exactly as they are.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.model import (
-    MILLI_PER_GPU,
     CapacitySnapshot,
-    Cluster,
     ClusterCapacity,
-    GpuType,
     Job,
-    NodeGroup,
     NodeState,
     Placement,
     PodPlacement,
@@ -54,6 +52,7 @@ from broker.model import (
     Unplaceable,
 )
 from broker.taints import blocking
+from policies.domains import DomainView, domains
 from policies.framework import (
     Chooser,
     ClusterFit,
@@ -77,83 +76,6 @@ def level_name(key: str) -> str:
     last = key.rsplit("/", 1)[-1]
     short = last.rsplit("-", 1)[-1] if "-" in last else ""
     return f"{short} ({key})" if short else f"domain of {key}"
-
-
-def domains(
-    view: ClusterCapacity, key: str, within: Collection[str] | None = None
-) -> list[tuple[str, list[str]]]:
-    """(label value, node names in the cluster's order) for each domain of level ``key``,
-    by value; only nodes in ``within`` when given. O(nodes)."""
-    found: dict[str, list[str]] = {}
-    for name, state in view.nodes.items():
-        value = state.node.labels.get(key)
-        if value is not None and (within is None or name in within):
-            found.setdefault(value, []).append(name)
-    return sorted(found.items())
-
-
-class DomainView:
-    """A cluster's capacity seen through some of its nodes (as this decision left them):
-    what a node chooser reads, so it places inside the domain exactly as in a cluster."""
-
-    def __init__(self, base: ClusterCapacity, states: Iterable[NodeState]) -> None:
-        self.cluster: Cluster = base.cluster
-        self.stale = base.stale
-        self.launchable = base.launchable
-        self.nodes: dict[str, NodeState] = {}
-        self._free: dict[NodeGroup, dict[int, list[str]]] = {}
-        self._whole: dict[NodeGroup, dict[int, list[str]]] = {}
-        self._total: dict[NodeGroup, int] = {}
-        self._milli: dict[NodeGroup, int] = {}
-        for state in states:
-            self.nodes[state.name] = state
-            node = state.node
-            if not node.schedulable:
-                continue
-            group = (node.gpu_type, blocking(node.taints))
-            self._free.setdefault(group, {}).setdefault(state.free_milli, []).append(state.name)
-            self._whole.setdefault(group, {}).setdefault(state.whole_free, []).append(state.name)
-            self._total[group] = self._total.get(group, 0) + len(state.gpu_free)
-            self._milli[group] = self._milli.get(group, 0) + state.free_milli
-
-    @property
-    def name(self) -> str:
-        return self.cluster.name
-
-    def groups(self) -> Iterable[NodeGroup]:
-        return self._free.keys()
-
-    def gpu_types(self) -> set[GpuType | None]:
-        return {g[0] for g in self._free}
-
-    def by_free_at_least(
-        self, group: NodeGroup, milli: int
-    ) -> Iterator[tuple[int, Collection[str]]]:
-        return _at_least(self._free.get(group, {}), milli)
-
-    def by_whole_at_least(
-        self, group: NodeGroup, whole: int
-    ) -> Iterator[tuple[int, Collection[str]]]:
-        return _at_least(self._whole.get(group, {}), whole)
-
-    def whole_histogram(self, group: NodeGroup) -> list[tuple[int, int]]:
-        return [(k, len(v)) for k, v in sorted(self._whole.get(group, {}).items())]
-
-    def gpus_total(self, group: NodeGroup | None = None) -> int:
-        return sum(self._total.values()) if group is None else self._total.get(group, 0)
-
-    def free_milli(self, group: NodeGroup | None = None) -> int:
-        return sum(self._milli.values()) if group is None else self._milli.get(group, 0)
-
-    def allocation(self) -> float:
-        total = self.gpus_total() * MILLI_PER_GPU
-        return 0.0 if total == 0 else 1.0 - self.free_milli() / total
-
-
-def _at_least(buckets: dict[int, list[str]], least: int) -> Iterator[tuple[int, Collection[str]]]:
-    keys = sorted(buckets)
-    for k in keys[bisect.bisect_left(keys, least) :]:
-        yield k, buckets[k]
 
 
 # -- placing one pod set ----------------------------------------------------------------
@@ -209,13 +131,15 @@ def fill(
 
 @dataclass(frozen=True, slots=True)
 class Short:
-    """No domain of ``level`` took the pod set (or a slice): the largest took ``best``
-    pods (slices) of ``need``, in the domain ``where``."""
+    """No domain of ``level`` took the pod set (or a slice): the largest took (or had
+    room for) ``best`` pods (slices) of ``need``, in the domain ``where`` ("": none had room
+    for any; ``labelled``: whether any node carries the level's label)."""
 
     level: str
     need: int
     best: int
     where: str
+    labelled: bool = True
 
 
 def place_in_domains(
@@ -228,11 +152,55 @@ def place_in_domains(
     def trial(at: Tentative, names: list[str]) -> int | None:
         return place_scope(at, job, ps, names, choose)
 
-    best = _tightest(t, level, within, trial)
+    pool = _pool(t, job, ps)
+    best = _tightest(t, level, within, trial, _room(t.view, job, ps), ps.count, pool)
     if isinstance(best, tuple):
         return best
-    size = _slice(ps)[0]
-    return Short(level, ps.count // size if size else ps.count, best.best, best.where)
+    size = _slice(ps)[0] or 1
+    labelled = bool(best.where) or any(level in s.node.labels for s in t.view.nodes.values())
+    return Short(level, ps.count // size, best.best // size, best.where, labelled)
+
+
+def _pool(t: Tentative, job: Job, ps: PodSet) -> list[str] | None:
+    """For pods of whole GPUs, the only nodes that could take one: those with that many
+    whole free GPUs, read off the index (the changed ones first, as a chooser sees them),
+    so that a domain costs what it has room in, not its size. None (every node) else."""
+    per_pod = ps.resources.gpus
+    if not per_pod:
+        return None
+    groups = usable_groups(t.view, job, ps)
+    allowed = set(groups)
+    changed = t.changed
+    names = [
+        n
+        for n, s in changed.items()
+        if s.whole_free >= per_pod
+        and s.node.schedulable
+        and (s.node.gpu_type, blocking(s.node.taints)) in allowed
+    ]
+    for group in groups:
+        for _, bucket in t.view.by_whole_at_least(group, per_pod):
+            names.extend(n for n in bucket if n not in changed)
+    return names
+
+
+Room = Callable[[NodeState], int]
+
+
+def _room(view: ClusterCapacity, job: Job, ps: PodSet) -> Room | None:
+    """How many of the pod set's whole-GPU pods a node could take by its whole free GPUs
+    (CPU and memory aside: a necessary condition); None for pods of shared or no GPUs."""
+    per_pod = ps.resources.gpus
+    if not per_pod:
+        return None
+    groups = set(usable_groups(view, job, ps))
+
+    def room(state: NodeState) -> int:
+        node = state.node
+        usable = node.schedulable and (node.gpu_type, blocking(node.taints)) in groups
+        return state.whole_free // per_pod if usable else 0
+
+    return room
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,20 +211,31 @@ class _Most:
 
 def _tightest(
     t: Tentative, level: str, within: Sequence[str] | None,
-    trial: Callable[[Tentative, list[str]], int | None],
+    trial: Callable[[Tentative, list[str]], int | None], room: Room | None, want: int,
+    pool: list[str] | None,
 ) -> tuple[Tentative, int] | _Most:  # fmt: skip
     """``trial`` (None: it fitted; else how much did) on a copy of ``t`` in every domain of
     ``level`` inside ``within``; the tightest that fits, with the whole free nodes it keeps.
     Tightest: fewest whole free nodes left in its enclosing domains of the wider declared
     levels, widest first (so a rack is taken in the block already most used, and whole
     blocks stay free), then in itself, then the label value that sorts first. Else the
-    domain where the trial went furthest."""
+    domain where the trial went furthest. With ``room`` (pods one node could take), a domain
+    whose nodes together have room for fewer than ``want`` is not tried: most are not, in a
+    busy cluster, and a trial costs a domain's worth of node states."""
     declared = t.view.cluster.topology_levels
     wider = declared[: declared.index(level)] if level in declared else ()
-    enclosing = [(key, dict(domains(t.view, key))) for key in wider]
+    enclosing: list[tuple[str, dict[str, list[str]]]] | None = None
     best: tuple[tuple[int, ...], str, Tentative, int] | None = None
     most = _Most(0, "")
-    for value, names in domains(t.view, level, within):
+    for value, names in domains(t.view, level, within, pool):
+        if room is not None:
+            fits = sum(room(t.state(n)) for n in names)
+            if fits < want:
+                if fits > most.best or not most.where:
+                    most = _Most(fits, value)
+                continue
+        if enclosing is None:
+            enclosing = [(key, dict(domains(t.view, key, None, pool))) for key in wider]
         at = t.copy()
         short = trial(at, names)
         if short is not None:
@@ -281,7 +260,7 @@ def place_scope(
     t: Tentative, job: Job, ps: PodSet, names: Sequence[str] | None, choose: Chooser
 ) -> int | None:
     """The whole pod set inside ``names`` (None: the cluster), slice by slice when it has
-    slices; None when placed, else how many pods (slices) fitted."""
+    slices; None when placed, else how many pods fitted (in whole slices)."""
     size, level = _slice(ps)
     if not size:
         placed = fill(t, job, ps, names, 0, ps.count, choose)
@@ -289,7 +268,7 @@ def place_scope(
     for k in range(ps.count // size):
         trial = _one_slice(t, job, ps, k * size, size, level, names, choose)
         if trial is None:
-            return k
+            return k * size
         t.changed, t.pods, t.score = trial.changed, trial.pods, trial.score
     return None
 
@@ -302,7 +281,8 @@ def _one_slice(
         placed = fill(at, job, ps, names, first, size, choose)
         return None if placed == size else placed
 
-    best = _tightest(t, level, within, trial)
+    pool = _pool(t, job, ps)
+    best = _tightest(t, level, within, trial, _room(t.view, job, ps), size, pool)
     return best[0] if isinstance(best, tuple) else None
 
 
@@ -367,7 +347,7 @@ def _place_requested(
                 return trial, far, 0
             size, slice_level = _slice(ps)
             if size and short is None:
-                short = Short(slice_level, ps.count // size, fitted, "")
+                short = Short(slice_level, ps.count // size, fitted // size, "")
             break
         placed = place_in_domains(t, job, ps, level, None, choose)
         if isinstance(placed, Short):
@@ -401,8 +381,10 @@ def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:
         )
     said = f"pod set {ps.name}: no {level_name(short.level)} in {cluster} has room for "
     said += f"{short.need} {unit}"
-    if not short.where:
+    if not short.labelled:
         return said + f"; no node has the label {short.level}"
+    if not short.where:
+        return said + "; none has room for one"
     return said + f"; the largest has room for {short.best} ({short.where})"
 
 
