@@ -8,7 +8,17 @@ import pytest
 from builders import as_placement, as_unplaceable, node, occupy, pod_set
 
 from broker.core.ledger import Ledger
-from broker.model import Cluster, Job, Node, Placement, PodSet, ReasonCode, TopologyRequest
+from broker.core.shapes import shape_of
+from broker.model import (
+    Cluster,
+    Job,
+    Node,
+    Placement,
+    PodSet,
+    ReasonCode,
+    TopologyRequest,
+    Unplaceable,
+)
 from policies import make_policy
 from policies.topology import level_name
 
@@ -175,3 +185,11 @@ def test_a_pod_set_with_an_impossible_request_is_refused(topo: TopologyRequest, 
     res = pod_set("w", 4, gpus=1).resources
     with pytest.raises(ValueError, match=said):
         PodSet("w", 4, res, topology=topo)
+
+
+def test_a_refused_rack_gang_does_not_stand_for_the_same_gang_without_a_request() -> None:
+    plain, racked = tgang("g", 3, 8), tgang("g", 3, 8, required=RACK)
+    assert shape_of(plain, "gang", None) != shape_of(racked, "gang", None)
+    ledger = fed({"dc": topo_nodes(DC)})
+    assert isinstance(make_policy("gang").decide(racked, ledger.snapshot()), Unplaceable)
+    assert isinstance(make_policy("gang").decide(plain, ledger.snapshot()), Placement)
