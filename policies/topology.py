@@ -28,7 +28,11 @@ random shuffled), for a best-cluster policy (fgd) the highest total score.
 
 A pod set with a request is placed whole or not at all (an elastic gang's minimum does not
 split a domain); a slice level or a required level the cluster does not declare makes it
-unfit, with a reason naming the level.
+unfit, with a reason naming the level. A required level no domain of which has room is
+explained with the shortfall ("pod set worker: no rack (cloud.provider.com/topology-rack) in
+dc has room for 5 pods of 8 GPUs; the largest has room for 4 (b1-r2)"); a preferred level
+the cluster does not declare, when the job does not fit there at all, with a note that it
+is ignored there beside the usual reasons.
 
 Jobs without a topology request never come here: ``wants_topology`` is the only cost they
 pay, so their placements and decision rates stay exactly as they are.
@@ -57,6 +61,7 @@ from policies.framework import (
     Chooser,
     ClusterFit,
     Overlay,
+    diagnose,
     to_placement,
     unplaceable,
     usable_groups,
@@ -346,17 +351,19 @@ def _place_requested(
                 far = WHOLE_CLUSTER if topo.required or topo.preferred else 0
                 return trial, far, 0
             size, slice_level = _slice(ps)
-            if size and short is None:
-                short = Short(slice_level, ps.count // size, fitted // size, "")
+            # Without slices the whole cluster could not take it: say why, as usual.
+            short = Short(slice_level, ps.count // size, fitted // size, "") if size else None
             break
         placed = place_in_domains(t, job, ps, level, None, choose)
         if isinstance(placed, Short):
             short = short or placed
             continue
         return placed[0], steps, placed[1]
-    if short is None:
-        return []  # the whole cluster could not take it: the usual diagnosis says why
-    return [Reason(ReasonCode.TOPOLOGY, _shortfall(ps, name, short), name)]
+    if short is not None:
+        return [Reason(ReasonCode.TOPOLOGY, _shortfall(ps, name, short), name)]
+    said = f"pod set {ps.name}: cluster {name} declares no topology level {topo.preferred}"
+    ignored = [Reason(ReasonCode.TOPOLOGY, said + "; the preference is ignored here", name)]
+    return [*diagnose(job, t.view), *(ignored if topo.preferred not in declared else [])]
 
 
 def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:

@@ -93,10 +93,21 @@ def test_preferred_falls_back_to_the_block_then_the_cluster(policy: str) -> None
     assert len(anywhere.pods) == 5
 
 
-def test_a_preferred_level_the_cluster_does_not_declare_is_ignored() -> None:
+def test_a_preferred_level_the_cluster_does_not_declare_is_ignored_and_explain_says_so() -> None:
     ledger = fed({"dc": topo_nodes(DC)}, levels=(RACK,))
     p = place("gang", tgang("g", 3, 8, preferred=BLOCK), ledger)
     assert len(p.pods) == 3
+    no = as_unplaceable(
+        make_policy("binpack").decide(tgang("h", 6, 8, preferred=BLOCK), ledger.snapshot())
+    )
+    assert [r.code for r in no.for_cluster("dc")] == [
+        ReasonCode.INSUFFICIENT_GPUS,
+        ReasonCode.TOPOLOGY,
+    ]
+    assert no.for_cluster("dc")[1].message == (
+        f"pod set worker: cluster dc declares no topology level {BLOCK}; "
+        "the preference is ignored here"
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
