@@ -202,6 +202,21 @@ class PodSet:
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"pod set {self.name}: count must be at least 1")
+        if self.topology is not None:
+            _check_topology(self.name, self.count, self.topology)
+
+
+def _check_topology(name: str, count: int, topo: TopologyRequest) -> None:
+    """A request the placement could never honour is refused where the pod set is made."""
+    if topo.required and topo.preferred:
+        raise ValueError(f"pod set {name}: topology is required or preferred, not both")
+    if topo.slice_size < 0 or bool(topo.slice_size) != bool(topo.slice_level):
+        raise ValueError(f"pod set {name}: topology sliceSize and its slice level go together")
+    if topo.slice_size and count % topo.slice_size:
+        raise ValueError(
+            f"pod set {name}: count {count} is not a multiple of topology sliceSize "
+            f"{topo.slice_size}"
+        )
 
 
 PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd"]
@@ -369,6 +384,7 @@ class ReasonCode(enum.StrEnum):
     QUOTA = "QuotaExceeded"
     NO_BURST_POOL = "NoBurstPool"
     MISSING = "ClusterLacksWorkloadDependency"
+    TOPOLOGY = "NoTopologyDomainFits"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,11 @@ left in that type. Only that cluster is then walked node by node to name the nod
 memory are checked there; if they fail, the next cluster is tried).
 
 Elastic gangs (minMember below the pod count) place as many pods as fit, at least minMember.
+
+A gang with a topology request goes through ``policies.topology`` instead: every (cluster,
+GPU type) the estimate admits is tried, and the one whose chosen domain is tightest wins
+(fewest levels wider than asked, then fewest whole free nodes left in the domains), ties
+going to this policy's rank above.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from broker.model import (
     NodeGroup,
     Placement,
     PodSet,
+    Reason,
     Resources,
     Unplaceable,
 )
@@ -39,6 +45,8 @@ from policies.framework import (
     usable_groups,
 )
 from policies.scoring import choose_bestfit
+from policies.topology import decide as decide_topology
+from policies.topology import wants_topology
 
 
 def choose_whole(overlay: Overlay, groups: Sequence[NodeGroup], res: Resources) -> Choice | None:
@@ -137,7 +145,7 @@ class GangPolicy:
     name = "gang"
 
     def decide(self, job: Job, snapshot: CapacitySnapshot) -> Placement | Unplaceable:
-        reasons = {}
+        reasons: dict[str, list[Reason]] = {}
         whole = all(ps.resources.gpus > 0 for ps in job.pod_sets)
         ranked: list[tuple[Rank, ClusterCapacity]] = []
         for view in snapshot.clusters.values():
@@ -148,6 +156,8 @@ class GangPolicy:
                 ranked.extend(_rank_whole(job, view))
             else:
                 ranked.extend(_rank_shared(job, view))
+        if wants_topology(job):
+            return self._decide_topology(job, snapshot, ranked, reasons, whole)
         typed: dict[GpuType | None, Job] = {}  # the job restricted to one type, made once
         for rank, view in sorted(ranked, key=lambda r: r[0]):
             gpu_type = rank[4]
@@ -157,6 +167,20 @@ class GangPolicy:
             if fit is not None:
                 return to_placement(job, fit, self.name)
         return unplaceable(job, snapshot, reasons)
+
+    def _decide_topology(
+        self, job: Job, snapshot: CapacitySnapshot, ranked: list[tuple[Rank, ClusterCapacity]],
+        reasons: dict[str, list[Reason]], whole: bool,
+    ) -> Placement | Unplaceable:  # fmt: skip
+        """``policies.topology``: the tightest domain wins; among equally tight ones the
+        (cluster, GPU type) this policy ranks first. A cluster (type) that the whole-cluster
+        estimate rules out cannot take the job in a domain either."""
+        typed: dict[GpuType | None, Job] = {}
+        candidates = [
+            (_typed(job, rank[4], typed), view) for rank, view in sorted(ranked, key=lambda r: r[0])
+        ]
+        choose = choose_whole if whole else choose_bestfit
+        return decide_topology(job, snapshot, candidates, choose, self.name, reasons)
 
 
 def _rank_whole(job: Job, view: ClusterCapacity) -> list[tuple[Rank, ClusterCapacity]]:

@@ -23,6 +23,7 @@ from broker.model import (
     NodeGroup,
     NodeState,
     Placement,
+    Reason,
     Resources,
     Unplaceable,
 )
@@ -38,6 +39,8 @@ from policies.framework import (
     to_placement,
     unplaceable,
 )
+from policies.topology import decide as decide_topology
+from policies.topology import wants_topology
 
 CPU_NORM = 128_000  # the paper's normalisation: 128 cores...
 GPU_NORM = 8 * MILLI_PER_GPU  # ...and 8 GPUs per node
@@ -150,6 +153,10 @@ class NodeScoringPolicy:
     With ``best_cluster`` False the first cluster that takes the whole job wins; with True
     every cluster is tried and the highest total score wins (ties: the node name that sorts
     first, then the cluster name), which makes a split federation behave like one cluster.
+
+    A job with a topology request is placed by ``policies.topology`` in every cluster that
+    passes the filters; the tightest domain wins, ties going to the first cluster in
+    ``order`` (with ``best_cluster``: the highest total score, as above).
     """
 
     name: str
@@ -166,6 +173,8 @@ class NodeScoringPolicy:
             self.rng.shuffle(views)
         else:
             views = self.order(views)
+        if wants_topology(job):
+            return self._decide_topology(job, snapshot, views)
         for view in views:
             rejected = filter_cluster(job, view)
             if rejected:
@@ -181,6 +190,33 @@ class NodeScoringPolicy:
             best = min(fits, key=lambda f: (-f.score, f.pods[0].node, f.cluster))
             return to_placement(job, best, self.name)
         return unplaceable(job, snapshot, reasons)
+
+    def _decide_topology(
+        self, job: Job, snapshot: CapacitySnapshot, views: list[ClusterCapacity]
+    ) -> Placement | Unplaceable:
+        """``policies.topology``: the tightest domain wins across clusters; among equally
+        tight ones the cluster this policy would pick: the first tried in its order, or for
+        a best-cluster policy the highest total score."""
+        reasons: dict[str, list[Reason]] = {}
+        open_views = []
+        for view in views:
+            rejected = filter_cluster(job, view)
+            if rejected:
+                reasons[view.name] = rejected
+            else:
+                open_views.append((job, view))
+        tie = _by_score if self.best_cluster else _by_order
+        return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons, tie)
+
+
+def _by_order(_: ClusterFit, index: int) -> tuple[object, ...]:
+    return (index,)
+
+
+def _by_score(fit: ClusterFit, _: int) -> tuple[object, ...]:
+    """A best-cluster policy's own order: the highest total score, the first node, the
+    cluster name (as ``NodeScoringPolicy.decide`` picks among whole-cluster fits)."""
+    return (-fit.score, fit.pods[0].node, fit.cluster)
 
 
 def binpack() -> NodeScoringPolicy:

@@ -11,7 +11,7 @@ the p95 gang wait five-fold). Holds are recomputed every cycle, so they end by t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from broker.model import ClusterCapacity, Job
 from policies.framework import usable_groups
@@ -24,7 +24,10 @@ def nodes_to_hold(job: Job, view: ClusterCapacity, taken: Collection[str]) -> li
     """The nodes of ``view`` (not in ``taken``) to hold for ``job``: most whole free GPUs
     first, until, were they empty, its widest pod set's pods would all fit on them; none if
     the cluster's free nodes could not take the gang even empty, or it asks no whole GPU.
-    O(buckets + nodes chosen)."""
+    A gang whose widest pod set requires a topology level is held inside one domain of it
+    (the one needing the fewest nodes held, then the label value that sorts first; none in
+    a cluster without that level), since nodes held across domains could never take it.
+    O(buckets + nodes chosen), O(nodes considered) with a required level."""
     widest = max(job.pod_sets, key=lambda ps: ps.resources.gpus)
     per_pod = widest.resources.gpus
     if per_pod <= 0:
@@ -35,16 +38,35 @@ def nodes_to_hold(job: Job, view: ClusterCapacity, taken: Collection[str]) -> li
         for whole, names in view.by_whole_at_least(group, 0)
     ]
     buckets.sort(key=lambda bucket: -bucket[0])
+    ordered = (name for _, names in buckets for name in names if name not in taken)
+    level = widest.topology.required if widest.topology is not None else ""
+    if not level:
+        return _enough(view, ordered, per_pod, job.total_pods)
+    if level not in view.cluster.topology_levels:
+        return []
+    by_domain: dict[str, list[str]] = {}
+    for name in ordered:
+        value = view.nodes[name].node.labels.get(level)
+        if value is not None:
+            by_domain.setdefault(value, []).append(name)
+    best: list[str] = []
+    for _, names in sorted(by_domain.items()):
+        chosen = _enough(view, names, per_pod, job.total_pods)
+        if chosen and (not best or len(chosen) < len(best)):
+            best = chosen
+    return best
+
+
+def _enough(view: ClusterCapacity, names: Iterable[str], per_pod: int, pods: int) -> list[str]:
+    """The first of ``names`` that, were they empty, would take ``pods`` pods of ``per_pod``
+    GPUs; none if all of them could not."""
     chosen: list[str] = []
     room = 0
-    for _, names in buckets:
-        for name in names:
-            if name in taken:
-                continue
-            chosen.append(name)
-            room += view.nodes[name].node.allocatable.gpus // per_pod
-            if room >= job.total_pods:
-                return chosen
+    for name in names:
+        chosen.append(name)
+        room += view.nodes[name].node.allocatable.gpus // per_pod
+        if room >= pods:
+            return chosen
     return []
 
 

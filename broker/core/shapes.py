@@ -25,7 +25,7 @@ def shape_of(job: Job, policy: str, hidden: Mapping[str, Collection[str]] | None
     return (
         policy, job.queue, job.priority, job.min_member, job.allow_burst, job.gpu_types,
         tuple(sorted(job.cluster_selector.items())), job.clusters, job.kind,
-        tuple((ps.count, ps.resources, ps.tolerations) for ps in job.pod_sets),
+        tuple((ps.count, ps.resources, ps.tolerations, ps.topology) for ps in job.pod_sets),
         tuple(sorted((c, tuple(sorted(n))) for c, n in hidden.items())) if hidden else (),
     )  # fmt: skip
 
