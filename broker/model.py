@@ -179,8 +179,9 @@ class Cluster:
 class TopologyRequest:
     """Where a pod set's pods sit together: inside one domain of ``required`` (a node label
     key; never spanning), or of ``preferred`` (falling back to wider levels, then the
-    cluster); and in slices of ``slice_size`` pods, each inside one domain of
-    ``slice_level``. Empty strings: no such constraint."""
+    cluster); both (KAI's two annotations): the narrower ``preferred`` first, falling back
+    no wider than ``required``. And in slices of ``slice_size`` pods, each inside one domain
+    of ``slice_level``. Empty strings: no such constraint (all empty: unconstrained)."""
 
     required: str = ""
     preferred: str = ""
@@ -208,8 +209,6 @@ class PodSet:
 
 def _check_topology(name: str, count: int, topo: TopologyRequest) -> None:
     """A request the placement could never honour is refused where the pod set is made."""
-    if topo.required and topo.preferred:
-        raise ValueError(f"pod set {name}: topology is required or preferred, not both")
     if topo.slice_size < 0 or bool(topo.slice_size) != bool(topo.slice_level):
         raise ValueError(f"pod set {name}: topology sliceSize and its slice level go together")
     if topo.slice_size and count % topo.slice_size:

@@ -336,7 +336,10 @@ def _place_requested(
             return [Reason(ReasonCode.TOPOLOGY, said, name)]
     chain: list[str | None]
     if topo.required:
-        chain = [topo.required]
+        # with a narrower preferred level too: it first, then wider, never past required
+        top = declared.index(topo.required)
+        low = declared.index(topo.preferred) if topo.preferred in declared else top
+        chain = [*reversed(declared[top : max(top, low) + 1])]
     elif topo.preferred in declared:
         i = declared.index(topo.preferred)
         chain = [*reversed(declared[: i + 1]), None]

@@ -93,6 +93,21 @@ def test_preferred_falls_back_to_the_block_then_the_cluster(policy: str) -> None
     assert len(anywhere.pods) == 5
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_required_and_preferred_together_prefer_the_narrower_and_never_span_the_wider(
+    policy: str,
+) -> None:
+    """KAI's two annotations: a rack if one takes it, else the block, never two blocks."""
+    ledger = fed({"dc": topo_nodes(DC)})
+    in_rack = place(policy, tgang("r", 2, 8, required=BLOCK, preferred=RACK), ledger)
+    assert len(where(ledger, in_rack, RACK)) == 1
+    in_block = place(policy, tgang("b", 3, 8, required=BLOCK, preferred=RACK), ledger)
+    assert len(where(ledger, in_block, RACK)) == 2
+    assert len(where(ledger, in_block, BLOCK)) == 1
+    over = tgang("o", 4, 8, required=BLOCK, preferred=RACK)  # 3 free nodes per block at most
+    assert isinstance(make_policy(policy).decide(over, ledger.snapshot()), Unplaceable)
+
+
 def test_a_preferred_level_the_cluster_does_not_declare_is_ignored_and_explain_says_so() -> None:
     ledger = fed({"dc": topo_nodes(DC)}, levels=(RACK,))
     p = place("gang", tgang("g", 3, 8, preferred=BLOCK), ledger)
@@ -188,7 +203,6 @@ def test_level_names_in_explain() -> None:
     ("topo", "said"),
     [
         (TopologyRequest(slice_size=3, slice_level=HOST), "not a multiple of topology sliceSize 3"),
-        (TopologyRequest(required=RACK, preferred=BLOCK), "required or preferred, not both"),
         (TopologyRequest(slice_size=2), "sliceSize and its slice level go together"),
     ],
 )
