@@ -155,6 +155,27 @@ class MemberResource:
 
 
 @dataclass(frozen=True, slots=True)
+class Domains:
+    """Where a pod set with a topology request must stay when the member's gang scheduler
+    picks the nodes (delegate mode), as its placed nodes' labels say: ``shared``
+    ``{level key: value}`` all its pods share; with ``slice_size``, ``slices``: each slice's
+    (pod index // slice_size) ``{slice level: value}`` when they differ. ``unresolved``: a
+    required level the placed nodes do not share as read now: no launch without it."""
+
+    shared: Mapping[str, str] = field(default_factory=dict)
+    slice_size: int = 0
+    slices: tuple[Mapping[str, str], ...] = ()
+    unresolved: str = ""
+
+    def of_pod(self, index: int) -> dict[str, str]:
+        """The ``{level key: value}`` pod ``index`` of the pod set must stay in."""
+        out = dict(self.shared)
+        if self.slices and self.slice_size:
+            out.update(self.slices[min(index // self.slice_size, len(self.slices) - 1)])
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a launch needs besides the placement (the shell knows it, the launcher asks).
 
@@ -182,6 +203,9 @@ class LaunchSpec:
     # The job's launch attempt: a remote launcher's commands carry it, so a deletion voids
     # the launches of its attempt and earlier, never a later one.
     generation: int = 0
+    # Pod set name -> its domains (pod sets with a topology request): what a delegate-mode
+    # launcher passes to the gang scheduler (pin mode's pods are pinned to their nodes).
+    domains: Mapping[str, Domains] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

@@ -23,9 +23,18 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential
 
 from broker.core.lifecycle import Launch, Outcome
 from broker.manifest import workload_spec
-from broker.model import CapacityEvent, Placement
-from broker.ports import LaunchError, LaunchSpec, RunEnd, RunHandle, RunNotifier, RunWatcher
+from broker.model import CapacityEvent, Job, Placement
+from broker.ports import (
+    Domains,
+    LaunchError,
+    LaunchSpec,
+    RunEnd,
+    RunHandle,
+    RunNotifier,
+    RunWatcher,
+)
 from broker.service.failures import Failure, Stage, cut, report
+from broker.service.launch_domains import placed_domains
 from broker.service.state import Shared
 from broker.store import JobState, LeaseLost, StateConflict, StoreError, StoreUnavailable
 
@@ -86,6 +95,9 @@ class Binding:
         # Launches the lifecycle has already forgotten (cancelled, preempted) whose objects
         # are being deleted: the launcher still needs their spec (a workload job's kind).
         self._deleting: dict[str, Launch] = {}
+        # The domains of placed topology gangs (job -> its placement and them), read once:
+        # the spec is asked for at every launch, watch and delete.
+        self._domains: dict[str, tuple[Placement, dict[str, Domains]]] = {}
 
     def launch_spec(self, placement: Placement) -> LaunchSpec:
         """What the launcher needs besides the placement; the Pod Security level is the
@@ -110,7 +122,22 @@ class Binding:
             master_port=launch.pending.master_port,
             workload=None if workload is None else workload_spec(workload),
             generation=launch.pending.attempts,
+            domains=self._domains_of(job, placement),
         )
+
+    def _domains_of(self, job: Job, placement: Placement) -> dict[str, Domains]:
+        """The domains its pod sets with a topology request were placed in
+        (``placed_domains``), read once per placement; {} without a request."""
+        if all(ps.topology is None for ps in job.pod_sets):
+            return {}
+        known = self._domains.get(placement.job)
+        if known is None or known[0] != placement:
+            life, deleting = self.s.lifecycle, self._deleting
+            for key in [k for k in self._domains if life.get(k) is None and k not in deleting]:
+                del self._domains[key]  # kept only while the job's launch is known
+            found = placed_domains(job, placement, self.s.ledger.snapshot())
+            known = self._domains[placement.job] = (placement, found)
+        return known[1]
 
     def start_launch(self, placement: Placement, stage: Stage = "launch") -> None:
         """Launch a placed gang in its own task (under the lock); ``adopt``: a gang a
