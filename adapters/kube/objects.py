@@ -140,6 +140,51 @@ def pinned_to(node: str, affinity: object = None) -> dict[str, Any]:
     return out
 
 
+def domain_of(spec: LaunchSpec, pod_set: str, index: int | None) -> dict[str, str]:
+    """The ``{level key: value}`` a delegated pod of ``pod_set`` must stay in (its
+    placement's domains, ``LaunchSpec.domains``); ``index`` None: every pod of the pod set
+    alike (a workload's one template). What the member's gang scheduler cannot be told is
+    refused rather than run spread: slices in different domains from one template
+    (permanent), or a required level the placed nodes no longer show (transient)."""
+    found = spec.domains.get(pod_set)
+    if found is None:
+        return {}
+    if found.unresolved:
+        raise KubeLaunchError(
+            f"pod set {pod_set}: its placed nodes show no one domain of {found.unresolved} "
+            "now; not launched spread"
+        )
+    if index is None and found.slices:
+        level = next(iter(found.slices[0]))
+        raise KubeLaunchError(
+            f"pod set {pod_set}: its slices were placed in different domains of {level}, "
+            "and its pods share one template: a delegate-mode member cannot keep each slice "
+            "in its own",
+            permanent=True,
+        )
+    return found.of_pod(index or 0)
+
+
+def confine(pod_spec: dict[str, Any], selector: Mapping[str, str], where: str) -> None:
+    """``selector`` (a domain's labels) ANDed into the pod spec's own ``nodeSelector``, in
+    place: the member's gang scheduler then keeps the pods in the domain the broker placed
+    them in. A ``nodeSelector`` of the tenant's naming another value of one of its keys
+    means the pods could never run there: KubeLaunchError, permanent, naming the field
+    (``where``: the template's spec)."""
+    if not selector:
+        return
+    given = pod_spec.get("nodeSelector")
+    own = dict(given) if isinstance(given, Mapping) else {}
+    for key, value in selector.items():
+        if key in own and own[key] != value:
+            raise KubeLaunchError(
+                f"{where}.nodeSelector[{key}] is {str(own[key])[:63]!r}, but the gang was "
+                f"placed in {key}={value}: its pods could never run there",
+                permanent=True,
+            )
+    pod_spec["nodeSelector"] = {**own, **selector}
+
+
 class GangObjects:
     """Builds and recognises one launcher's objects (its namespace pattern, mode, PodGroup
     flavour, origin and GPU resource names)."""
@@ -316,10 +361,11 @@ class GangObjects:
     ) -> dict[str, Any]:
         """The pod from its pod set's template, with our labels, the broker's resources
         (see ``_place_resources``), its gang's rendezvous (hostname, subdomain, env: see
-        ``adapters.kube.rendezvous``) when given, and its gang's PodGroup (delegate) or node
-        (pin, ANDed with the user's affinity). The user's nodeSelector and tolerations stay
-        as given: the broker adds none of its own, and a nodeSelector contradicting the pin only
-        keeps the pod pending, it never moves it."""
+        ``adapters.kube.rendezvous``) when given, and its gang's PodGroup and the domains its
+        pod set was placed in as a node selector (delegate: ``confine``) or its node (pin,
+        ANDed with the user's affinity). The user's nodeSelector and tolerations stay as
+        given: in pin mode the broker adds none of its own, and a nodeSelector contradicting
+        the pin only keeps the pod pending, it never moves it."""
         name = pod_name(pod, spec)
         template = spec.pod_templates.get(pod_set_of(name, spec), {})
         template_meta = cast(Mapping[str, Any], template.get("metadata") or {})
@@ -345,6 +391,9 @@ class GangObjects:
         if self.mode == "pin":
             pod_spec["affinity"] = pinned_to(pod.node, pod_spec.get("affinity"))
         else:
+            pod_set, index = pod_set_of(name, spec), name.rpartition("-")[2]
+            where = f"pod set {pod_set}: template spec"
+            confine(pod_spec, domain_of(spec, pod_set, int(index) if index.isdigit() else 0), where)
             group = pod_group_name(spec)
             if self.flavor == "coscheduling":
                 labels[COSCHEDULING_LABEL] = group

@@ -12,8 +12,10 @@ this cluster's. Then, by mode:
 
 * ``pin``: the scheduling gate ``fedbroker.io/placement``; the launcher removes it from
   each pod once it has given the pod a slot of the placement (``adapters.kube.slots``);
-* ``delegate``: the PodGroup's label (coscheduling) or annotation (Volcano) and the
-  member's ``schedulerName`` when configured.
+* ``delegate``: the PodGroup's label (coscheduling) or annotation (Volcano), the
+  member's ``schedulerName`` when configured, and the domains a pod set with a topology
+  request was placed in as a node selector (``objects.confine``; slices in different
+  domains cannot be said on one template: the launch is refused).
 
 No rendezvous Service: each kind's controller makes its own.
 """
@@ -30,6 +32,8 @@ from adapters.kube.objects import (
     VOLCANO_ANNOTATION,
     GangObjects,
     KubeLaunchError,
+    confine,
+    domain_of,
     pod_group_name,
     pod_name,
     pod_set_of,
@@ -101,6 +105,7 @@ def dress_template(
         gates = [g for g in pod_spec.get("schedulingGates") or () if g != {"name": GATE}]
         pod_spec["schedulingGates"] = [*gates, {"name": GATE}]
         return
+    confine(pod_spec, domain_of(spec, pod_set, None), f"pod set {pod_set}: template spec")
     if objects.flavor == "coscheduling":
         labels[COSCHEDULING_LABEL] = pod_group_name(spec)
     else:

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from broker.model import Placement, PodBound, PodPlacement, Resources
 from broker.ports import (
+    Domains,
     LaunchSpec,
     LogRequest,
     PlannedSlot,
@@ -252,6 +253,9 @@ def spec_doc(spec: LaunchSpec) -> dict[str, Any]:
         "podTemplates": dict(spec.pod_templates), "podSecurity": spec.pod_security,
         "podSets": list(spec.pod_sets), "masterPort": spec.master_port,
         "generation": spec.generation,
+        "domains": {name: {"shared": dict(d.shared), "sliceSize": d.slice_size,
+                           "slices": [dict(x) for x in d.slices], "unresolved": d.unresolved}
+                    for name, d in spec.domains.items()},
         "workload": None if workload is None else {
             "object": workload.object,
             "podSets": [[name, list(path)] for name, path in workload.pod_sets],
@@ -280,9 +284,34 @@ def spec_of(doc: Mapping[str, Any]) -> LaunchSpec:
             pod_sets=tuple(str(s) for s in doc.get("podSets", ())),
             master_port=int(doc.get("masterPort", 29500)),
             generation=int(doc.get("generation", 0)), workload=workload,
+            domains=_domains_of(doc.get("domains", {})),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise CommandError(f"body.spec: not a launch spec ({exc})") from None
+
+
+def _labels(doc: object) -> dict[str, str]:
+    if not isinstance(doc, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
+    ):
+        raise TypeError("a domain is not an object of label keys to values")
+    return dict(doc)
+
+
+def _domains_of(doc: object) -> dict[str, Domains]:
+    """The domains a delegate-mode launch keeps each pod set in (``LaunchSpec.domains``)."""
+    if not isinstance(doc, dict):
+        raise TypeError("domains is not an object")
+    out: dict[str, Domains] = {}
+    for name, d in doc.items():
+        slices = d.get("slices", []) if isinstance(d, dict) else None
+        if not isinstance(slices, list):
+            raise TypeError(f"domains.{name} is not a pod set's domains")
+        out[str(name)] = Domains(
+            _labels(d.get("shared", {})), int(d.get("sliceSize", 0)),
+            tuple(_labels(x) for x in slices), str(d.get("unresolved", "")),
+        )  # fmt: skip
+    return out
 
 
 def end_doc(end: RunEnd) -> dict[str, Any]:
