@@ -8,7 +8,8 @@
   (kubernetes-sigs/scheduler-plugins ``pkg/coscheduling``, ``pkg/controllers/podgroup``):
   pods labelled ``scheduling.x-k8s.io/pod-group`` that name its scheduler are bound only
   once the group has ``minMember`` pods ("cannot find enough sibling pods" otherwise) and
-  enough of them fit at once, each on the node of ITS choice (most allocated first); the
+  enough of them fit at once, each on the node of ITS choice (most allocated first) among
+  those its ``nodeSelector`` selects; the
   PodGroup's ``status.phase`` goes Pending -> Scheduling (pods >= minMember) -> Scheduled
   (``scheduled`` >= minMember) -> Running (running + succeeded >= minMember) -> Finished
   (succeeded >= minMember) or Failed (the CRD's status has no ``scheduled``: counted here).
@@ -141,12 +142,19 @@ class Schedulers:
 
     def _fit(self, pods: Iterable[Obj]) -> dict[str, str] | None:
         """Nodes for all ``pods`` at once (most allocated first for coscheduling, least for
-        Volcano), or None when they do not all fit."""
+        Volcano), each among the nodes its ``nodeSelector`` selects (the scheduler's
+        NodeAffinity filter), or None when they do not all fit."""
         free, capacity = self.free(), self.capacity()
+        labels = {name: labels_of(n) for name, n in self.c.stored(NODES).items()}
         choice: dict[str, str] = {}
         for pod in pods:
             need = gpus_of(pod)
-            fits = [n for n, f in free.items() if f >= need and capacity[n] > 0]
+            wants = (pod.get("spec") or {}).get("nodeSelector") or {}
+            fits = [
+                n
+                for n, f in free.items()
+                if f >= need and capacity[n] > 0 and wants.items() <= labels[n].items()
+            ]
             if not fits:
                 return None
             most = self.mode == "coscheduling"
