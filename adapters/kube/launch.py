@@ -22,7 +22,9 @@ Two modes:
 
 * ``delegate``: a PodGroup for the cluster's gang scheduler (scheduler-plugins coscheduling
   ``scheduling.x-k8s.io/v1alpha1`` with minMember and scheduleTimeoutSeconds, or Volcano
-  ``scheduling.volcano.sh/v1beta1`` with minMember and queue) and pods labelled into it;
+  ``scheduling.volcano.sh/v1beta1`` with minMember and queue) and pods labelled into it, a
+  pod set with a topology request kept in the domains it was placed in by a node selector
+  (``LaunchSpec.domains``, ``objects.confine``);
 * ``pin``: pods with required node affinity to the node the broker chose.
 
 In both, every gang gets rendezvous (``adapters.kube.rendezvous``): a headless Service
