@@ -143,7 +143,7 @@ class Short:
 
 def place_in_domains(
     t: Tentative, job: Job, ps: PodSet, level: str, within: Sequence[str] | None,
-    choose: Chooser, bound: int | None = None,
+    choose: Chooser, bound: int | None = None, rooms: DomainRooms | None = None,
 ) -> tuple[Tentative, int] | Short:  # fmt: skip
     """The pod set in the tightest domain of ``level`` inside ``within`` (slices in theirs):
     the tentative state after it and the whole free nodes its domain keeps. With ``bound``
@@ -153,7 +153,7 @@ def place_in_domains(
     def trial(at: Tentative, names: list[str]) -> int | None:
         return place_scope(at, job, ps, names, choose)
 
-    rooms = DomainRooms(t.view, t.changed, job, ps)
+    rooms = rooms or DomainRooms(t.view, t.changed, job, ps)
     best = _tightest(t, level, within, trial, rooms, ps.count, bound)
     if isinstance(best, tuple):
         return best
@@ -313,7 +313,7 @@ Placed = tuple[Tentative, int, int]  # the state after, levels wider than asked,
 
 def _step(
     t: Tentative, job: Job, ps: PodSet, step: Step, short: Short | None, choose: Chooser,
-    bound: int | None = None,
+    bound: int | None = None, rooms: DomainRooms | None = None,
 ) -> Placed | Short | None:  # fmt: skip
     """One step of the chain: placed, or the shortfall explain names so far (the first
     level's, or for slices the whole cluster's; None: the usual reasons)."""
@@ -326,7 +326,7 @@ def _step(
         size, slice_level = _slice(ps)
         # Without slices the whole cluster could not take it: say why, as usual.
         return Short(slice_level, ps.count // size, fitted // size, "") if size else None
-    placed = place_in_domains(t, job, ps, level, None, choose, bound)
+    placed = place_in_domains(t, job, ps, level, None, choose, bound, rooms)
     if isinstance(placed, Short):
         return short or placed
     return placed[0], steps, placed[1]

@@ -30,6 +30,7 @@ from broker.model import (
     Reason,
     Unplaceable,
 )
+from policies.domains import DomainRooms
 from policies.framework import Chooser, ClusterFit, to_placement, unplaceable
 from policies.topology import Short, Step, Tentative, _chain, _reasons, _step, place_job
 
@@ -94,6 +95,7 @@ class _Walk:
     chain: list[Step]
     at: int = 0
     short: Short | None = None
+    rooms: DomainRooms | None = None  # its pod set's domains, the same at every step
 
 
 def _search(
@@ -127,7 +129,10 @@ def _search(
             ps = w.job.pod_sets[0]
             # A fit of this step in another cluster: one keeping more loses to it.
             bound = best[0][1] if best is not None else None
-            done = _step(w.t, w.job, ps, w.chain[w.at], w.short, choose, bound)  # type: ignore[arg-type]
+            if w.rooms is None:  # the walk's state stays as it is until a step fits
+                w.rooms = DomainRooms(w.t.view, w.t.changed, w.job, ps)
+            step = w.chain[w.at]
+            done = _step(w.t, w.job, ps, step, w.short, choose, bound, w.rooms)  # type: ignore[arg-type]
             if isinstance(done, tuple):
                 walks.remove(w)
                 t, wider, left = done
