@@ -11,20 +11,17 @@ of the wider declared levels, widest first, then in itself, then the label value
 first. So a rack is taken in the block already most used, racks and blocks fill one at a
 time, and whole ones stay free for the gangs that need them, as binpack keeps whole nodes
 free. For pods of whole GPUs only the nodes with room for one are read (off the cluster's
-index) and a domain without room for the pod set in total is not tried.
+index, as ``domains.DomainRooms``, remembered by the view), a domain without room for the
+pod set in total is not tried, nor one that cannot come out tighter than the best so far.
 ``preferred = L`` tries L, then each wider declared level (those before L in
 ``Cluster.topology_levels``), then the whole cluster. Slices (``slice_size`` pods each
 inside one domain of ``slice_level``) are placed one after the other, each in the tightest
 domain of the slice level inside the pod set's chosen scope.
 
-Across clusters (``decide``): the cluster whose placement went the fewest levels wider than
-asked wins (summed over the pod sets; the whole cluster counts as ``WHOLE_CLUSTER`` levels,
-and a cluster that does not declare a preferred level is placed on as a whole, so it counts
-so too), then the one whose chosen domains are left with the fewest whole free nodes
-(summed), then the calling policy's usual order among the clusters that fit: gang's rank
-(most pods, fewest GPUs stranded, fewest left free, name, GPU type), the first cluster in a
-node-scoring policy's order (binpack fullest first, spread emptiest first, firstfit by name,
-random shuffled), for a best-cluster policy (fgd) the highest total score.
+Across clusters (``policies.topology_decide``): the cluster whose placement went the fewest
+levels wider than asked wins, then the one whose chosen domains are left with the fewest
+whole free nodes, then the calling policy's usual order (``place_job`` gives a cluster's
+tightness; ``_chain`` and ``_step`` let the search take one level at a time).
 
 A pod set with a request is placed whole or not at all (an elastic gang's minimum does not
 split a domain); a slice level or a required level the cluster does not declare makes it
