@@ -85,7 +85,7 @@ def _each(
     return None if best is None else best[1]
 
 
-@dataclass
+@dataclass(eq=False)  # walks are removed by identity: comparing their fields costs
 class _Walk:
     """One candidate's way along its chain of levels."""
 
