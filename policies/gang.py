@@ -45,8 +45,8 @@ from policies.framework import (
     usable_groups,
 )
 from policies.scoring import choose_bestfit
-from policies.topology import decide as decide_topology
 from policies.topology import wants_topology
+from policies.topology_decide import decide as decide_topology
 
 
 def choose_whole(overlay: Overlay, groups: Sequence[NodeGroup], res: Resources) -> Choice | None:

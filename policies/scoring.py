@@ -39,8 +39,9 @@ from policies.framework import (
     to_placement,
     unplaceable,
 )
-from policies.topology import decide as decide_topology
 from policies.topology import wants_topology
+from policies.topology_decide import by_order
+from policies.topology_decide import decide as decide_topology
 
 CPU_NORM = 128_000  # the paper's normalisation: 128 cores...
 GPU_NORM = 8 * MILLI_PER_GPU  # ...and 8 GPUs per node
@@ -205,12 +206,8 @@ class NodeScoringPolicy:
                 reasons[view.name] = rejected
             else:
                 open_views.append((job, view))
-        tie = _by_score if self.best_cluster else _by_order
+        tie = _by_score if self.best_cluster else by_order
         return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons, tie)
-
-
-def _by_order(_: ClusterFit, index: int) -> tuple[object, ...]:
-    return (index,)
 
 
 def _by_score(fit: ClusterFit, _: int) -> tuple[object, ...]:

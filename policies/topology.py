@@ -11,20 +11,17 @@ of the wider declared levels, widest first, then in itself, then the label value
 first. So a rack is taken in the block already most used, racks and blocks fill one at a
 time, and whole ones stay free for the gangs that need them, as binpack keeps whole nodes
 free. For pods of whole GPUs only the nodes with room for one are read (off the cluster's
-index) and a domain without room for the pod set in total is not tried.
+index, as ``domains.DomainRooms``, remembered by the view), a domain without room for the
+pod set in total is not tried, nor one that cannot come out tighter than the best so far.
 ``preferred = L`` tries L, then each wider declared level (those before L in
 ``Cluster.topology_levels``), then the whole cluster. Slices (``slice_size`` pods each
 inside one domain of ``slice_level``) are placed one after the other, each in the tightest
 domain of the slice level inside the pod set's chosen scope.
 
-Across clusters (``decide``): the cluster whose placement went the fewest levels wider than
-asked wins (summed over the pod sets; the whole cluster counts as ``WHOLE_CLUSTER`` levels,
-and a cluster that does not declare a preferred level is placed on as a whole, so it counts
-so too), then the one whose chosen domains are left with the fewest whole free nodes
-(summed), then the calling policy's usual order among the clusters that fit: gang's rank
-(most pods, fewest GPUs stranded, fewest left free, name, GPU type), the first cluster in a
-node-scoring policy's order (binpack fullest first, spread emptiest first, firstfit by name,
-random shuffled), for a best-cluster policy (fgd) the highest total score.
+Across clusters (``policies.topology_decide``): the cluster whose placement went the fewest
+levels wider than asked wins, then the one whose chosen domains are left with the fewest
+whole free nodes, then the calling policy's usual order (``place_job`` gives a cluster's
+tightness; ``_chain`` and ``_step`` let the search take one level at a time).
 
 A pod set with a request is placed whole or not at all (an elastic gang's minimum does not
 split a domain); a slice level or a required level the cluster does not declare makes it
@@ -44,26 +41,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.model import (
-    CapacitySnapshot,
     ClusterCapacity,
     Job,
     NodeState,
-    Placement,
     PodPlacement,
     PodSet,
     Reason,
     ReasonCode,
-    Unplaceable,
 )
-from broker.taints import blocking
-from policies.domains import DomainView, domains
+from policies.domains import DomainRooms, DomainView, Most, labelled
 from policies.framework import (
     Chooser,
     ClusterFit,
     Overlay,
     diagnose,
-    to_placement,
-    unplaceable,
     usable_groups,
 )
 
@@ -149,106 +140,71 @@ class Short:
 
 def place_in_domains(
     t: Tentative, job: Job, ps: PodSet, level: str, within: Sequence[str] | None,
-    choose: Chooser,
+    choose: Chooser, bound: int | None = None, rooms: DomainRooms | None = None,
 ) -> tuple[Tentative, int] | Short:  # fmt: skip
     """The pod set in the tightest domain of ``level`` inside ``within`` (slices in theirs):
-    the tentative state after it and the whole free nodes its domain keeps."""
+    the tentative state after it and the whole free nodes its domain keeps. With ``bound``
+    (another cluster's fit keeps that many), a domain of the widest level that must keep
+    more is not tried: this cluster would lose with it."""
 
     def trial(at: Tentative, names: list[str]) -> int | None:
         return place_scope(at, job, ps, names, choose)
 
-    pool = _pool(t, job, ps)
-    best = _tightest(t, level, within, trial, _room(t.view, job, ps), ps.count, pool)
+    rooms = rooms or DomainRooms(t.view, t.changed, job, ps)
+    best = _tightest(t, level, within, trial, rooms, ps.count, bound)
     if isinstance(best, tuple):
         return best
     size = _slice(ps)[0] or 1
-    labelled = bool(best.where) or any(level in s.node.labels for s in t.view.nodes.values())
-    return Short(level, ps.count // size, best.best // size, best.where, labelled)
-
-
-def _pool(t: Tentative, job: Job, ps: PodSet) -> list[str] | None:
-    """For pods of whole GPUs, the only nodes that could take one: those with that many
-    whole free GPUs, read off the index (the changed ones first, as a chooser sees them),
-    so that a domain costs what it has room in, not its size. None (every node) else."""
-    per_pod = ps.resources.gpus
-    if not per_pod:
-        return None
-    groups = usable_groups(t.view, job, ps)
-    allowed = set(groups)
-    changed = t.changed
-    names = [
-        n
-        for n, s in changed.items()
-        if s.whole_free >= per_pod
-        and s.node.schedulable
-        and (s.node.gpu_type, blocking(s.node.taints)) in allowed
-    ]
-    for group in groups:
-        for _, bucket in t.view.by_whole_at_least(group, per_pod):
-            names.extend(n for n in bucket if n not in changed)
-    return names
-
-
-Room = Callable[[NodeState], int]
-
-
-def _room(view: ClusterCapacity, job: Job, ps: PodSet) -> Room | None:
-    """How many of the pod set's whole-GPU pods a node could take by its whole free GPUs
-    (CPU and memory aside: a necessary condition); None for pods of shared or no GPUs."""
-    per_pod = ps.resources.gpus
-    if not per_pod:
-        return None
-    groups = set(usable_groups(view, job, ps))
-
-    def room(state: NodeState) -> int:
-        node = state.node
-        usable = node.schedulable and (node.gpu_type, blocking(node.taints)) in groups
-        return state.whole_free // per_pod if usable else 0
-
-    return room
-
-
-@dataclass(frozen=True, slots=True)
-class _Most:
-    best: int
-    where: str
+    named = bool(best.where) or labelled(t.view, level)
+    return Short(level, ps.count // size, best.best // size, best.where, named)
 
 
 def _tightest(
     t: Tentative, level: str, within: Sequence[str] | None,
-    trial: Callable[[Tentative, list[str]], int | None], room: Room | None, want: int,
-    pool: list[str] | None,
-) -> tuple[Tentative, int] | _Most:  # fmt: skip
+    trial: Callable[[Tentative, list[str]], int | None], rooms: DomainRooms, want: int,
+    bound: int | None = None,
+) -> tuple[Tentative, int] | Most:  # fmt: skip
     """``trial`` (None: it fitted; else how much did) on a copy of ``t`` in every domain of
     ``level`` inside ``within``; the tightest that fits, with the whole free nodes it keeps.
     Tightest: fewest whole free nodes left in its enclosing domains of the wider declared
     levels, widest first (so a rack is taken in the block already most used, and whole
     blocks stay free), then in itself, then the label value that sorts first. Else the
-    domain where the trial went furthest. With ``room`` (pods one node could take), a domain
+    domain where the trial went furthest. With room counted (pods of whole GPUs), a domain
     whose nodes together have room for fewer than ``want`` is not tried: most are not, in a
     busy cluster, and a trial costs a domain's worth of node states."""
     declared = t.view.cluster.topology_levels
     wider = declared[: declared.index(level)] if level in declared else ()
-    enclosing: list[tuple[str, dict[str, list[str]]]] | None = None
+    found, most_room = rooms.of(level, within)
+    if rooms.room is not None and most_room.best < want:
+        return most_room  # no domain has room: none is tried
+    enclosing: list[dict[str, list[str]]] | None = None
     best: tuple[tuple[int, ...], str, Tentative, int] | None = None
-    most = _Most(0, "")
-    for value, names in domains(t.view, level, within, pool):
-        if room is not None:
-            fits = sum(room(t.state(n)) for n in names)
-            if fits < want:
-                if fits > most.best or not most.where:
-                    most = _Most(fits, value)
-                continue
+    most = Most(0, "")
+    for value, names, fits in found:
+        if fits is not None and fits < want:
+            if fits > most.best or not most.where:
+                most = Most(fits, value)
+            continue
         if enclosing is None:
-            enclosing = [(key, dict(domains(t.view, key, None, pool))) for key in wider]
+            enclosing = [{v: n for v, n, _ in rooms.of(key, None)[0]} for key in wider]
+        labels = t.view.nodes[names[0]].node.labels
+        around = [d.get(labels.get(key, ""), ()) for key, d in zip(wider, enclosing, strict=True)]
+        if best is not None or (bound is not None and not wider):
+            # Each pod takes from one node, so the trial leaves at least this many whole
+            # free nodes; a domain that cannot come out tighter (an equal key loses to the
+            # earlier value) is not tried.
+            floor = tuple(max(0, t.whole_free_nodes(n) - want) for n in (*around, names))
+            if (best is not None and floor >= best[0]) or (
+                bound is not None and not wider and floor[-1] > bound
+            ):
+                continue
         at = t.copy()
         short = trial(at, names)
         if short is not None:
             if short > most.best or not most.where:
-                most = _Most(short, value)
+                most = Most(short, value)
             continue
-        labels = t.view.nodes[names[0]].node.labels
-        outer = [at.whole_free_nodes(d.get(labels.get(key, ""), ())) for key, d in enclosing]
+        outer = [at.whole_free_nodes(n) for n in around]
         left = at.whole_free_nodes(names)
         key = (*outer, left)
         if best is None or (key, value) < best[:2]:
@@ -286,8 +242,7 @@ def _one_slice(
         placed = fill(at, job, ps, names, first, size, choose)
         return None if placed == size else placed
 
-    pool = _pool(t, job, ps)
-    best = _tightest(t, level, within, trial, _room(t.view, job, ps), size, pool)
+    best = _tightest(t, level, within, trial, DomainRooms(t.view, t.changed, job, ps), size)
     return best[0] if isinstance(best, tuple) else None
 
 
@@ -321,11 +276,12 @@ def place_job(
     return ClusterFit(view.name, tuple(t.pods), t.score, t.changed), (wider, left)
 
 
-def _place_requested(
-    t: Tentative, job: Job, ps: PodSet, choose: Chooser
-) -> tuple[Tentative, int, int] | list[Reason]:
-    """One pod set with a request: (the state after it, levels wider than asked, whole free
-    nodes left in its domain) or the reasons."""
+Step = tuple[int, str | None]  # (levels wider than asked, the level; None: the cluster)
+
+
+def _chain(t: Tentative, ps: PodSet) -> list[Step] | list[Reason]:
+    """The levels a pod set with a request tries in ``t``'s cluster, narrowest first, each
+    with how many levels wider than asked it is; or why the cluster is unfit."""
     topo = ps.topology
     assert topo is not None
     declared = t.view.cluster.topology_levels
@@ -345,28 +301,60 @@ def _place_requested(
         chain = [*reversed(declared[: i + 1]), None]
     else:  # no level or one the cluster does not declare: the whole cluster
         chain = [None]
-    short: Short | None = None
-    for steps, level in enumerate(chain):
-        if level is None:
-            trial = t.copy()
-            fitted = place_scope(trial, job, ps, None, choose)
-            if fitted is None:
-                far = WHOLE_CLUSTER if topo.required or topo.preferred else 0
-                return trial, far, 0
-            size, slice_level = _slice(ps)
-            # Without slices the whole cluster could not take it: say why, as usual.
-            short = Short(slice_level, ps.count // size, fitted // size, "") if size else None
-            break
-        placed = place_in_domains(t, job, ps, level, None, choose)
-        if isinstance(placed, Short):
-            short = short or placed
-            continue
-        return placed[0], steps, placed[1]
+    far = WHOLE_CLUSTER if topo.required or topo.preferred else 0
+    return [(far if level is None else steps, level) for steps, level in enumerate(chain)]
+
+
+Placed = tuple[Tentative, int, int]  # the state after, levels wider than asked, whole free
+
+
+def _step(
+    t: Tentative, job: Job, ps: PodSet, step: Step, short: Short | None, choose: Chooser,
+    bound: int | None = None, rooms: DomainRooms | None = None,
+) -> Placed | Short | None:  # fmt: skip
+    """One step of the chain: placed, or the shortfall explain names so far (the first
+    level's, or for slices the whole cluster's; None: the usual reasons)."""
+    steps, level = step
+    if level is None:
+        trial = t.copy()
+        fitted = place_scope(trial, job, ps, None, choose)
+        if fitted is None:
+            return trial, steps, 0
+        size, slice_level = _slice(ps)
+        # Without slices the whole cluster could not take it: say why, as usual.
+        return Short(slice_level, ps.count // size, fitted // size, "") if size else None
+    placed = place_in_domains(t, job, ps, level, None, choose, bound, rooms)
+    if isinstance(placed, Short):
+        return short or placed
+    return placed[0], steps, placed[1]
+
+
+def _reasons(t: Tentative, job: Job, ps: PodSet, short: Short | None) -> list[Reason]:
+    """Why no step of the chain took the pod set."""
+    name = t.view.name
     if short is not None:
         return [Reason(ReasonCode.TOPOLOGY, _shortfall(ps, name, short), name)]
+    topo = ps.topology
+    assert topo is not None
     said = f"pod set {ps.name}: cluster {name} declares no topology level {topo.preferred}"
     ignored = [Reason(ReasonCode.TOPOLOGY, said + "; the preference is ignored here", name)]
+    declared = t.view.cluster.topology_levels
     return [*diagnose(job, t.view), *(ignored if topo.preferred not in declared else [])]
+
+
+def _place_requested(t: Tentative, job: Job, ps: PodSet, choose: Chooser) -> Placed | list[Reason]:
+    """One pod set with a request: (the state after it, levels wider than asked, whole free
+    nodes left in its domain) or the reasons."""
+    chain = _chain(t, ps)
+    short: Short | None = None
+    for step in chain:
+        if isinstance(step, Reason):
+            return [step]
+        done = _step(t, job, ps, step, short, choose)
+        if isinstance(done, tuple):
+            return done
+        short = done
+    return _reasons(t, job, ps, short)
 
 
 def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:
@@ -396,35 +384,3 @@ def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:
     if not short.where:
         return said + "; none has room for one"
     return said + f"; the largest has room for {short.best} ({short.where})"
-
-
-# -- across clusters ----------------------------------------------------------------------
-
-
-def decide(
-    job: Job,
-    snapshot: CapacitySnapshot,
-    candidates: Iterable[tuple[Job, ClusterCapacity]],
-    choose: Chooser,
-    policy: str,
-    reasons: dict[str, list[Reason]],
-    tie: Callable[[ClusterFit, int], tuple[object, ...]] = lambda _, i: (i,),
-) -> Placement | Unplaceable:
-    """The tightest fit among ``candidates`` ((the job as the policy would place it there,
-    the cluster)), ties by ``tie`` (of the fit and the candidate's index; by default the
-    earliest: candidates come in the policy's usual order); else Unplaceable with ``reasons``
-    and each cluster's topology reasons."""
-    best: tuple[tuple[object, ...], ClusterFit] | None = None
-    for i, (variant, view) in enumerate(candidates):
-        result = place_job(variant, view, choose)
-        if isinstance(result, list):
-            if result and view.name not in reasons:
-                reasons[view.name] = result
-            continue
-        fit, tight = result
-        key = (*tight, *tie(fit, i))
-        if best is None or key < best[0]:
-            best = (key, fit)
-    if best is not None:
-        return to_placement(job, best[1], policy)
-    return unplaceable(job, snapshot, reasons)

@@ -1,7 +1,8 @@
 """``fedbroker bench``: its flags, and which benchmark of broker.bench a run means
-(placement decisions per second, ``--e2e`` through HTTP and the service, ``--soak`` with
-jobs that end, ``--cycle``, ``--restart``: time to ready after ``kill -9``, ``--plans``: a
-tenant's reads while others ask for dry runs)."""
+(placement decisions per second, ``--topology``: gang decisions with and without topology
+requests, ``--e2e`` through HTTP and the service, ``--soak`` with jobs that end,
+``--cycle``, ``--restart``: time to ready after ``kill -9``, ``--plans``: a tenant's reads
+while others ask for dry runs)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,18 @@ def add_bench_command(sub: Any) -> None:
         "--reads", type=positive("--reads"), default=1000,
         help="plans: reads of /v1/clusters in each phase, at 200/s",
     )  # fmt: skip
+    cmd.add_argument(
+        "--topology", action="store_true",
+        help="gang decisions/s with a required and a preferred rack against the same gangs "
+        "without a request, on racks and blocks laid over the nodes",
+    )  # fmt: skip
+    cmd.add_argument(
+        "--rack-nodes", type=positive("--rack-nodes"), default=16, help="topology: nodes per rack"
+    )
+    cmd.add_argument(
+        "--block-racks", type=positive("--block-racks"), default=8,
+        help="topology: racks per block",
+    )  # fmt: skip
 
 
 def _add_cycle_and_restart(cmd: Any) -> None:
@@ -122,6 +135,10 @@ def run_bench_command(args: argparse.Namespace) -> int:
         from broker.bench.e2e import main_e2e
 
         return main_e2e(args)
+    if args.topology:
+        from broker.bench.topology import main_topology
+
+        return main_topology(args)
     from broker.bench.decisions import run_bench
 
     return run_bench(args)

@@ -118,8 +118,8 @@ class ClusterView:
     """One cluster's capacity, indexed. Read-only once a snapshot holds it."""
 
     __slots__ = (
-        "_free_milli", "_frozen", "_gpus_total", "_groups", "cluster", "launchable", "nodes",
-        "stale",
+        "_free_milli", "_frozen", "_gpus_total", "_groups", "_memo", "cluster", "launchable",
+        "nodes", "stale",
     )  # fmt: skip
 
     def __init__(self, cluster: Cluster) -> None:
@@ -134,6 +134,9 @@ class ClusterView:
         self._gpus_total = 0
         self._free_milli = 0
         self._frozen = False
+        # What policies derived from the nodes of some groups (None: from every node), kept
+        # for the next decision that reads them (see ``memo_for``).
+        self._memo: dict[tuple[NodeGroup, ...] | None, dict[object, object]] = {}
 
     # -- reading (policies) -------------------------------------------------------------
 
@@ -187,6 +190,17 @@ class ClusterView:
         total = self.gpus_total() * MILLI_PER_GPU
         return 0.0 if total == 0 else 1.0 - self.free_milli() / total
 
+    def memo_for(self, groups: tuple[NodeGroup, ...] | None) -> dict[object, object]:
+        """A policy's memo of what it derived from the nodes of ``groups`` (None: of every
+        node), such as topology domains and their room. It lives as long as those nodes
+        stay as they are, bucket order included: a write forgets the memos of the groups
+        it touches (and the every-node one), and a copy keeps the others, so a decision
+        after an assumption in one group still reads the others' memos."""
+        memo = self._memo.get(groups)
+        if memo is None:
+            memo = self._memo[groups] = {}
+        return memo
+
     # -- writing (ledger only) ----------------------------------------------------------
 
     def _copy(self) -> ClusterView:
@@ -197,10 +211,24 @@ class ClusterView:
         view._groups = {g: idx.copy() for g, idx in self._groups.items()}
         view._gpus_total = self._gpus_total
         view._free_milli = self._free_milli
+        view._memo = dict(self._memo)
         return view
+
+    def _forget(self, state: NodeState) -> None:
+        """Drop the memos that depend on ``state``'s node (as it was or as it becomes)."""
+        memo = self._memo
+        memo.pop(None, None)
+        if memo and state.node.schedulable:
+            group = group_of(state.node)
+            for key in [k for k in memo if k is not None and group in k]:
+                del memo[key]
 
     def _put(self, state: NodeState) -> None:
         old = self.nodes.get(state.name)
+        if self._memo:
+            self._forget(state)
+            if old is not None:
+                self._forget(old)
         if old is not None:
             self._unindex(old)
         self.nodes[state.name] = state
@@ -214,7 +242,10 @@ class ClusterView:
             self._free_milli += state.free_milli
 
     def _drop(self, name: str) -> None:
-        self._unindex(self.nodes.pop(name))
+        old = self.nodes.pop(name)
+        if self._memo:
+            self._forget(old)
+        self._unindex(old)
 
     def _unindex(self, old: NodeState) -> None:
         if old.node.schedulable:

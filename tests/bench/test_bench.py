@@ -15,6 +15,7 @@ from broker.bench import decisions as bench
 from broker.bench.decisions import (
     build_federation,
     gang_jobs,
+    generate_cluster_nodes,
     ledger_state,
     measure,
     single_pod_jobs,
@@ -176,3 +177,26 @@ def test_cycle_bench_places_until_full_and_accounts_for_every_job(
     assert cycles[-1]["decided"] == 0 and cycles[-1]["waiting"] == doc["still_queued"]
     assert doc["max_cycle_s"] >= doc["steady_cycle_s"] > 0
     assert doc["max_rss_mib"] > 0
+
+
+def test_topology_bench_times_the_same_gangs_with_and_without_requests(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["bench", "--topology", "--clusters", "2", "--nodes-per-cluster", "40"]
+    assert main([*argv, "--decisions", "6", "--rack-nodes", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc["per_s"]) == {"none", "required_rack", "preferred_rack"}
+    assert all(v > 0 for v in doc["per_s"].values())
+    assert set(doc["ratio"]) == {"required_rack", "preferred_rack"}
+    assert doc["nodes"] == 80 and doc["rack_nodes"] == 4 and doc["block_racks"] == 8
+
+
+def test_the_topology_laid_over_the_nodes_is_racks_inside_blocks() -> None:
+    from broker.bench.topology import BLOCK, RACK, lay_topology
+
+    nodes = lay_topology(generate_cluster_nodes(0, 10, random.Random(0)), 2, 3)
+    racks = [n.labels[RACK] for n in nodes]
+    blocks = [n.labels[BLOCK] for n in nodes]
+    assert len(set(racks)) == 5 and len(set(blocks)) == 2
+    assert blocks.count(blocks[0]) == 6  # three racks of two nodes
+    assert all(n.labels["gpu-type"] for n in nodes)  # the generated labels stay
