@@ -1,8 +1,10 @@
 """The replay's synthetic topology: a rack-required gang stays in one rack where the same
-gang without a request spans two, and the CLI lays racks and reports the spans in JSON."""
+gang without a request spans two, a rack gang bursts into the pool's own rack, and the CLI
+lays racks and reports the spans in JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from broker.cli.main import main
 from broker.model import GpuType, Job, Node, PodSet, Resources
 from broker.sim.arrivals import Arrival, Workload
 from broker.sim.replay import ReplayConfig, ReplayResult, replay_policy
+from broker.sim.replay_burst import BurstConfig
 from broker.sim.replay_topology import RACK_LEVEL, RequestMode, TopologyConfig, with_requests
 
 
@@ -96,3 +99,15 @@ def test_cli_refuses_a_request_without_racks(capsys: pytest.CaptureFixture[str])
     assert main(["simulate", "--protocol", "replay", "--topology-request", "required"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--topology-request: needs --racks-of" in err
+
+
+def test_a_rack_gang_too_big_for_any_rack_bursts_into_the_pools_own_rack() -> None:
+    """Racks of one node cannot take a 2 x 8 gang that requires a rack; the burst pool's
+    nodes join one rack of their own, so it starts there, in one rack."""
+    gang = dataclasses.replace(job("g", 2, 8), allow_burst=True)
+    work = Workload((Arrival(0.0, gang, 100.0),), 2000.0, 0, 0)
+    topology = TopologyConfig(nodes_per_rack=1, request="required")
+    config = ReplayConfig(clusters=1, samples=10, topology=topology, burst=BurstConfig())
+    result = replay_policy(nodes()[:2], work, "gang", config)
+    assert result.burst_placements == 1 and result.unstarted == 0
+    assert result.racks_spanned_max == 1.0 and result.blocks_spanned_max is None
