@@ -42,6 +42,7 @@ def add_simulate_command(sub: Any) -> None:
     _add_fill_options(cmd)
     _add_replay_options(cmd)
     _add_burst_options(cmd)
+    _add_topology_options(cmd)
 
 
 def _add_inputs(cmd: argparse.ArgumentParser) -> None:
@@ -122,6 +123,18 @@ def _add_burst_options(cmd: argparse.ArgumentParser) -> None:
         cmd.add_argument(flag, type=kind(flag), default=default, help=text)
 
 
+def _add_topology_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--racks-of", type=positive("--racks-of"), metavar="N",
+                     help="replay: lay racks of N alike nodes over each cluster's "
+                     "nodes (label cloud.provider.com/topology-rack, a level)")  # fmt: skip
+    cmd.add_argument("--blocks-of", type=positive("--blocks-of"), metavar="M",
+                     help="replay, with --racks-of: blocks of M racks "
+                     "(label cloud.provider.com/topology-block)")  # fmt: skip
+    cmd.add_argument("--topology-request", choices=("none", "required", "preferred"),
+                     default="none", help="replay, with --racks-of: what every gang (more "
+                     "than one pod) asks for at rack level (default none)")  # fmt: skip
+
+
 def load_inputs(
     nodes_path: Path | None, pods_path: Path | None, seed: int
 ) -> tuple[list[Node], list[TracePod]]:
@@ -151,6 +164,12 @@ def run_simulate(args: argparse.Namespace) -> int:
 def _fill_in_defaults(args: argparse.Namespace) -> None:
     """The defaults that depend on the protocol, or on whether the workload is generated."""
     replay = args.protocol == "replay"
+    topology = args.racks_of is not None
+    if topology and not replay:
+        raise UsageError("--racks-of: only with --protocol replay")
+    if not topology and (args.blocks_of is not None or args.topology_request != "none"):
+        flag = "--blocks-of" if args.blocks_of is not None else "--topology-request"
+        raise UsageError(f"{flag}: needs --racks-of")
     if args.clusters is None:
         args.clusters = 2 if replay else 1
     if args.seed is None:

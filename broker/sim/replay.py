@@ -46,6 +46,10 @@ without bursting. Bursting adds, per policy: scale-ups, nodes added, jobs starte
 nodes, billed node-hours, idle node-hours (added nodes up with no pod on them), cost
 (node-hours x the pool's price per node-hour) and provisioning failures; all zero without a
 pool.
+
+Topology (``ReplayConfig.topology``, the CLI's ``--racks-of``): racks and blocks laid over
+each cluster's nodes and a rack-level request on every gang; the report adds how many
+domains each gang spans (``broker.sim.replay_topology``).
 """
 
 from __future__ import annotations
@@ -64,10 +68,19 @@ from broker.core.burst_books import PoolStats
 from broker.core.ledger import Ledger
 from broker.core.queue import QueueSpec
 from broker.core.scheduler import SchedulerSettings
-from broker.model import MILLI_PER_GPU, Cluster, Node
+from broker.model import MILLI_PER_GPU, Node
 from broker.sim.arrivals import Workload, build_workload
 from broker.sim.replay_burst import BurstConfig, burst_config, burst_doc, start_bursting
 from broker.sim.replay_run import ReplayRun
+from broker.sim.replay_topology import (
+    Spans,
+    TopologyConfig,
+    span_fields,
+    topology_config,
+    with_requests,
+)
+from broker.sim.replay_topology import cluster as topology_cluster
+from broker.sim.replay_topology import print_table as print_topology_table
 from broker.sim.traces import TracePod
 from policies import make_policy
 
@@ -92,6 +105,9 @@ class ReplayConfig:
     # reclaimable. A queue's policy is not used: every job is decided by the replayed one.
     queues: tuple[QueueSpec, ...] = (QueueSpec("default"),)
     starvation_seconds: float = SchedulerSettings().starvation_seconds
+    # Racks (and blocks) laid over each cluster's nodes, and the gangs' request
+    # (``broker.sim.replay_topology``); None: no topology, as before.
+    topology: TopologyConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +139,17 @@ class ReplayResult:
     preemptions: int = 0  # running jobs evicted for higher-priority ones (and requeued)
     quota_refusals: int = 0  # placements a queue's quota turned down, per cycle
     peak_queue_gpus: dict[str, float] = field(default_factory=dict, repr=False)
+    # With a topology (``replay_topology.span_fields``): gangs started, racks and blocks
+    # each spans (mean, p95, max), the gangs' waits (p50, p95); None without one.
+    topology_gangs: int | None = None
+    racks_spanned_mean: float | None = None
+    racks_spanned_p95: float | None = None
+    racks_spanned_max: float | None = None
+    blocks_spanned_mean: float | None = None
+    blocks_spanned_p95: float | None = None
+    blocks_spanned_max: float | None = None
+    topology_gang_wait_p50_s: float | None = None
+    topology_gang_wait_p95_s: float | None = None
 
     def as_dict(self) -> dict[str, object]:
         """The JSON row: every field but the per-job waits and per-queue peaks."""
@@ -132,13 +159,16 @@ class ReplayResult:
         return row
 
 
-def federation(nodes: Sequence[Node], clusters: int) -> tuple[SimulatedFederation, Ledger]:
-    """Round-robin member clusters; the ledger learns its nodes from the adapter's events."""
+def federation(
+    nodes: Sequence[Node], clusters: int, topology: TopologyConfig | None = None
+) -> tuple[SimulatedFederation, Ledger]:
+    """Round-robin member clusters (with ``topology``, racks laid over each one's nodes);
+    the ledger learns its nodes from the adapter's events."""
     fed = SimulatedFederation()
     ledger = Ledger()
     for i, part in enumerate(split_round_robin(nodes, clusters)):
-        cluster = Cluster(f"cluster-{i}")
-        fed.add(cluster, part)
+        cluster = topology_cluster(f"cluster-{i}", topology)
+        fed.add(cluster, topology.lay(part) if topology is not None else part)
         ledger.add_cluster(cluster)
     for event in fed.node_events():
         ledger.apply(event)
@@ -157,7 +187,9 @@ def replay_policy(
 ) -> ReplayResult:
     """Replay ``workload`` with one policy on a fresh federation. ``audit`` (for tests) is
     called after every scheduling cycle with the clock, the ledger and the controller."""
-    fed, ledger = federation(nodes, config.clusters)
+    topo = config.topology
+    workload = with_requests(workload, topo)
+    fed, ledger = federation(nodes, config.clusters, topo)
     run = ReplayRun(
         make_policy(policy_name, seed=config.seed, workload=workload.pod_shapes()),
         fed,
@@ -169,8 +201,14 @@ def replay_policy(
         late_from=workload.horizon / 2,
         onprem=frozenset(fed.clusters),
     )
+    if topo is not None:
+        laid = [(name, part) for name, (_, part) in fed.clusters.items()]
+        run.spans = Spans.of(topo.levels, laid, topo.burst_labels())
     if config.burst is not None:
-        run.burst = start_bursting(config.burst, fed, ledger, config.seed, lambda: run.now)
+        levels, labels = (topo.levels, topo.burst_labels()) if topo else ((), None)
+        run.burst = start_bursting(
+            config.burst, fed, ledger, config.seed, lambda: run.now, levels, labels
+        )
     series = _run_events(run, workload, config, audit)
     run.integrate(max(run.now, workload.horizon))
     total_milli = sum(n.allocatable.gpus for n in nodes) * MILLI_PER_GPU
@@ -278,6 +316,7 @@ def _result(
         preemptions=run.preemptions,
         quota_refusals=run.quota_refusals,
         peak_queue_gpus=dict(run.peak_queue_gpus),
+        **span_fields(run.spans, gang_waits, percentile),  # type: ignore[arg-type]
     )
 
 
@@ -317,6 +356,7 @@ def run_replay(
         cycle_seconds=getattr(args, "cycle_seconds", DEFAULT_CYCLE_SECONDS),
         scan_misses=getattr(args, "scan_misses", DEFAULT_SCAN_MISSES),
         burst=burst_config(args),
+        topology=topology_config(args),
     )
     workload, results = replay(nodes, pods, policies, config)
     gpus = sum(n.allocatable.gpus for n in nodes)
@@ -334,11 +374,14 @@ def run_replay(
             "generated_jobs": workload.generated_jobs,
             "horizon_s": round(workload.horizon, 3),
             "burst": burst_doc(config.burst),
+            "topology": config.topology.as_doc() if config.topology else None,
             "results": rows,
         }
         print(json.dumps(doc))
     else:
         _print_table(rows, workload, len(nodes), gpus, config)
+        if config.topology is not None:
+            print_topology_table(rows, config.topology)
     if args.plot:
         from broker.sim.plot import plot_replay
 

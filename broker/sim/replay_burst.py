@@ -15,7 +15,7 @@ their pods (8 cores and 32 GiB per GPU) fit one p4d node 8 GPUs at a time.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from adapters.simulated import SimulatedFederation, SimulatedPool
@@ -84,11 +84,14 @@ def start_bursting(
     ledger: Ledger,
     seed: int,
     clock: Callable[[], float],
+    levels: tuple[str, ...] = (),
+    node_labels: Mapping[str, str] | None = None,
 ) -> Bursting:
-    """The pool's cloud cluster joins empty; the controller starts with the pool at zero."""
+    """The pool's cloud cluster joins empty, declaring ``levels``; the pool's nodes carry
+    ``node_labels`` (their domains). The controller starts with the pool at zero."""
     spec = config.pool
     per_gpu = spec.cost_per_node_hour / spec.node.gpus if spec.node.gpus else 0.0
-    cluster = Cluster(spec.cluster, dict(spec.cluster_labels), "cloud", per_gpu)
+    cluster = Cluster(spec.cluster, dict(spec.cluster_labels), "cloud", per_gpu, levels)
     fed.add(cluster, [])
     ledger.add_cluster(cluster)
     pool = SimulatedPool(
@@ -99,6 +102,7 @@ def start_bursting(
         provision_seconds=spec.provision_seconds,
         failure_rate=config.failure_rate,
         seed=seed,
+        labels=node_labels,
     )
     controller = BurstController(config.settings)
     controller.add_pool(spec, replicas=0)

@@ -32,6 +32,7 @@ from broker.model import (
 )
 from broker.sim.arrivals import Arrival
 from broker.sim.replay_burst import Bursting
+from broker.sim.replay_topology import Spans
 from policies import Policy
 
 
@@ -59,6 +60,7 @@ class ReplayRun:
     late_from: float = 0.0
     burst: Bursting | None = None
     onprem: frozenset[str] = frozenset()  # the clusters utilisation counts
+    spans: Spans | None = None  # with a topology: the domains each gang spans
     queue: JobQueue = field(init=False)
     book: OnePolicy = field(init=False)
     lifecycle: Lifecycle = field(init=False)
@@ -203,6 +205,8 @@ class ReplayRun:
             self.ledger.apply(event)
         self.lifecycle.all_running(placement.job, now)
         self.waits.setdefault(placement.job, now - arrival.at)
+        if self.spans is not None:
+            self.spans.record(placement)
         onprem = placement.cluster in self.onprem
         for pod in placement.pods:
             if onprem:
