@@ -36,6 +36,7 @@ GAUGES = frozenset({
     "fedbroker_gpus",
     "fedbroker_cluster_gpus",
     "fedbroker_largest_gang_gpus",
+    "fedbroker_topology_largest_gang_gpus",
     "fedbroker_stranded_gpus",
     "fedbroker_pending_jobs",
     "fedbroker_pending_gpus",
