@@ -360,6 +360,7 @@ def test_dashboard_panels_do_not_overlap() -> None:
     [
         r"fedbroker_gpus\b.*\bstate\b",
         r"fedbroker_largest_gang_gpus",
+        r"fedbroker_topology_largest_gang_gpus",
         r"fedbroker_stranded_gpus",
         r"fedbroker_pending_jobs",
         r"fedbroker_pending_gpus",
