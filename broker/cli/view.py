@@ -6,6 +6,7 @@ events) are read from the API's JSON bodies (``snapshot_from_json``: ``/v1/clust
 takes those bodies from its own service, and ``top``, which fetches them over HTTP, draw
 the same thing. ``render`` is one pure function from a snapshot (and the banner above it)
 to a rich renderable: no clock, no I/O; ages are counted from ``Snapshot.at``.
+A cluster's topology domains are drawn by ``broker.cli.view_topology``.
 ``status_line`` is the compact one-line form for a non-terminal (``--plain``).
 """
 
@@ -24,6 +25,8 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+from broker.cli.view_topology import DomainLines, LevelView, levels_from_json
 
 BAR_WIDTH = 24
 EVENTS_SHOWN = 8
@@ -56,6 +59,7 @@ class ClusterRow:
     stale: bool
     connected: bool | None
     gpus: tuple[GpuRow, ...]
+    topology: tuple[LevelView, ...] = ()  # its declared levels' domains, widest first
 
     @property
     def largest_gang(self) -> GpuRow | None:
@@ -142,6 +146,7 @@ def clusters_from_json(doc: Mapping[str, Any]) -> tuple[ClusterRow, ...]:
         rows.append(ClusterRow(
             str(c.get("cluster", "")), str(c.get("kind", "")), bool(c.get("stale")),
             connected if isinstance(connected, bool) else None, gpus,
+            levels_from_json(c.get("topology")),
         ))  # fmt: skip
     return tuple(rows)
 
@@ -315,14 +320,21 @@ def _events_table(events: Sequence[EventRow], at: float) -> Table:
 
 def render(snapshot: Snapshot, banner: RenderableType | None = None) -> RenderableType:
     """The whole view: ``banner`` (if any) on top, then clusters (a bar per GPU type:
-    used, reserved, free; the largest placeable gang), queues (pending, oldest wait),
-    burst pools (nodes ready and coming, cost per hour) and the last job events."""
+    used, reserved, free; the largest placeable gang), a line per cluster and topology
+    level (its domains' whole free nodes, the largest gang inside one domain), queues
+    (pending, oldest wait), burst pools (nodes ready and coming, cost per hour) and the
+    last job events."""
     parts: list[RenderableType] = []
     if banner is not None:
         parts.append(banner)
     if snapshot.error:
         parts.append(Text(f"! {snapshot.error}", style="bold red"))
     parts.append(_clusters_table(snapshot.clusters, snapshot.source))
+    levels = [(c.name, level) for c in snapshot.clusters for level in c.topology]
+    if levels:
+        parts.append(Text("Topology", style="bold").append(
+            "   whole free nodes / nodes per domain", style="grey50"))  # fmt: skip
+        parts.append(DomainLines(levels))
     middle: list[RenderableType] = [_queues_table(snapshot.queues)]
     if snapshot.pools:
         middle.append(_pools_table(snapshot.pools))

@@ -11,6 +11,8 @@ from broker.config.document import Config, validated
 from broker.store import sqlite_url
 
 DEMO_TENANTS = ("team-a", "team-b", "admin")
+# onprem-a's topology levels (Kueue's example keys): racks of 4 alike nodes, blocks of 2 racks
+BLOCK, RACK = "cloud.provider.com/topology-block", "cloud.provider.com/topology-rack"
 
 
 def _openb_shapes(*gpu_types: str) -> list[dict[str, Any]]:
@@ -27,7 +29,8 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
     """The federation ``fedbroker demo`` runs: two on-prem clusters of real openb node
     shapes (counts scaled to a few dozen nodes, no H100 anywhere) and a cloud burst pool.
 
-    onprem-a: G2 x8, T4 x2, V100M32 x8 at 5 % of openb's counts = 47 nodes, 262 GPUs.
+    onprem-a: G2 x8, T4 x2, V100M32 x8 at 5 % of openb's counts = 47 nodes, 262 GPUs, in
+    racks of 4 alike nodes and blocks of 2 racks (so topology requests have domains to go to).
     onprem-b: P100 x2, G3 x8, V100M16 x4 at 15 % = 30 nodes, 104 GPUs.
     cloud-burst: empty; the simulated pool cloud-a100 grows it by A100 x8 nodes (up to 16,
     20 s to come up, back after 60 s idle), priced like an on-demand p4d.24xlarge
@@ -36,11 +39,13 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
     missing = [name for name in DEMO_TENANTS if not tokens.get(name)]
     if missing:
         raise ValueError(f"demo tokens missing for: {', '.join(missing)}")
-    openb_a = {"shapes": _openb_shapes("G2", "T4", "V100M32"), "scale": 0.05}
+    racks = {"levels": [BLOCK, RACK], "nodesPerRack": 4, "racksPerBlock": 2}
+    openb_a = {"shapes": _openb_shapes("G2", "T4", "V100M32"), "scale": 0.05, "topology": racks}
     openb_b = {"shapes": _openb_shapes("P100", "G3", "V100M16"), "scale": 0.15}
     cloud = {"shapes": [], "launchDelaySeconds": 5.0}  # empty until the pool grows it
     clusters: list[dict[str, Any]] = [
-        {"name": "onprem-a", "labels": {"region": "eu"}, "source": {"simulated": openb_a}},
+        {"name": "onprem-a", "labels": {"region": "eu"}, "topologyLevels": [BLOCK, RACK],
+         "source": {"simulated": openb_a}},
         {"name": "onprem-b", "labels": {"region": "us"}, "source": {"simulated": openb_b}},
         {"name": "cloud-burst", "kind": "cloud", "labels": {"region": "eu"},
          "costPerGpuHour": 4.1, "source": {"simulated": cloud}},

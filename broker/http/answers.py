@@ -152,6 +152,30 @@ class GpuTypeCapacity(Out):
     gang_gpus_per_pod: int
 
 
+class TopologyDomain(Out):
+    domain: str = Field(description="the level's label value")
+    nodes: int = Field(description="schedulable GPU nodes")
+    free_nodes: int = Field(description="of them, with every GPU free")
+    gpus: int
+    free_gpus: float
+
+
+class DomainGang(Out):
+    gpu_type: str
+    largest_gang: int = Field(description="pods of gangGpusPerPod whole GPUs in one domain")
+    domain: str = Field(description="where (empty: no domain takes one pod)")
+
+
+class TopologyLevel(Out):
+    level: str = Field(description="the node label key")
+    name: str = Field(description="its short name (rack for .../topology-rack)")
+    domains: list[TopologyDomain] = Field(description="by label value, at most 64")
+    more: int = Field(description="domains not listed")
+    unlabelled: int = Field(description="schedulable GPU nodes without the label")
+    largest_gangs: list[DomainGang]
+    gang_gpus_per_pod: int
+
+
 class ClusterCapacity(Out):
     cluster: str
     kind: Literal["onprem", "cloud"]
@@ -161,6 +185,9 @@ class ClusterCapacity(Out):
     # Kubernetes members only: is the watch connected, and how often it relisted.
     connected: bool | None = None
     relists: int | None = None
+    topology: list[TopologyLevel] = Field(
+        default_factory=list, description="its declared topology levels, widest first"
+    )
 
 
 class Clusters(Out):

@@ -7,10 +7,10 @@ on counters, and never a job or user ID as a label.
   cluster, stage and cause, preemptions, the wait from submission to running per queue,
   the placement decision's latency);
 * ``ServiceCollector``: gauges (and counters the service keeps itself) computed at scrape
-  time from the read model: GPUs per cluster, GPU type and state, the largest gang placeable,
-  stranded GPUs, pending jobs and GPU demand and the oldest pending gang per queue, cluster
-  staleness and watches, burst pools (and whether each could be read), the event bus,
-  leadership.
+  time from the read model: GPUs per cluster, GPU type and state, the largest gang placeable
+  (in the cluster, and inside one domain of each topology level), stranded GPUs, pending
+  jobs and GPU demand and the oldest pending gang per queue, cluster staleness and watches,
+  burst pools (and whether each could be read), the event bus, leadership.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from broker.service.events import EventBus
 from broker.service.readmodel import (
+    GANG_GPUS,
     Availability,
     CapacityRow,
     ClusterRow,
@@ -135,6 +136,7 @@ class ServiceCollector(Collector):
         yield pending
         clusters = self._model.clusters()
         yield from _cluster_metrics(clusters)
+        yield _topology_metric(clusters)
         yield from _capacity_metrics(self._model.capacity(clusters))
         yield from _queue_metrics(queues)
         yield from _pool_metrics(self._model.pools())
@@ -192,6 +194,23 @@ def _cluster_metrics(clusters: list[ClusterRow]) -> Iterator[Metric]:
     yield stale
     yield connected
     yield relists
+
+
+def _topology_metric(clusters: list[ClusterRow]) -> Metric:
+    """Per cluster, declared level and GPU type: GPUs of the largest gang of 8-GPU pods that
+    fits inside one domain of the level (the read model's rows: nothing per decision)."""
+    largest = GaugeMetricFamily(
+        "fedbroker_topology_largest_gang_gpus",
+        "GPUs of the largest gang of 8-GPU pods that could be placed now inside one domain "
+        "of a topology level (a node label key the cluster declares)",
+        labels=["cluster", "level", "gpu_type"],
+    )  # fmt: skip
+    for cluster in clusters:
+        for level in cluster.topology:
+            for gang in level.largest_gangs:
+                labels = [cluster.cluster, level.level, gang.gpu_type]
+                largest.add_metric(labels, float(gang.largest_gang * GANG_GPUS))
+    return largest
 
 
 def _pool_metrics(rows: list[PoolRow]) -> Iterator[Metric]:

@@ -10,7 +10,8 @@ id ``events.mqtt.clientId``, persistent session) and publishes, below the topic 
 ``<prefix>/clusters/<cluster>/capacity``  retained, QoS 1, on change and at most once per
     second per cluster: the cluster's row of ``GET /v1/clusters`` (``ReadModel.clusters()``:
     ``cluster``, ``kind``, ``stale``, ``connected``, ``labels``, ``gpuTypes`` with per GPU
-    type ``total``, ``free``, ``reserved``, ``allocated``, ``largestGang``) plus ``at``.
+    type ``total``, ``free``, ``reserved``, ``allocated``, ``largestGang``; ``topology``:
+    per declared level its domains and largest gang per GPU type) plus ``at``.
 ``<prefix>/jobs/<tenant>/<job>``  QoS 1, not retained, on every committed job change:
     ``{"eventId": <uuid4>, "job", "tenant", "queue", "state", "reason", "cluster",
     "attempts", "at"}``. Delivery is at least once (a message in flight when the

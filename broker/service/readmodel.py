@@ -18,12 +18,12 @@ from broker.core.burst_rows import PoolRow
 from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue
 from broker.model import MILLI_PER_GPU, ClusterCapacity
+from broker.service.domain_rows import GANG_GPUS, DomainRows, LevelRow
 from broker.service.members import KubeMembers
 from broker.service.pool_reading import Availability
 from broker.service.pools import BurstPools
 from policies.stranded import stranded_gpus
 
-GANG_GPUS = 8  # clusters() reports the largest gang of pods of this many whole GPUs
 AgentConnected = Callable[[str], bool | None]  # an agent-fed cluster's link (None: not one)
 
 
@@ -34,7 +34,7 @@ class GpuTypeRow:
     free: float
     reserved: float
     allocated: float
-    largest_gang: int  # pods of GANG_GPUS whole GPUs
+    largest_gang: int  # pods of GANG_GPUS whole GPUs (per topology level: domain_rows)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -53,12 +53,14 @@ class ClusterRow:
     gpu_types: tuple[GpuTypeRow, ...]
     connected: bool  # its watch or agent is heard from (simulated clusters: always)
     relists: int  # full relists of a Kubernetes member
+    topology: tuple[LevelRow, ...] = ()  # its declared levels' domains, widest first
 
     def as_json(self) -> dict[str, Any]:
         return {
             "cluster": self.cluster, "kind": self.kind, "stale": self.stale,
             "labels": dict(self.labels), "gpuTypes": [t.as_json() for t in self.gpu_types],
             "connected": self.connected, "relists": self.relists,
+            "topology": [level.as_json() for level in self.topology],
         }  # fmt: skip
 
 
@@ -182,6 +184,7 @@ class ReadModel:
         self._kube = kube
         self._clock = clock
         self.agents: list[AgentConnected] = []  # MQTT's agent-fed clusters (compose adds)
+        self._domains = DomainRows()
 
     def _connected(self, name: str) -> bool:
         for agent in self.agents:
@@ -199,6 +202,7 @@ class ReadModel:
             rows.append(ClusterRow(
                 name, view.cluster.kind, view.stale, dict(view.cluster.labels),
                 tuple(_gpu_types(view, held)), self._connected(name), self._kube.relists(name),
+                self._domains.of(view),
             ))  # fmt: skip
         return rows
 
@@ -297,6 +301,7 @@ __all__ = [
     "CapacityRow",
     "ClusterRow",
     "GpuTypeRow",
+    "LevelRow",
     "NodeClusterRow",
     "NodeRow",
     "PoolRow",

@@ -36,6 +36,7 @@ GAUGES = frozenset({
     "fedbroker_gpus",
     "fedbroker_cluster_gpus",
     "fedbroker_largest_gang_gpus",
+    "fedbroker_topology_largest_gang_gpus",
     "fedbroker_stranded_gpus",
     "fedbroker_pending_jobs",
     "fedbroker_pending_gpus",
@@ -359,6 +360,7 @@ def test_dashboard_panels_do_not_overlap() -> None:
     [
         r"fedbroker_gpus\b.*\bstate\b",
         r"fedbroker_largest_gang_gpus",
+        r"fedbroker_topology_largest_gang_gpus",
         r"fedbroker_stranded_gpus",
         r"fedbroker_pending_jobs",
         r"fedbroker_pending_gpus",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import urllib.request
 import uuid
@@ -239,6 +240,20 @@ def test_dashboard_shows_the_federation_live(page: Page, demo: Demo, tmp_path: P
     assert counts["onprem-a"] == 47 and counts["onprem-b"] == 30
     titled = page.locator("li.node").first.get_attribute("title") or ""
     assert " GPUs: " in titled and " used, " in titled and " free" in titled
+
+    # onprem-a's blocks and racks: a line per level, its domains as /v1/clusters names
+    # them (their free counts change with the workload: the page's own, not compared).
+    [onprem_a] = [c for c in body["clusters"] if c["cluster"] == "onprem-a"]
+    assert [level["name"] for level in onprem_a["topology"]] == ["block", "rack"]
+    lines = page.locator('article.cluster[data-cluster="onprem-a"] ul.topology li')
+    expect(lines).to_have_count(2)
+    for level in onprem_a["topology"]:
+        line = lines.locator(f'xpath=self::*[@data-level="{level["level"]}"]')
+        expect(line.locator(".level")).to_have_text(level["name"])
+        expect(line.locator(".domains")).to_contain_text(f"{level['domains'][0]['domain']} ")
+        expect(line.locator(".domains")).to_contain_text(" free")
+        expect(line.locator(".gang")).to_contain_text(re.compile(r"^largest \d+ x 8 |fits one"))
+    expect(page.locator('article.cluster[data-cluster="onprem-b"] ul.topology')).to_have_count(0)
 
     # A job submitted through the API shows up without a reload: no H100 anywhere, and
     # not allowed to burst, so it waits in its queue for good.

@@ -26,8 +26,11 @@ store: {{url: "sqlite:///{db}"}}
 scheduler: {{backoffBaseSeconds: 60}}
 clusters:
 - name: a
+  topologyLevels: [example.com/topology-rack]
   source:
-    simulated: {{shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 3}}]}}
+    simulated:
+      shapes: [{{gpuType: A100, gpus: 8, cpu: "96", memory: 1024Gi, count: 3}}]
+      topology: {{levels: [example.com/topology-rack], nodesPerRack: 2}}
 - name: b
   source:
     simulated: {{shapes: [{{gpuType: T4, gpus: 4, cpu: "32", memory: 128Gi, count: 2}}]}}
@@ -121,6 +124,17 @@ async def test_metrics_match_the_ledger_after_placements(tmp_path: Path) -> None
                 assert allocated == total - free - held
                 whole = sum(sum(1 for f in s.gpu_free if f == MILLI_PER_GPU) // 8 for s in states)
                 assert value(found, "fedbroker_largest_gang_gpus", **labels) == whole * 8
+        # Per rack of cluster a (two racks: r0 of 2 nodes, r1 of 1): the largest gang inside
+        # one rack; cluster b declares no level, so it has none.
+        racks: dict[str, int] = defaultdict(int)
+        for state in snapshot.clusters["a"].nodes.values():
+            rack = state.node.labels["example.com/topology-rack"]
+            racks[rack] += sum(1 for f in state.gpu_free if f == MILLI_PER_GPU) // 8
+        assert sorted(racks) == ["r0", "r1"]
+        in_rack = {"cluster": "a", "gpu_type": "A100", "level": "example.com/topology-rack"}
+        topo = "fedbroker_topology_largest_gang_gpus"
+        assert value(found, topo, **in_rack) == max(racks.values()) * 8
+        assert {dict(ls)["cluster"] for n, ls in found if n == topo} == {"a"}
         # A100: the gang took two whole nodes, the 3-GPU pod 3 of the third: 5 free there.
         a100 = {"cluster": "a", "gpu_type": "A100"}
         assert value(found, "fedbroker_gpus", state="free", **a100) == 5

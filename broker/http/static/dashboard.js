@@ -141,6 +141,32 @@
     return cell;
   }
 
+  // A line per declared topology level: each domain's whole free nodes / GPU nodes (as the
+  // API lists them, at most 64, the rest counted), then the largest 8-GPU gang inside one.
+  function topologyLines(c) {
+    const levels = c.topology || [];
+    if (!levels.length) return null;
+    return h("ul", { class: "topology", "aria-label": `${c.cluster} topology domains` },
+      levels.map((lv) => {
+        const best = (lv.largestGangs || []).reduce(
+          (a, g) => (g.largestGang > (a ? a.largestGang : 0) ? g : a), null);
+        const gang = best
+          ? `largest ${best.largestGang} x ${lv.gangGpusPerPod} ${best.gpuType} in ${best.domain}`
+          : `no ${lv.gangGpusPerPod}-GPU pod fits one ${lv.name}`;
+        const parts = lv.domains.map((d, i) => `${d.domain} ${d.freeNodes}/${d.nodes}`
+          + (i === 0 ? " free" : ""));
+        if (lv.more) parts.push(`+${lv.more} more`);
+        const domains = parts.join(", ") || "no domains";
+        const unlabelled = lv.unlabelled
+          ? `; ${lv.unlabelled} GPU nodes without ${lv.level}` : "";
+        const title = `${lv.level}: ${domains}; ${gang}${unlabelled}`;
+        return h("li", { "data-level": lv.level, title },
+          h("span", { class: "level", text: lv.name }),
+          h("span", { class: "domains", text: domains }),
+          h("span", { class: "gang", text: gang }));
+      }));
+  }
+
   function renderClusters(clusters, nodeRows) {
     if (!changed("clusters", [clusters, nodeRows])) return;
     const byName = new Map(nodeRows.map((c) => [c.cluster, c.nodes]));
@@ -178,7 +204,7 @@
             members.map(nodeCell)));
       }));
       return h("article", { class: "cluster", "data-cluster": c.cluster,
-        "aria-label": `cluster ${c.cluster}` }, heading, summary, map, totals);
+        "aria-label": `cluster ${c.cluster}` }, heading, summary, map, totals, topologyLines(c));
     }));
   }
 
