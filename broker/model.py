@@ -8,12 +8,14 @@ as plain values. Capacity arithmetic is in integers: GPUs are counted in milli-G
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, NewType, Protocol, cast
 
+from broker.reasons import Reason as Reason  # noqa: PLC0414 (re-exported: the vocabulary is one import)
+from broker.reasons import ReasonCode as ReasonCode  # noqa: PLC0414 (re-exported: the vocabulary is one import)
 from broker.taints import Taint, Toleration
+from broker.topology import TopologyRequest as TopologyRequest  # noqa: PLC0414 (re-exported: the vocabulary is one import)
 
 MILLI_PER_GPU = 1000
 
@@ -176,20 +178,6 @@ class Cluster:
 
 
 @dataclass(frozen=True, slots=True)
-class TopologyRequest:
-    """Where a pod set's pods sit together: inside one domain of ``required`` (a node label
-    key; never spanning), or of ``preferred`` (falling back to wider levels, then the
-    cluster); both (KAI's two annotations): the narrower ``preferred`` first, falling back
-    no wider than ``required``. And in slices of ``slice_size`` pods, each inside one domain
-    of ``slice_level``. Empty strings: no such constraint (all empty: unconstrained)."""
-
-    required: str = ""
-    preferred: str = ""
-    slice_size: int = 0
-    slice_level: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class PodSet:
     """``count`` identical pods of a job."""
 
@@ -204,18 +192,7 @@ class PodSet:
         if self.count < 1:
             raise ValueError(f"pod set {self.name}: count must be at least 1")
         if self.topology is not None:
-            _check_topology(self.name, self.count, self.topology)
-
-
-def _check_topology(name: str, count: int, topo: TopologyRequest) -> None:
-    """A request the placement could never honour is refused where the pod set is made."""
-    if topo.slice_size < 0 or bool(topo.slice_size) != bool(topo.slice_level):
-        raise ValueError(f"pod set {name}: topology sliceSize and its slice level go together")
-    if topo.slice_size and count % topo.slice_size:
-        raise ValueError(
-            f"pod set {name}: count {count} is not a multiple of topology sliceSize "
-            f"{topo.slice_size}"
-        )
+            self.topology.check(self.name, self.count)
 
 
 PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd"]
@@ -368,33 +345,6 @@ class BurstPlan:
     def total(self) -> int:
         """Nodes the gang needs from the pool, new and claimed."""
         return self.nodes + self.claimed
-
-
-class ReasonCode(enum.StrEnum):
-    STALE = "ClusterStale"
-    SELECTOR = "ClusterSelectorMismatch"
-    GPU_TYPE = "NoAllowedGpuType"
-    INSUFFICIENT_GPUS = "InsufficientGpus"
-    NODE_FIT = "NoNodeFits"
-    GANG_TOO_LARGE = "GangLargerThanNodeLevelFit"
-    TAINT = "Taint"
-    CPU_MEMORY = "InsufficientCpuOrMemory"
-    NO_CLUSTERS = "NoClusters"
-    QUOTA = "QuotaExceeded"
-    NO_BURST_POOL = "NoBurstPool"
-    MISSING = "ClusterLacksWorkloadDependency"
-    TOPOLOGY = "NoTopologyDomainFits"
-
-
-@dataclass(frozen=True, slots=True)
-class Reason:
-    code: ReasonCode
-    message: str
-    cluster: str | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.cluster}: " if self.cluster else ""
-        return f"{where}{self.code}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True)

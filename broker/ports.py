@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from broker.model import CapacityEvent, Placement, PodBound
+from broker.topology import Domains as Domains  # noqa: PLC0414 (re-exported: the vocabulary is one import)
 
 # -- errors ----------------------------------------------------------------------------------
 
@@ -152,27 +153,6 @@ class MemberResource:
     version: str
     plural: str
     namespaced: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Domains:
-    """Where a pod set with a topology request must stay when the member's gang scheduler
-    picks the nodes (delegate mode), as its placed nodes' labels say: ``shared``
-    ``{level key: value}`` all its pods share; with ``slice_size``, ``slices``: each slice's
-    (pod index // slice_size) ``{slice level: value}`` when they differ. ``unresolved``: a
-    required level the placed nodes do not share as read now: no launch without it."""
-
-    shared: Mapping[str, str] = field(default_factory=dict)
-    slice_size: int = 0
-    slices: tuple[Mapping[str, str], ...] = ()
-    unresolved: str = ""
-
-    def of_pod(self, index: int) -> dict[str, str]:
-        """The ``{level key: value}`` pod ``index`` of the pod set must stay in."""
-        out = dict(self.shared)
-        if self.slices and self.slice_size:
-            out.update(self.slices[min(index // self.slice_size, len(self.slices) - 1)])
-        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,11 @@ def add_bench_command(sub: Any) -> None:
         "dropped afterwards (default: SQLite in a temp dir)",
     )  # fmt: skip
     _add_cycle_and_restart(cmd)
+    _add_plans_and_topology(cmd)
+
+
+def _add_plans_and_topology(cmd: Any) -> None:
+    """The flags of the plans and topology benchmarks (``--plans``, ``--topology``)."""
     cmd.add_argument(
         "--plans", action="store_true",
         help="one tenant's read latency, alone and while 4 clients of another (read-only "
