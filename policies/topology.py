@@ -334,12 +334,21 @@ def _reasons(t: Tentative, job: Job, ps: PodSet, short: Short | None) -> list[Re
     name = t.view.name
     if short is not None:
         return [Reason(ReasonCode.TOPOLOGY, _shortfall(ps, name, short), name)]
-    topo = ps.topology
-    assert topo is not None
-    said = f"pod set {ps.name}: cluster {name} declares no topology level {topo.preferred}"
-    ignored = [Reason(ReasonCode.TOPOLOGY, said + "; the preference is ignored here", name)]
-    declared = t.view.cluster.topology_levels
-    return [*diagnose(job, t.view), *(ignored if topo.preferred not in declared else [])]
+    return [*diagnose(job, t.view), *ignored_preferences(job, t.view, ps)]
+
+
+def ignored_preferences(job: Job, view: ClusterCapacity, only: PodSet | None = None) -> list[Reason]:
+    """Explain's note, for a cluster that cannot take the job at all, that a preferred
+    level it does not declare is ignored there (of ``only``, or of every pod set)."""
+    declared = view.cluster.topology_levels
+    notes = []
+    for ps in job.pod_sets if only is None else (only,):
+        topo = ps.topology
+        if topo is not None and topo.preferred and topo.preferred not in declared:
+            said = f"pod set {ps.name}: cluster {view.name} declares no topology level "
+            said += f"{topo.preferred}; the preference is ignored here"
+            notes.append(Reason(ReasonCode.TOPOLOGY, said, view.name))
+    return notes
 
 
 def _place_requested(t: Tentative, job: Job, ps: PodSet, choose: Chooser) -> Placed | list[Reason]:

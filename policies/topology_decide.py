@@ -31,8 +31,17 @@ from broker.model import (
     Unplaceable,
 )
 from policies.domains import DomainRooms
-from policies.framework import Chooser, ClusterFit, to_placement, unplaceable
-from policies.topology import Short, Step, Tentative, _chain, _reasons, _step, place_job
+from policies.framework import Chooser, ClusterFit, diagnose, to_placement, unplaceable
+from policies.topology import (
+    Short,
+    Step,
+    Tentative,
+    _chain,
+    _reasons,
+    _step,
+    ignored_preferences,
+    place_job,
+)
 
 
 def by_order(_: ClusterFit, index: int) -> tuple[object, ...]:
@@ -60,6 +69,9 @@ def decide(
         best = _each(listed, choose, reasons, tie)
     if best is not None:
         return to_placement(job, best, policy)
+    for name, view in snapshot.clusters.items():
+        if name not in reasons:  # ruled out before any placement: say so as usual, and why
+            reasons[name] = [*diagnose(job, view), *ignored_preferences(job, view)]
     return unplaceable(job, snapshot, reasons)
 
 

@@ -108,12 +108,15 @@ def test_required_and_preferred_together_prefer_the_narrower_and_never_span_the_
     assert isinstance(make_policy(policy).decide(over, ledger.snapshot()), Unplaceable)
 
 
-def test_a_preferred_level_the_cluster_does_not_declare_is_ignored_and_explain_says_so() -> None:
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_preferred_level_the_cluster_does_not_declare_is_ignored_and_explain_says_so(
+    policy: str,
+) -> None:
     ledger = fed({"dc": topo_nodes(DC)}, levels=(RACK,))
-    p = place("gang", tgang("g", 3, 8, preferred=BLOCK), ledger)
+    p = place(policy, tgang("g", 3, 8, preferred=BLOCK), ledger)
     assert len(p.pods) == 3
     no = as_unplaceable(
-        make_policy("binpack").decide(tgang("h", 6, 8, preferred=BLOCK), ledger.snapshot())
+        make_policy(policy).decide(tgang("h", 6, 8, preferred=BLOCK), ledger.snapshot())
     )
     assert [r.code for r in no.for_cluster("dc")] == [
         ReasonCode.INSUFFICIENT_GPUS,
