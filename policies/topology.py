@@ -337,7 +337,9 @@ def _reasons(t: Tentative, job: Job, ps: PodSet, short: Short | None) -> list[Re
     return [*diagnose(job, t.view), *ignored_preferences(job, t.view, ps)]
 
 
-def ignored_preferences(job: Job, view: ClusterCapacity, only: PodSet | None = None) -> list[Reason]:
+def ignored_preferences(
+    job: Job, view: ClusterCapacity, only: PodSet | None = None
+) -> list[Reason]:
     """Explain's note, for a cluster that cannot take the job at all, that a preferred
     level it does not declare is ignored there (of ``only``, or of every pod set)."""
     declared = view.cluster.topology_levels
