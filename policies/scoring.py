@@ -207,7 +207,11 @@ class NodeScoringPolicy:
             else:
                 open_views.append((job, view))
         tie = _by_score if self.best_cluster else by_order
-        return decide_topology(job, snapshot, open_views, self.chooser, self.name, reasons, tie)
+        # A shuffling policy's chooser draws random numbers: its outcomes are not kept.
+        remember = self.rng is None
+        return decide_topology(
+            job, snapshot, open_views, self.chooser, self.name, reasons, tie, remember
+        )
 
 
 def _by_score(fit: ClusterFit, _: int) -> tuple[object, ...]:

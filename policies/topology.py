@@ -353,19 +353,30 @@ def ignored_preferences(
     return notes
 
 
-def _place_requested(t: Tentative, job: Job, ps: PodSet, choose: Chooser) -> Placed | list[Reason]:
-    """One pod set with a request: (the state after it, levels wider than asked, whole free
-    nodes left in its domain) or the reasons."""
-    chain = _chain(t, ps)
+def walk(
+    t: Tentative, job: Job, ps: PodSet, choose: Chooser, rooms: DomainRooms | None = None
+) -> Placed | Short | list[Reason] | None:
+    """One pod set with a request along its whole chain: placed (the state after it, levels
+    wider than asked, whole free nodes left in its domain), the shortfall explain names
+    (None: the usual reasons), or why the cluster is unfit."""
     short: Short | None = None
-    for step in chain:
+    for step in _chain(t, ps):
         if isinstance(step, Reason):
             return [step]
-        done = _step(t, job, ps, step, short, choose)
+        done = _step(t, job, ps, step, short, choose, None, rooms)
         if isinstance(done, tuple):
             return done
         short = done
-    return _reasons(t, job, ps, short)
+    return short
+
+
+def _place_requested(t: Tentative, job: Job, ps: PodSet, choose: Chooser) -> Placed | list[Reason]:
+    """One pod set with a request: (the state after it, levels wider than asked, whole free
+    nodes left in its domain) or the reasons."""
+    done = walk(t, job, ps, choose)
+    if isinstance(done, tuple | list):
+        return done
+    return _reasons(t, job, ps, done)
 
 
 def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:

@@ -1,14 +1,14 @@
 """``fedbroker bench --topology``: gang decisions per second with topology requests, against
-the same decisions without them, on the same jobs and the same federation.
-
-The federation is ``fedbroker bench``'s (8-GPU nodes of mixed types, pre-filled to about
-60 % through the real ledger) with a synthetic topology laid over each cluster's nodes in
-their order: racks of ``rack_nodes`` nodes, blocks of ``block_racks`` racks, both levels
-declared (block, then rack). The gangs are the benchmark's gangs (8 pods x 8 GPUs, a fifth
-asking for A100 or H100) decided by the gang policy three ways: without a request, with a
-required rack and with a preferred rack. Each figure is timed as ``fedbroker bench`` times
-its own (snapshot + decide + assume + forget, median of its rounds), and the ratio of the
-figure without requests to each figure with them is what the issue bounds (1.5).
+the same decisions without them, on the same jobs and the same federation. The federation is
+``fedbroker bench``'s (8-GPU nodes of mixed types, pre-filled to about 60 % through the real
+ledger) with the simulator's topology laid over each cluster's nodes
+(``adapters.simulated.lay_topology``): racks of ``rack_nodes`` alike nodes, blocks of
+``block_racks`` racks, both levels declared (block, then rack). The gangs are the
+benchmark's gangs (8 pods x 8 GPUs, a fifth asking for A100 or H100) decided by the gang
+policy three ways: without a request, with a required rack and with a preferred rack. Each
+figure is timed as ``fedbroker bench`` times its own (snapshot + decide + assume + forget,
+median of its rounds), and the ratio of the figure without requests to each figure with them
+is what the issue bounds (1.5).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from adapters.simulated import lay_topology
 from broker.bench.decisions import (
     GPUS_PER_NODE,
     gang_jobs,
@@ -29,7 +30,7 @@ from broker.bench.decisions import (
     prefill,
 )
 from broker.core.ledger import Ledger
-from broker.model import MILLI_PER_GPU, Cluster, Job, Node, PodSet, TopologyRequest
+from broker.model import MILLI_PER_GPU, Cluster, Job, PodSet, TopologyRequest
 from policies import make_policy
 
 BLOCK = "bench.fedbroker.io/topology-block"
@@ -56,18 +57,6 @@ class TopologyPoint:
         return self.per_s["none"] / max(self.per_s[kind], 1e-9)
 
 
-def lay_topology(nodes: Sequence[Node], rack_nodes: int, block_racks: int) -> list[Node]:
-    """The nodes, in their order, labelled into racks of ``rack_nodes`` and blocks of
-    ``block_racks`` racks (the last ones may be short)."""
-    laid = []
-    for i, n in enumerate(nodes):
-        rack = i // rack_nodes
-        block = rack // block_racks
-        labels = {**n.labels, BLOCK: f"b{block:03d}", RACK: f"b{block:03d}-r{rack:04d}"}
-        laid.append(dataclasses.replace(n, labels=labels))
-    return laid
-
-
 def build_topology_federation(
     clusters: int, nodes_per_cluster: int, seed: int, rack_nodes: int, block_racks: int
 ) -> Ledger:
@@ -78,7 +67,7 @@ def build_topology_federation(
     for c in range(clusters):
         cluster = Cluster(f"cluster-{c:03d}", topology_levels=(BLOCK, RACK))
         nodes = generate_cluster_nodes(c, nodes_per_cluster, rng)
-        ledger.add_cluster(cluster, lay_topology(nodes, rack_nodes, block_racks))
+        ledger.add_cluster(cluster, lay_topology(nodes, (BLOCK, RACK), rack_nodes, block_racks))
     prefill(ledger, rng)
     return ledger
 

@@ -15,7 +15,6 @@ from broker.bench import decisions as bench
 from broker.bench.decisions import (
     build_federation,
     gang_jobs,
-    generate_cluster_nodes,
     ledger_state,
     measure,
     single_pod_jobs,
@@ -191,12 +190,16 @@ def test_topology_bench_times_the_same_gangs_with_and_without_requests(
     assert doc["nodes"] == 80 and doc["rack_nodes"] == 4 and doc["block_racks"] == 8
 
 
-def test_the_topology_laid_over_the_nodes_is_racks_inside_blocks() -> None:
-    from broker.bench.topology import BLOCK, RACK, lay_topology
+def test_the_topology_federation_lays_racks_of_alike_nodes_inside_blocks() -> None:
+    from broker.bench.topology import BLOCK, RACK, build_topology_federation
 
-    nodes = lay_topology(generate_cluster_nodes(0, 10, random.Random(0)), 2, 3)
-    racks = [n.labels[RACK] for n in nodes]
-    blocks = [n.labels[BLOCK] for n in nodes]
-    assert len(set(racks)) == 5 and len(set(blocks)) == 2
-    assert blocks.count(blocks[0]) == 6  # three racks of two nodes
-    assert all(n.labels["gpu-type"] for n in nodes)  # the generated labels stay
+    ledger = build_topology_federation(1, 40, 0, rack_nodes=4, block_racks=3)
+    view = ledger.snapshot().clusters["cluster-000"]
+    assert view.cluster.topology_levels == (BLOCK, RACK)
+    racks: dict[str, set[object]] = {}
+    for state in view.nodes.values():
+        node = state.node
+        assert node.labels[RACK].startswith(node.labels[BLOCK] + "-")
+        racks.setdefault(node.labels[RACK], set()).add((node.gpu_type, node.allocatable))
+    assert all(len(kinds) == 1 for kinds in racks.values())  # a rack holds one kind of node
+    assert len(racks) >= 40 // 4

@@ -80,3 +80,35 @@ def test_decisions_reading_the_memo_are_those_of_views_that_remember_nothing() -
             if rng.random() < 0.4:
                 ledger.forget(held.pop(rng.randrange(len(held))))
     assert held  # the stream placed gangs, so later decisions read memos of written views
+
+
+def test_outcomes_kept_in_the_memo_decide_as_the_level_by_level_search_does() -> None:
+    """Each scoring policy's decision with every candidate's outcome kept in the memo
+    (``remember``) is the one of the search that walks the candidates level by level,
+    skipping what cannot win, as a shuffling policy's is."""
+    from policies.scoring import NodeScoringPolicy
+    from policies.topology_decide import by_order, decide
+
+    rng = random.Random(11)
+    ledger = Ledger()
+    for c in range(3):
+        ledger.add_cluster(Cluster(f"c{c}", topology_levels=(BLOCK, RACK)), racked(c, 18, rng))
+    seen: set[type] = set()
+    for step in range(90):
+        policy = make_policy(rng.choice(["binpack", "spread", "firstfit"]))
+        assert isinstance(policy, NodeScoringPolicy)
+        level = rng.choice([RACK, BLOCK])
+        request = rng.choice([TopologyRequest(required=level), TopologyRequest(preferred=level)])
+        res = Resources(gpus=rng.choice([2, 4, 8]), cpu_milli=1000, memory_mib=1000)
+        j = Job(f"j{step}", (PodSet("w", rng.randint(1, 6), res, topology=request),))
+        snapshot = ledger.snapshot()
+        views = [(j, v) for v in policy.order(list(snapshot.clusters.values()))]
+        decisions = [
+            decide(j, snapshot, views, policy.chooser, policy.name, {}, by_order, remember)
+            for remember in (True, True, False)  # the second reads what the first kept
+        ]
+        assert decisions[0] == decisions[1] == decisions[2], step
+        seen.add(type(decisions[0]))
+        if isinstance(decisions[0], Placement):
+            ledger.assume(decisions[0])
+    assert len(seen) == 2  # placed and explained both
