@@ -304,7 +304,9 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class BurstPool:
     """A cloud node pool that grows a member cluster (a Cluster API MachineDeployment or a
-    simulated one): every node it adds is alike, ``node`` being what each offers."""
+    simulated one): every node it adds is alike, ``node`` being what each offers, and joins
+    the domains ``topology_labels`` names (level key -> value) of the levels its cluster
+    declares (``topology_levels``)."""
 
     name: str
     cluster: str
@@ -315,6 +317,8 @@ class BurstPool:
     cost_per_node_hour: float = 0.0
     provision_seconds: float = 0.0
     cluster_labels: Mapping[str, str] = field(default_factory=dict)
+    topology_levels: tuple[str, ...] = ()
+    topology_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

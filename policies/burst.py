@@ -10,9 +10,17 @@ gang has claimed count first (``PoolState.unclaimed``), so a demand is never sca
 Existing free capacity in the pool's cluster is deliberately not counted: it is not held for
 the gang, and if other work took it meanwhile the gang would still not fit on arrival.
 
-Which pool: of those that allow the job (GPU type, cluster selector), are not backing off
-after a failure and can grow by the nodes needed within their maximum, the cheapest per hour
-for the nodes added, then the fastest to provision, then by name.
+Which pool: of those that allow the job (GPU type, cluster selector), whose new nodes can
+hold it as its topology request asks, are not backing off after a failure and can grow by
+the nodes needed within their maximum, the cheapest per hour for the nodes added, then the
+fastest to provision, then by name.
+
+Topology: a pod set that requires one domain of a level (``required``, or each slice one of
+``slice_level``) can burst into a pool only if the pool's cluster declares the level and the
+pool's ``topology_labels`` name it. Every node a pool adds carries the same labels, so the
+gang on the new nodes alone lies inside one domain of every level named; a pool that names
+no value for the level gives no such promise and is refused (``topology``). A ``preferred``
+level never refuses a pool: the placement falls back to the cluster.
 """
 
 from __future__ import annotations
@@ -21,9 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from broker.model import BurstPlan, Job, PoolState, Resources
+from broker.model import BurstPlan, BurstPool, Job, PoolState, Resources
+from policies.topology import level_name
 
-RefusalCode = Literal["no-pools", "backing-off", "gpu-type", "selector", "node-shape", "maximum"]
+RefusalCode = Literal[
+    "no-pools", "backing-off", "gpu-type", "selector", "topology", "node-shape", "maximum"
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,4 +145,29 @@ def _refusal(job: Job, state: PoolState) -> Refusal | None:
         if pool.cluster_labels.get(key) != value:
             message = f"cluster {pool.cluster} does not match the selector {key}={value}"
             return Refusal(pool.name, "selector", message)
+    return _topology_refusal(job, pool)
+
+
+def _topology_refusal(job: Job, pool: BurstPool) -> Refusal | None:
+    """The first level a pod set needs one domain of that the pool's new nodes do not
+    join (a preferred level is never needed)."""
+    for ps in job.pod_sets:
+        topo = ps.topology
+        if topo is None:
+            continue
+        for key in (topo.required, topo.slice_level):
+            if not key:
+                continue
+            if key not in pool.topology_levels:
+                message = (
+                    f"cluster {pool.cluster} declares no topology level {key}, which pod set "
+                    f"{ps.name} requires"
+                )
+                return Refusal(pool.name, "topology", message)
+            if key not in pool.topology_labels:
+                message = (
+                    f"its nodes join no {level_name(key)} (its topologyLabels name no such "
+                    f"level), which pod set {ps.name} requires"
+                )
+                return Refusal(pool.name, "topology", message)
     return None

@@ -25,7 +25,7 @@ from policies.burst import NoBurst, plan
 # the service's (``unavailable``: a pool not read yet, so not in the controller).
 OptionCode = Literal[
     "not-allowed", "autoscaler", "no-pools", "backing-off", "gpu-type", "selector",
-    "node-shape", "maximum", "unavailable",
+    "topology", "node-shape", "maximum", "unavailable",
 ]  # fmt: skip
 
 

@@ -134,7 +134,8 @@ class BurstPools:
         spec = BurstPool(
             pc.name, pc.cluster, GpuType(str(shape.gpu_type)), shape.node,
             shape.min_nodes or 0, shape.max_nodes or 0, pc.cost_per_node_hour,
-            pc.provision_seconds, dict(cluster.labels),
+            pc.provision_seconds, dict(cluster.labels), tuple(cluster.topology_levels),
+            dict(pc.topology_labels),
         )  # fmt: skip
         self.controller.add_pool(
             spec, shape.replicas, existing, pc.owner, pc.burst_after_seconds,

@@ -88,8 +88,9 @@ def start_bursting(
     node_labels: Mapping[str, str] | None = None,
 ) -> Bursting:
     """The pool's cloud cluster joins empty, declaring ``levels``; the pool's nodes carry
-    ``node_labels`` (their domains). The controller starts with the pool at zero."""
-    spec = config.pool
+    ``node_labels`` (their domains), which the planner is told too, so a gang requiring a
+    level bursts only when they name it. The controller starts with the pool at zero."""
+    spec = replace(config.pool, topology_levels=levels, topology_labels=dict(node_labels or {}))
     per_gpu = spec.cost_per_node_hour / spec.node.gpus if spec.node.gpus else 0.0
     cluster = Cluster(spec.cluster, dict(spec.cluster_labels), "cloud", per_gpu, levels)
     fed.add(cluster, [])

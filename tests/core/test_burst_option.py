@@ -11,9 +11,14 @@ from test_burst import gang, pool
 from broker.core.burst import BurstController, BurstSettings, ScaleTo
 from broker.core.burst_option import BurstOption
 from broker.core.ledger import Ledger
-from broker.model import GpuType, Job
+from broker.model import GpuType, Job, PodSet, Resources, TopologyRequest
 
 T0 = 1_000.0
+RACK = "cloud.provider.com/topology-rack"
+RACK_GANG = Job(
+    "rack", (PodSet("worker", 2, Resources(gpus=8), topology=TopologyRequest(required=RACK)),),
+    allow_burst=True,
+)  # fmt: skip
 EMPTY = Ledger().snapshot()  # the pools' clusters have no nodes yet
 
 
@@ -68,6 +73,7 @@ def _codes(option: BurstOption) -> list[tuple[str, str]]:
         (Job("local", gang().pod_sets), "not-allowed"),  # allowBurst not set
         (gang(gpu_types=frozenset({GpuType("H100")})), "gpu-type"),
         (gang(cluster_selector={"region": "us"}), "selector"),
+        (RACK_GANG, "topology"),  # its cluster declares no rack, its nodes join none
         (gang(pods=1, gpus=16), "node-shape"),
         (gang(pods=17), "maximum"),  # the pool's maximum is 16 nodes
     ],
