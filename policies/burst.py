@@ -166,8 +166,8 @@ def _topology_refusal(job: Job, pool: BurstPool) -> Refusal | None:
                 return Refusal(pool.name, "topology", message)
             if key not in pool.topology_labels:
                 message = (
-                    f"its nodes join no {level_name(key)} (its topologyLabels name no such "
-                    f"level), which pod set {ps.name} requires"
+                    f"pod set {ps.name} requires one {level_name(key)}, and its topologyLabels "
+                    "name no value of that level for the nodes it adds"
                 )
                 return Refusal(pool.name, "topology", message)
     return None

@@ -62,8 +62,8 @@ def test_the_refusal_names_the_level_and_why() -> None:
     result = plan(asking(TopologyRequest(required=RACK)), [PoolState(racked(), 0)])
     assert isinstance(result, NoBurst)
     assert result.reasons == (
-        f"cloud: its nodes join no rack ({RACK}) (its topologyLabels name no such level), "
-        "which pod set worker requires",
+        f"cloud: pod set worker requires one rack ({RACK}), and its topologyLabels name no "
+        "value of that level for the nodes it adds",
     )
     undeclared = PoolState(pool(topology_labels=NAMED), 0)
     result = plan(asking(TopologyRequest(slice_size=2, slice_level=RACK)), [undeclared])

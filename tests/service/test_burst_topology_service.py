@@ -111,7 +111,7 @@ async def test_a_pool_naming_no_rack_is_refused_and_explain_says_so(tmp_path: Pa
         assert burst["status"] == "none"
         [refusal] = burst["refusals"]
         assert (refusal["pool"], refusal["code"]) == ("a100", "topology")
-        said = f"its nodes join no rack ({RACK}) (its topologyLabels name no such level)"
+        said = f"pod set worker requires one rack ({RACK}), and its topologyLabels name no value"
         assert refusal["message"].startswith(said)
         assert said in render("explain", doc)
     finally:
