@@ -55,6 +55,7 @@ from policies.framework import (
     ClusterFit,
     Overlay,
     diagnose,
+    largest_fit,
     usable_groups,
 )
 
@@ -406,3 +407,18 @@ def _shortfall(ps: PodSet, cluster: str, short: Short) -> str:
     if not short.where:
         return said + "; none has room for one"
     return said + f"; the largest has room for {short.best} ({short.where})"
+
+
+def largest_fit_in_domains(job: Job, view: ClusterCapacity) -> int:
+    """``largest_fit`` as explain shows it: for a job of one pod set of whole GPUs with a
+    required level, no more than the domain of that level with the most room takes (its
+    shortfall names it; none where the cluster does not declare the level), so the figure
+    never says a gang fits whole where it cannot."""
+    fits = largest_fit(job, view)
+    ps = job.pod_sets[0]
+    level = ps.topology.required if ps.topology is not None else ""
+    if len(job.pod_sets) != 1 or not level or not ps.resources.gpus or not fits:
+        return fits
+    if level not in view.cluster.topology_levels:
+        return 0
+    return min(fits, DomainRooms(view, {}, job, ps).of(level, None)[1].best)

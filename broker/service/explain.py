@@ -32,7 +32,8 @@ from broker.core.scheduler import federation_capacity
 from broker.model import CapacitySnapshot, Job, Placement, Reason, Unplaceable
 from broker.service.budget import Budget, budgeted
 from broker.service.pool_reading import Availability
-from policies.framework import Policy, largest_fit
+from policies.framework import Policy
+from policies.topology import largest_fit_in_domains
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +79,9 @@ def explain_rows(job: Job, policy: Policy, snapshot: CapacitySnapshot) -> tuple[
         decision = policy.decide(job, views.only(snapshot, name))
         reasons = decision.for_cluster(name) if isinstance(decision, Unplaceable) else ()
         rows.append(
-            ExplainRow(name, isinstance(decision, Placement), reasons, largest_fit(job, view))
+            ExplainRow(
+                name, isinstance(decision, Placement), reasons, largest_fit_in_domains(job, view)
+            )
         )
     return tuple(rows)
 

@@ -283,9 +283,9 @@ async def test_a_gang_larger_than_every_rack_waits_and_explain_names_the_level(
         said += "5 pods of 4 GPUs; the largest has room for {} (r1)"
         code = "NoTopologyDomainFits"
         assert doc["clusters"] == [
-            {"cluster": "east", "fits": False, "largestFit": 5,
+            {"cluster": "east", "fits": False, "largestFit": 4,
              "reasons": [{"code": code, "message": said.format("east", 4)}]},
-            {"cluster": "west", "fits": False, "largestFit": 5,
+            {"cluster": "west", "fits": False, "largestFit": 3,
              "reasons": [{"code": code, "message": said.format("west", 3)}]},
         ]  # fmt: skip
         # the one line a list shows for the waiting job says it too
