@@ -269,13 +269,13 @@ def _search(
         else:
             walks.append(_Walk(i, variant, t, chain))  # type: ignore[arg-type]
     best = _walk_across(walks, choose, tie, best, failed)
-    if best is None:
-        for i, out in outcomes.items():
-            failed[i] = _failed(*candidates[i], out)
-        for i in sorted(failed):
+    if best is None:  # each cluster's reasons: its first candidate's that has any
+        for i in sorted({*failed, *outcomes}):
             name = candidates[i][1].name
-            if failed[i] and name not in reasons:
-                reasons[name] = failed[i]
+            if name not in reasons:
+                said = failed[i] if i in failed else _failed(*candidates[i], outcomes[i])
+                if said:
+                    reasons[name] = said
     return None if best is None else best[1]
 
 
