@@ -48,7 +48,8 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
-from broker.cli.render import render, render_finished
+from broker.cli.listing import count_more, more_note, print_answer, sorted_answer
+from broker.cli.output import add_output_options, add_sort_option
 from broker.cli.retrying import (
     DEFAULT_RETRY_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
@@ -58,6 +59,7 @@ from broker.cli.retrying import (
     retry_seconds,
     send_request,
 )
+from broker.cli.tenants import add_tenant_options, find_tenant, tenant_params
 from broker.cli.watching import watch
 from broker.cli.wrap import WrapError, is_plain_object, wrap
 from broker.manifest import ManifestError
@@ -81,8 +83,11 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     ):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("name", help="the job's name (metadata.name)")
+        add_tenant_options(cmd)
     _add_list(sub, common)
-    sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    add_sort_option(
+        sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    )
     sub.add_parser(
         "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
     )
@@ -91,10 +96,7 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
 def _common_options(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     common = parser_class(add_help=False)
     add_connection_options(common)
-    common.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table",
-        help="tables for people, or the API's answer as JSON or YAML for scripts",
-    )  # fmt: skip
+    add_output_options(common)
     common.add_argument(
         "--retry-for",
         type=retry_seconds,
@@ -149,8 +151,11 @@ def _add_list(sub: Any, common: argparse.ArgumentParser) -> None:
         f"{SUBMITTED_BY}=<user> (${USER_ENV}, else your login name)",
     )  # fmt: skip
     lister.add_argument(
-        "--limit", type=_limit, default=100, help="at most this many jobs (1..1000)"
-    )
+        "--limit", type=_limit, default=100,
+        help="at most this many jobs (1..1000); how many more there are is said on stderr",
+    )  # fmt: skip
+    add_sort_option(lister)
+    add_tenant_options(lister)
     lister.add_argument(
         "-w", "--watch", action="store_true",
         help="redraw the list on every job event (from /v1/events) until Ctrl-C",
@@ -196,14 +201,10 @@ def run_client(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 0 if args.command == "list" else 130
-    if args.output == "json":
-        print(json.dumps(doc, indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump(doc, sort_keys=False), end="")
-    elif args.command == "explain" and isinstance(doc, dict) and "finished" in doc:
-        print(render_finished(doc["finished"]))
-    else:
-        print(render(args.command, doc))
+    more = doc.pop("more", None) if args.command == "list" else None
+    print_answer(args, sorted_answer(args.command, doc, getattr(args, "sort_by", None)))
+    if more is not None:
+        more_note(more, args.limit)
     if args.command == "submit":
         note = resubmit_note(status, doc)
         if note:
@@ -215,13 +216,18 @@ async def _answer(args: argparse.Namespace) -> tuple[int, Any]:
     """The command's answer (status, JSON); a list follows its cursor up to --limit; an
     explain of a finished job carries the job (under ``finished``) for the table."""
     if args.command == "list":
-        return 200, await list_jobs(args)
+        doc = await list_jobs(args)
+        if doc["continue"] is not None and args.output in ("table", "wide"):
+            doc["more"] = await count_more(args, list_jobs, doc["continue"])
+        return 200, doc
+    await find_tenant(args, list_jobs)
     status, doc = await exchange(args)
     if (
-        args.command == "explain" and args.output == "table" and isinstance(doc, dict)
-        and doc.get("state") in FINAL_STATES
+        args.command == "explain" and args.output in ("table", "wide")
+        and isinstance(doc, dict) and doc.get("state") in FINAL_STATES
     ):  # fmt: skip
-        _, job = await exchange(args, _Request("GET", f"/v1/jobs/{quote(args.name)}"))
+        job_path = f"/v1/jobs/{quote(args.name)}"
+        _, job = await exchange(args, _Request("GET", job_path, params=tenant_params(args)))
         doc = {**doc, "finished": job}
     return status, doc
 
@@ -230,7 +236,7 @@ async def list_jobs(args: argparse.Namespace) -> dict[str, Any]:
     """Up to --limit jobs: a filtered page may hold fewer (the server reads a bounded
     number of jobs per request), so the cursor is followed until the limit or the end."""
     items: list[Any] = []
-    cursor: str | None = None
+    cursor: str | None = getattr(args, "after", None)
     while True:
         request = _request_for(args)
         request.params["limit"] = str(args.limit - len(items))
@@ -295,11 +301,11 @@ def _request_for(args: argparse.Namespace) -> _Request:
                 return _Request("POST", "/v1/jobs", labelled, content_type="application/json")
             return _Request("POST", "/v1/jobs", body, content_type=kind)
         case "get":
-            return _Request("GET", f"/v1/jobs/{name}")
+            return _Request("GET", f"/v1/jobs/{name}", params=tenant_params(args))
         case "cancel":
-            return _Request("DELETE", f"/v1/jobs/{name}")
+            return _Request("DELETE", f"/v1/jobs/{name}", params=tenant_params(args))
         case "explain":
-            return _Request("GET", f"/v1/jobs/{name}/explain")
+            return _Request("GET", f"/v1/jobs/{name}/explain", params=tenant_params(args))
         case "list":
             return _Request("GET", "/v1/jobs", params=list_params(args))
         case "clusters":
@@ -318,7 +324,7 @@ def list_params(args: argparse.Namespace) -> dict[str, str]:
         ("queue", args.queue), ("state", args.state), ("cluster", args.cluster),
         ("name", args.name), ("selector", ",".join(selectors)),
     )  # fmt: skip
-    params = {k: str(v) for k, v in filters if v}
+    params = {k: str(v) for k, v in filters if v} | tenant_params(args)
     params["limit"] = str(args.limit)
     return params
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any, BinaryIO
 
 import aiohttp
 
-from broker.cli.client import EXIT_ERROR
+from broker.cli.client import EXIT_ERROR, list_jobs
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
@@ -29,7 +28,10 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
+from broker.cli.listing import sorted_answer
+from broker.cli.output import add_output_options, add_sort_option, formatted
 from broker.cli.render import table
+from broker.cli.tenants import add_tenant_options, find_tenant, tenant_params
 
 POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
 CONNECT_TIMEOUT_SECONDS = 30.0
@@ -40,14 +42,16 @@ def add_pods_commands(sub: Any) -> None:
     add_connection_options(common)
     pods = sub.add_parser("pods", parents=[common], help="a placed job's pods")
     pods.add_argument("name", help="the job's name")
-    pods.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                      help="a table for people, or the API's JSON")  # fmt: skip
+    add_output_options(pods)
+    add_sort_option(pods)
+    add_tenant_options(pods)
     logs = sub.add_parser("logs", parents=[common], help="stream a pod's log of a job")
     logs.add_argument("name", help="the job's name")
     logs.add_argument("-p", "--pod", help="the pod (default: the job's first)")
     logs.add_argument("-c", "--container", help="the container (default: the pod's first)")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    add_tenant_options(logs)
 
 
 def run_pods(args: argparse.Namespace) -> int:
@@ -65,8 +69,8 @@ def _run(args: argparse.Namespace, out: BinaryIO) -> int:
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     if args.command == "pods":
-        return f"/v1/jobs/{args.name}/pods", {}
-    params = {"pod": args.pod, "container": args.container,
+        return f"/v1/jobs/{args.name}/pods", tenant_params(args)
+    params = {**tenant_params(args), "pod": args.pod, "container": args.container,
               "tailLines": None if args.tail is None else str(args.tail),
               "follow": "true" if args.follow else None}  # fmt: skip
     return f"/v1/jobs/{args.name}/logs", {k: v for k, v in params.items() if v is not None}
@@ -74,6 +78,7 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
 async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
+    await find_tenant(args, list_jobs)
     path, params = _request(args)
     base = server_url(args)
     token = token_of(args)
@@ -89,7 +94,8 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
                 message = error_of(answer_body(await resp.text()))
                 raise ClientError(http_error(resp.status, message, resp.reason, token))
             if args.command == "pods":
-                out.write(render_pods(await resp.json(), args.output).encode() + b"\n")
+                doc = sorted_answer("pods", await resp.json(), args.sort_by)
+                out.write(render_pods(doc, args.output).encode() + b"\n")
                 return
             async for chunk in resp.content.iter_any():
                 out.write(chunk)
@@ -99,8 +105,10 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
 
 
 def render_pods(doc: Any, output: str = "table") -> str:
-    if output == "json":
-        return json.dumps(doc, indent=2)
+    return formatted(doc, output, _pods_table)
+
+
+def _pods_table(doc: Any) -> str:
     rows = [
         [p.get("name"), p.get("podSet"), p.get("cluster"), p.get("node") or "-", p.get("phase"),
          p.get("restarts"), p.get("slot") or "-"]

@@ -43,6 +43,8 @@ def _job_row(job: dict[str, Any]) -> list[object]:
     ]
 
 
+job_row = _job_row  # a list's row, for tables built around it (broker.cli.listing)
+
 JOB_HEADER = ("NAME", "QUEUE", "STATE", "CLUSTER", "AGE", "REASON")
 
 

@@ -94,7 +94,7 @@ def _drawing(output: str, doc: Any) -> str:
     """One redraw of ``list --watch`` in the chosen output."""
     if output == "json":
         return json.dumps(doc)
-    if output != "table":
+    if output not in ("table", "wide"):
         return "---\n" + yaml.safe_dump(doc, sort_keys=False).rstrip()
     text = render("list", doc)
     if sys.stdout.isatty():
