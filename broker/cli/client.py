@@ -4,10 +4,11 @@ It talks to a running broker over its HTTP API (``broker.cli.connection``: ``--s
 ``$FEDBROKER_SERVER``, a scheme-less ``host:port`` taken as http://, default
 http://127.0.0.1:8080; token from ``--token`` or ``$FEDBROKER_TOKEN``; an https server's
 certificate verified against ``--ca-file`` or ``$FEDBROKER_CA_FILE``, else the system's
-trust store) and prints tables for people (``broker.cli.render``) or ``-o json|yaml`` for
-scripts. Every failure is one line on stderr: the server's own error message (a 401 with
-what sets the token), or why it could not be reached (with how to start a broker). The
-token is sent as a bearer header and never printed.
+trust store; or a context of the client's config file) and prints tables for people
+(``broker.cli.render``) or ``-o json|yaml`` for scripts (``broker.cli.listing``). Every
+failure is one line on stderr: the server's own error message (a 401 with what sets the
+token), or why it could not be reached (with how to start a broker). The token is sent as a
+bearer header and never printed.
 
 ``submit`` labels the job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
 stderr what a known name did (reused a finished one: its next generation; an active one with

@@ -2,11 +2,13 @@
 
 Shared by every command that talks to a running broker (``submit``, ``list``, ``pods``,
 ``logs``, ...): the ``--server``/``--token``/``--ca-file`` options and their environment
-variables, the server's URL (``127.0.0.1:8080`` without a scheme is taken as
-``http://127.0.0.1:8080``; anything else that is not an http(s) URL is refused in one line
-naming the flag or the variable it came from), and the one-line messages for the answers a
-newcomer meets first: a 401 names the variable and flag that set the token, a 403 keeps the
-permission the server named, a refused connection names the URL and how to start a broker.
+variables, the ``--context`` of the client's config file (``broker.cli.contexts``) and the
+order in which they win (``resolved``), the server's URL (``127.0.0.1:8080`` without a
+scheme is taken as ``http://127.0.0.1:8080``; anything else that is not an http(s) URL is
+refused in one line naming the flag or the variable it came from), and the one-line messages
+for the answers a newcomer meets first: a 401 names the variable and flag that set the
+token, a 403 keeps the permission the server named, a refused connection names the URL and
+how to start a broker.
 """
 
 from __future__ import annotations
@@ -208,8 +210,9 @@ def http_error(status: int, message: str | None, reason: str | None, token: str)
     line = " ".join(f"{status} {message or reason or ''}".split())
     if status == 401:
         if not token:
-            return f"{line} (no token given: set ${TOKEN_ENV} or pass --token)"
-        return f"{line} (the token from --token or ${TOKEN_ENV} was not accepted)"
+            return f"{line} (no token given: set ${TOKEN_ENV} or pass --token, or use a context)"
+        source = f"--token or ${TOKEN_ENV}, or the context's"
+        return f"{line} (the token from {source}, was not accepted)"
     return line
 
 

@@ -1,7 +1,7 @@
 """``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD] [-c CONTAINER] [--tail N] [-f]``.
 
 Clients of a running broker like ``broker.cli.client`` (same ``--server``, ``--token``,
-``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o json``),
+``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o yaml|json``),
 ``logs`` streams one pod's log to stdout as it arrives (``-f``: until the pod's log ends or
 the user interrupts). Every failure is one line on stderr (the server's error message).
 """
