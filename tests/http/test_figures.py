@@ -152,3 +152,14 @@ async def test_every_view_says_the_same_figures(tmp_path: Path, wide: None) -> N
                 assert sum(n["gpus"] for n in of_type) == row["total"]
     words = ", ".join(f'"{f.label}"' for f in (*shown, STRANDED, LARGEST_GANG))
     assert f'["GPU", {words}]' in DASHBOARD_JS.read_text()
+
+
+def test_the_glossary_in_the_docs_is_the_one_in_the_code() -> None:
+    docs = (DASHBOARD_JS.parents[3] / "docs" / "observability.md").read_text()
+    rows = [line for line in docs.splitlines() if line.startswith("| ") and "`fedbroker_" in line]
+    for figure in FIGURES:
+        row = next((r for r in rows if r.split("|")[2].strip().startswith(f"`{figure.field}`")), "")
+        assert f"`{figure.column}`" in row, figure.field
+        metric = f"`{figure.metric}" + (f'{{state="{figure.state}"}}`' if figure.state else "`")
+        assert metric in row, figure.field
+        assert figure.meaning.lower().rstrip(")") in row.lower() or figure.per_unit, figure.field
