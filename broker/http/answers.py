@@ -156,7 +156,9 @@ class GpuTypeCapacity(Out):
         "placed now (the metric counts them in GPUs)"
     )
     gang_gpus_per_pod: int
-    stranded: float = Field(description=STRANDED.meaning)
+    stranded: float | None = Field(
+        default=None, description=f"{STRANDED.meaning}; in GET /v1/clusters only"
+    )
 
 
 class TopologyDomain(Out):

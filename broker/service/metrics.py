@@ -135,7 +135,7 @@ class ServiceCollector(Collector):
         for q in queues:
             pending.add_metric([q.name], float(q.pending))
         yield pending
-        clusters = self._model.clusters()
+        clusters = self._model.clusters(stranded_gpus_too=True)
         yield from _cluster_metrics(clusters)
         yield _topology_metric(clusters)
         yield from _capacity_metrics(self._model.capacity(clusters))
