@@ -24,6 +24,7 @@ from controllers import Member, Mode
 from controllers.base import JOBS, PODS, Obj
 from controllers.schedulers import COSCHED, NODES
 from kmock_namespaces import NamespacedEmulator
+from test_topology_federation import foreign_pod, node_obj
 from workload_matrix import T0, config_text, launched, manifest, ours, pod_template, serve
 
 from broker.config import parse_config
@@ -37,30 +38,12 @@ LEVELS = f"  topologyLevels: [{BLOCK}, {RACK}, kubernetes.io/hostname]\n"
 RACKS = {"n1": ("b1", "r1"), "n2": ("b1", "r2"), "n3": ("b2", "r3"), "n4": ("b2", "r3")}
 
 
-def node_obj(name: str) -> Obj:
-    block, rack = RACKS[name]
-    labels = {"nvidia.com/gpu.product": "A100", BLOCK: block, RACK: rack,
-              "kubernetes.io/hostname": name}  # fmt: skip
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {}, "status": {
-                "allocatable": {"nvidia.com/gpu": "4", "cpu": "64", "memory": "256Gi"},
-                "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-
-
-def foreign_pod(name: str, node: str) -> Obj:
-    """Another user's pod of 2 GPUs, running on ``node``."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
-            "spec": {"nodeName": node, "containers": [
-                {"name": "c", "image": "x:1", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
-            "status": {"phase": "Running"}}  # fmt: skip
-
-
 def racked(k8s: NamespacedEmulator, mode: Mode) -> Member:
     member = Member(serve(k8s, mode), mode)
-    for name in RACKS:
-        k8s.objects[NODES, None, name] = node_obj(name)
+    for name, (block, rack) in RACKS.items():
+        k8s.objects[NODES, None, name] = node_obj(name, block, rack)
     for name in ("n1", "n2"):  # half of r1 and of r2 taken
-        k8s.objects[PODS, "ml", f"other-{name}"] = foreign_pod(f"other-{name}", name)
+        k8s.objects[PODS, "ml", f"other-{name}"] = foreign_pod(name, 2)
     return member
 
 
