@@ -16,13 +16,13 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
-from broker.cli.client import EXIT_ERROR
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
     answer_body,
     ca_file_of,
     error_of,
+    exit_status,
     http_error,
     server_url,
     token_of,
@@ -59,7 +59,7 @@ def _run(args: argparse.Namespace, out: BinaryIO) -> int:
         asyncio.run(call(args, out))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
-        return EXIT_ERROR
+        return exit_status(exc)
     return 0
 
 
