@@ -69,6 +69,8 @@ def _render_explain(doc: Any) -> str:
     head = f"{doc.get('job')}: {doc.get('state')}" + (
         f" on {doc['cluster']}" if doc.get("cluster") else ""
     )
+    if doc.get("state") in ("Placed", "Running") and not doc.get("clusters"):
+        return _render_placed(head, str(doc.get("job")))
     rows = [
         [
             c.get("cluster"),
@@ -79,6 +81,17 @@ def _render_explain(doc: Any) -> str:
         for c in doc.get("clusters", [])
     ]
     return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows) + _next(doc)
+
+
+def _render_placed(head: str, name: str) -> str:
+    """``explain`` of a placed or running job: it waits for nothing, so no table of
+    clusters; where to look instead."""
+    return "\n".join((
+        f"{head} (placed: it no longer waits for a cluster)",
+        f"  pods:  fedbroker pods {name}",
+        f"  logs:  fedbroker logs {name}",
+        f"  more:  fedbroker get {name}   (its history)",
+    ))  # fmt: skip
 
 
 # -- explain of a waiting job: what happens next ------------------------------------------
@@ -168,6 +181,7 @@ def _render_clusters(doc: Any) -> str:
             rows.append(
                 [
                     c.get("cluster") or c.get("name"),
+                    "stale" if c.get("stale") else "ready",
                     t.get("gpuType"),
                     t.get("total"),
                     t.get("allocated"),
@@ -176,7 +190,9 @@ def _render_clusters(doc: Any) -> str:
                     t.get("largestGang"),
                 ]
             )
-    return table(("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows)
+    return table(
+        ("CLUSTER", "STATE", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows
+    )
 
 
 def _render_pools(doc: Any) -> str:

@@ -62,3 +62,51 @@ async def test_https_against_a_plain_http_broker_says_it_does_not_speak_tls(
         f"fedbroker: error: the server at https://{server} does not speak TLS; "
         f"use http://{server}\n"
     )
+
+
+async def test_clusters_shows_a_stale_cluster_as_stale(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (_client, service, _clock), server = served
+    service.ledger.set_stale("small-b", True)
+    code, out, _ = await cli(capsys, *as_user(server, "clusters"))
+    assert code == 0
+    header, *rows = (line.split() for line in out.splitlines())
+    assert header[:3] == ["CLUSTER", "STATE", "GPU"]
+    assert {(row[0], row[1]) for row in rows} == {("small-a", "ready"), ("small-b", "stale")}
+
+
+async def test_list_says_every_cluster_is_stale_when_none_can_be_asked(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (_client, service, clock), server = served
+    for name in ("small-a", "small-b"):
+        service.ledger.set_stale(name, True)
+    path = write(tmp_path, manifest("train", pods=1))
+    assert (await cli(capsys, *as_user(server, "submit", "-f", path)))[0] == 0
+    await service.schedule_once(clock.now)
+    code, out, _ = await cli(capsys, *as_user(server, "list"))
+    assert code == 0
+    row = out.splitlines()[1]
+    assert row.split()[:3] == ["train", "training", "Queued"]
+    assert row.endswith(
+        "every cluster is stale (small-a, small-b): no placements until one reports"
+    )
+    _, out, _ = await cli(capsys, *as_user(server, "explain", "train"))
+    assert out.count("ClusterStale") == 2
+
+
+async def test_explain_of_a_running_job_says_where_with_no_empty_table(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    await running_job(served, capsys, tmp_path)
+    (_client, service, _clock), server = served
+    cluster = (await service.get("team-a", "train")).cluster
+    code, out, err = await cli(capsys, *as_user(server, "explain", "train"))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"train: Running on {cluster} (placed: it no longer waits for a cluster)",
+        "  pods:  fedbroker pods train",
+        "  logs:  fedbroker logs train",
+        "  more:  fedbroker get train   (its history)",
+    ]
