@@ -244,10 +244,15 @@ def bar(used: float, reserved: float, total: float, width: int = BAR_WIDTH) -> T
 def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left",
                   title=_legend(source))  # fmt: skip
-    for name, justify in (("CLUSTER", "left"), ("GPU", "left"), ("", "left"),
-                          ("USED", "right"), ("RESERVED", "right"), ("FREE", "right"),
-                          ("TOTAL", "right"), ("LARGEST GANG", "left")):  # fmt: skip
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    # The figures come before the bar, and only the names and the bar give way on a narrow
+    # console (80 columns down a pipe): the bar is cropped, a long name wraps, no figure is
+    # cut.
+    for name, justify in (("CLUSTER", "left"), ("GPU", "left"), ("USED", "right"),
+                          ("RESERVED", "right"), ("FREE", "right"), ("TOTAL", "right"),
+                          ("LARGEST GANG", "left")):  # fmt: skip
+        table.add_column(name, justify=justify, no_wrap=name not in ("CLUSTER", "GPU"))  # type: ignore[arg-type]
+    table.columns[0].min_width = max((len(c.name) for c in clusters), default=0)
+    table.add_column("", overflow="crop", min_width=0)
     for c in clusters:
         label = Text(c.name, style="bold")
         if c.kind == "cloud":
@@ -261,12 +266,12 @@ def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
             else Text("none", style="grey50")
         )
         if not c.gpus:
-            table.add_row(label, Text("no GPU nodes", style="grey50"), "", "", "", "", "0", gang)
+            table.add_row(label, Text("no GPU nodes", style="grey50"), "", "", "", "0", gang, "")
         for i, g in enumerate(c.gpus):
             table.add_row(
-                label if i == 0 else "", g.gpu_type, bar(g.used, g.reserved, g.total),
-                gpus(g.used), gpus(g.reserved), gpus(g.free), str(g.total),
-                gang if i == 0 else "",
+                label if i == 0 else "", g.gpu_type, gpus(g.used), gpus(g.reserved),
+                gpus(g.free), str(g.total), gang if i == 0 else "",
+                bar(g.used, g.reserved, g.total),
             )  # fmt: skip
     return table
 

@@ -110,3 +110,22 @@ async def test_explain_of_a_running_job_says_where_with_no_empty_table(
         "  logs:  fedbroker logs train",
         "  more:  fedbroker get train   (its history)",
     ]
+
+
+async def test_top_once_down_a_pipe_fits_80_columns_with_every_figure_whole(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.delenv("COLUMNS", raising=False)  # not a terminal: rich's 80 columns
+    await running_job(served, capsys, tmp_path)  # 8 of small-a's 16 A100s
+    _, server = served
+    code, out, err = await cli(capsys, *as_user(server, "top", "--once"))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    [header] = [line for line in lines if line.startswith("CLUSTER")] or [out]
+    assert header.split() == ["CLUSTER", "GPU", "USED", "RESERVED", "FREE", "TOTAL", "LARGEST",
+                              "GANG"]  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("small-")}
+    assert rows["small-a"][1:6] == ["A100", "8", "0", "8", "16"]
+    assert rows["small-b"][1:6] == ["T4", "0", "0", "4", "4"]
