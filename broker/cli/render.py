@@ -173,6 +173,14 @@ def _next(doc: dict[str, Any]) -> str:
     return "\n\n" + "\n".join(out) if out else ""
 
 
+def _cluster_state(c: dict[str, Any]) -> str:
+    """As the terminal view marks a cluster: stale (no placements), disconnected (its watch
+    or agent not heard from, not stale yet), else ready."""
+    if c.get("stale"):
+        return "stale"
+    return "disconnected" if c.get("connected") is False else "ready"
+
+
 def _render_clusters(doc: Any) -> str:
     rows = []
     for c in doc.get("clusters", []):
@@ -181,7 +189,7 @@ def _render_clusters(doc: Any) -> str:
             rows.append(
                 [
                     c.get("cluster") or c.get("name"),
-                    "stale" if c.get("stale") else "ready",
+                    _cluster_state(c),
                     t.get("gpuType"),
                     t.get("total"),
                     t.get("allocated"),
