@@ -14,7 +14,7 @@ Simulator ports (synchronous, virtual clock): ``NodeInventory``, ``VirtualLaunch
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -316,6 +316,16 @@ class GangRecovery(Protocol):
 
 class PodNotFound(LookupError):
     """The pod (or container) named is not one of the job's (the API answers 404)."""
+
+
+class ContainerNotFound(PodNotFound):
+    """The pod is the job's but has no container of the name asked for; the message lists
+    the containers it has (``of``), so the user sees what to ask for instead."""
+
+    @classmethod
+    def of(cls, container: str, pod: str, containers: Sequence[str]) -> ContainerNotFound:
+        has = ", ".join(containers) if containers else "none"
+        return cls(f"pod {pod!r} has no container {container!r} (its containers: {has})")
 
 
 class PodReadError(Exception):

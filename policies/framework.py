@@ -30,6 +30,8 @@ from broker.model import (
 )
 from broker.taints import blocking, tolerated
 
+STALE_MESSAGE = "capacity data is stale; no new placements"
+
 
 class Policy(Protocol):
     name: str
@@ -60,7 +62,7 @@ def filter_cluster(job: Job, view: ClusterCapacity) -> list[Reason]:
     """Reasons this cluster cannot take the job whatever its free capacity; [] if it may."""
     name = view.name
     if view.stale:
-        return [Reason(ReasonCode.STALE, "capacity data is stale; no new placements", name)]
+        return [Reason(ReasonCode.STALE, STALE_MESSAGE, name)]
     launchable = view.launchable
     if launchable is not None and job.launch_kind not in launchable:
         said = f"cluster {name} is agent-fed; its agent does not launch {job.launch_kind}"

@@ -40,6 +40,7 @@ from adapters.kube.objects import (
 from adapters.kube.workloads import kind_of
 from adapters.kubeapi.calls import HTTP_NOT_FOUND, ApiCalls, describe
 from broker.ports import (
+    ContainerNotFound,
     LaunchSpec,
     LogRequest,
     LogStream,
@@ -198,7 +199,7 @@ class KubePods:
         pod = await self._our_pod(spec, request.pod)
         containers = containers_of(pod)
         if request.container is not None and request.container not in containers:
-            raise PodNotFound(f"no container {request.container!r} in pod {request.pod!r}")
+            raise ContainerNotFound.of(request.container, request.pod, containers)
         container = request.container or (containers[0] if containers else None)
         namespace = self.objects.namespace(spec.tenant)
         what = f"log of pod {namespace}/{request.pod}"

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mappi
 
 from broker.model import Placement
 from broker.ports import (
+    ContainerNotFound,
     Launcher,
     LaunchError,
     LaunchSpec,
@@ -33,6 +34,7 @@ from broker.ports import (
 
 log = logging.getLogger(__name__)
 
+SIMULATED_CONTAINER = "main"  # every simulated pod's one container
 DELETED_KEPT = 1000  # SimulatedLauncher.deleted: the latest deletions only
 
 
@@ -225,8 +227,10 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
 
     async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:
         names = [row.name for row in await self.pods(cluster, spec)]
-        if request.pod not in names or request.container not in (None, "main"):
-            raise PodNotFound(f"no pod {request.pod!r} (container main) in job {spec.job!r}")
+        if request.pod not in names:
+            raise PodNotFound(f"no pod {request.pod!r} in job {spec.job!r}")
+        if request.container not in (None, SIMULATED_CONTAINER):
+            raise ContainerNotFound.of(request.container, request.pod, [SIMULATED_CONTAINER])
         return self._log(spec.key, request)
 
     async def _log(self, job: str, request: LogRequest) -> AsyncGenerator[bytes, None]:

@@ -41,9 +41,12 @@ import yaml
 
 from broker.cli.connection import (
     DEFAULT_SERVER,
+    EXIT_ERROR,
     ClientError,
+    InputError,
     add_connection_options,
     ca_file_of,
+    exit_status,
     server_url,
     token_of,
     trust,
@@ -66,8 +69,6 @@ from broker.cli.wrap import WrapError, is_plain_object, wrap
 from broker.manifest import ManifestError
 from broker.manifest.documents import DuplicateKey, duplicate_keys_refused
 from broker.manifest.parsing import load_yaml
-
-EXIT_ERROR = 1
 
 SUBMITTED_BY = "fedbroker.io/submitted-by"
 USER_ENV = "FEDBROKER_USER"
@@ -199,7 +200,7 @@ def run_client(args: argparse.Namespace) -> int:
         status, doc = asyncio.run(_answer(args))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
-        return EXIT_ERROR
+        return exit_status(exc)
     except KeyboardInterrupt:
         return 0 if args.command == "list" else 130
     more = doc.pop("more", None) if args.command == "list" else None
@@ -295,7 +296,7 @@ def _request_for(args: argparse.Namespace) -> _Request:
             try:
                 body = args.file.read_bytes()
             except OSError as exc:
-                raise ClientError(f"{args.file}: {exc.strerror}") from None
+                raise InputError(f"{args.file}: {exc.strerror}") from None
             kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
             labelled = _labelled(args, body)
             if labelled is not None:
@@ -342,18 +343,18 @@ def _labelled(args: argparse.Namespace, body: bytes) -> bytes | None:
         else:
             doc = load_yaml(body)
     except DuplicateKey as exc:
-        raise ClientError(f"{args.file}: {exc.message('manifest')}") from None
+        raise InputError(f"{args.file}: {exc.message('manifest')}") from None
     except ManifestError as exc:  # JSON's duplicate key
-        raise ClientError(f"{args.file}: {exc}") from None
+        raise InputError(f"{args.file}: {exc}") from None
     except (yaml.YAMLError, ValueError, RecursionError):
         return None
     if is_plain_object(doc):
         try:
             doc = wrap(doc, args.queue, args.priority)
         except WrapError as exc:
-            raise ClientError(f"{args.file}: {exc}") from None
+            raise InputError(f"{args.file}: {exc}") from None
     elif args.queue is not None or args.priority is not None:
-        raise ClientError("--queue/--priority: only for a plain workload object")
+        raise InputError("--queue/--priority: only for a plain workload object")
     if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
         return None
     labels = doc["metadata"].get("labels")
@@ -398,22 +399,12 @@ async def exchange(
             )  # fmt: skip
             answer: tuple[int, Any] = await retried(send, float(args.retry_for), sleep)
             return answer
-    except aiohttp.ClientSSLError as exc:
-        raise ClientError(
-            f"cannot verify the broker at {base} over TLS (--ca-file, $FEDBROKER_CA_FILE): "
-            f"{_ssl_reason(exc)}"
-        ) from None
     except aiohttp.ClientError as exc:
         raise ClientError(unreachable(base, exc)) from None
     except TimeoutError:
         raise ClientError(
             f"the broker at {base} did not answer within {REQUEST_TIMEOUT_SECONDS:g} s"
         ) from None
-
-
-def _ssl_reason(exc: aiohttp.ClientSSLError) -> str:
-    cause = getattr(exc, "certificate_error", None) or exc.__cause__ or exc
-    return str(getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or cause)
 
 
 async def watch_list(args: argparse.Namespace) -> int:

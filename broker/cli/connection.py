@@ -42,8 +42,22 @@ START_HINT = (
 )
 
 
+EXIT_ERROR = 1  # the broker answered an error, or could not be reached
+EXIT_USAGE = 2  # what the user gave is wrong, found before anything was sent
+
+
 class ClientError(Exception):
     """One line for the user."""
+
+
+class InputError(ClientError):
+    """What the user gave (a file, a URL, a flag's value) is wrong, found before anything
+    was sent: a usage mistake, exit status 2."""
+
+
+def exit_status(exc: ClientError) -> int:
+    """A client command's exit status for ``exc`` (docs/cli.md, "Exit codes")."""
+    return EXIT_USAGE if isinstance(exc, InputError) else EXIT_ERROR
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
@@ -85,13 +99,13 @@ def normalize_server(text: str, source: str) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a port that is no number
     except ValueError as exc:
-        raise ClientError(f"{source}: {text!r} is not a URL ({exc})") from None
+        raise InputError(f"{source}: {text!r} is not a URL ({exc})") from None
     if parts.scheme not in ("http", "https"):
-        raise ClientError(
+        raise InputError(
             f"{source}: {text!r}: the scheme must be http or https, not {parts.scheme!r}"
         )
     if not parts.hostname:
-        raise ClientError(f"{source}: {text!r} has no host (e.g. http://127.0.0.1:8080)")
+        raise InputError(f"{source}: {text!r} has no host (e.g. http://127.0.0.1:8080)")
     return url.rstrip("/")
 
 
@@ -185,7 +199,7 @@ def trust(ca_file: str | None) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not PEM"
-        raise ClientError(f"--ca-file {ca_file}: cannot load: {reason}") from None
+        raise InputError(f"--ca-file {ca_file}: cannot load: {reason}") from None
 
 
 def answer_body(text: str) -> Any:
@@ -203,11 +217,23 @@ def error_of(doc: Any) -> str | None:
     return message if isinstance(message, str) else None
 
 
+# Labels the API puts before a message about the object a request's path or query names
+# (``name: job 'x' not found``): the message names it again, so the CLI leaves them out.
+# Field paths (``spec.queue:``, ``tailLines:``) stay: they say which input was wrong.
+_LOOKUP_LABELS = ("name: ", "pod: ", "container: ")
+
+
 def http_error(status: int, message: str | None, reason: str | None, token: str) -> str:
-    """The line for an error answer: the server's message, and for 401 what sets the token.
-    A 403's message is the server's own: it names the permission missing (``forbidden:
-    ci lacks "submit" on queue training``) or the rule refused (a queue, a cap)."""
-    line = " ".join(f"{status} {message or reason or ''}".split())
+    """The line for an error answer: the server's message as it is (no status code: it
+    says the same less well), and for 401 what sets the token. Without a message (a
+    proxy's empty answer) the status and its reason are all there is. A 403's message is
+    the server's own: it names the permission missing (``forbidden: ci lacks "submit" on
+    queue training``) or the rule refused (a queue, a cap)."""
+    text = " ".join((message or "").split())
+    for label in _LOOKUP_LABELS:
+        if text.startswith(label):
+            text = text.removeprefix(label)
+    line = text or " ".join(f"HTTP {status} {reason or ''}".split())
     if status == 401:
         if not token:
             return f"{line} (no token given: set ${TOKEN_ENV} or pass --token, or use a context)"
@@ -218,11 +244,31 @@ def http_error(status: int, message: str | None, reason: str | None, token: str)
 
 def unreachable(base: str, exc: BaseException) -> str:
     """The line for a broker that could not be reached at all."""
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return tls_error(base, exc)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot reach the broker at {base}: {_why(exc.os_error)}; {START_HINT}"
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return f"the broker at {base} closed the connection before answering"
     return f"cannot talk to the broker at {base}: {type(exc).__name__}: {exc}"
+
+
+# What OpenSSL says when the first bytes back are no TLS record: an HTTP answer to a
+# ClientHello ("HTTP/1.1 400 ..." read as a record header).
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "HTTP_REQUEST",
+                      "PACKET_LENGTH_TOO_LONG", "UNKNOWN_PROTOCOL"})  # fmt: skip
+
+
+def tls_error(base: str, exc: aiohttp.ClientSSLError) -> str:
+    """The line for a failed TLS handshake: a server that answered in plain HTTP is not a
+    certificate problem, so it is named as such; otherwise why the certificate was not
+    trusted, and what sets the CA file."""
+    cause = getattr(exc, "certificate_error", None) or exc.__cause__ or exc
+    if getattr(cause, "reason", None) in _NOT_TLS or getattr(exc, "reason", None) in _NOT_TLS:
+        plain = "http://" + base.removeprefix("https://")
+        return f"the server at {base} does not speak TLS; use {plain}"
+    why = getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or cause
+    return f"cannot verify the broker at {base} over TLS (--ca-file, ${CA_FILE_ENV}): {why}"
 
 
 def _why(error: OSError) -> str:
@@ -236,15 +282,20 @@ def _why(error: OSError) -> str:
 __all__ = [
     "CA_FILE_ENV",
     "DEFAULT_SERVER",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
     "SERVER_ENV",
     "TOKEN_ENV",
     "ClientError",
+    "InputError",
     "add_connection_options",
     "ca_file_of",
+    "exit_status",
     "http_error",
     "normalize_server",
     "resolved",
     "server_url",
+    "tls_error",
     "token_of",
     "unreachable",
 ]

@@ -4,13 +4,16 @@ The clusters are read with the service's own watcher and translation code
 (``ClusterWatcher.list_once``) into a Ledger; an unreachable cluster is reported stale
 after a bounded timeout instead of failing the command. ``inspect`` prints that capacity
 snapshot; ``plan`` asks the job's policy where a manifest would go right now (cluster and
-nodes) or, per cluster, why it does not fit. Neither creates anything.
+nodes) or, per cluster, why it does not fit. Neither creates anything. Both exit 1 when no
+context could be read, and ``plan`` exits 3 when the job fits nowhere now, so a script can
+tell "no" from "could not ask" (docs/cli.md, "Exit codes").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from broker.ports import KubeconfigError
 from broker.service.explain import plan_of
 
 DEFAULT_TIMEOUT = 5.0
+EXIT_UNREACHABLE = 1  # no context could be read: there is nothing to show or decide on
+EXIT_NO_FIT = 3  # plan: the clusters were read, and the job fits none of them now
 
 
 class InspectError(Exception):
@@ -184,27 +189,46 @@ def run_plan(args: argparse.Namespace) -> int:
     doc = plan_document(job, ledger)
     if args.output in ("json", "yaml"):
         print(formatted(doc, args.output, str))
-        return 0
-    if doc["fits"]:
+    elif doc["fits"]:
         print(f"{job.name}: would be placed on {doc['cluster']}")
         for pod in doc["pods"]:
             print(f"  {pod['pod']:<40} -> {pod['node']}  GPUs {pod['gpus']}")
-        return 0
-    print(f"{job.name}: does not fit anywhere now")
-    for cluster in doc["clusters"]:
-        why = "; ".join(r["message"] for r in cluster["reasons"]) or "-"
-        print(f"  {cluster['cluster']}: largest fit {cluster['largestFit']} pods; {why}")
-    return 0
+    else:
+        print(f"{job.name}: does not fit anywhere now")
+        for cluster in doc["clusters"]:
+            why = "; ".join(r["message"] for r in cluster["reasons"]) or "-"
+            print(f"  {cluster['cluster']}: largest fit {cluster['largestFit']} pods; {why}")
+    if _none_read(ledger):
+        return EXIT_UNREACHABLE
+    return 0 if doc["fits"] else EXIT_NO_FIT
+
+
+def _none_read(ledger: Ledger) -> bool:
+    """Whether no context could be read (said on stderr in one line when so)."""
+    clusters = ledger.snapshot().clusters
+    if not clusters or not all(view.stale for view in clusters.values()):
+        return False
+    names = ", ".join(clusters)
+    sys.stderr.write(
+        f"fedbroker: error: no context could be read ({names}): unreachable, or no answer "
+        "within --timeout\n"
+    )
+    return True
 
 
 def run_inspect(args: argparse.Namespace) -> int:
     gpu = GpuConfig(type_label=args.gpu_type_label) if args.gpu_type_label else GpuConfig()
-    doc = asyncio.run(
-        inspect_clusters(args.kubeconfig, args.context, gpu=gpu, timeout=args.timeout)
+    ledger = asyncio.run(
+        read_clusters(args.kubeconfig, args.context, gpu=gpu, timeout=args.timeout)
     )
-    if args.output in ("json", "yaml"):
-        print(formatted(doc, args.output, str))
-        return 0
+    _print_inspected(snapshot_document(ledger), args.output)
+    return EXIT_UNREACHABLE if _none_read(ledger) else 0
+
+
+def _print_inspected(doc: dict[str, Any], output: str) -> None:
+    if output in ("json", "yaml"):
+        print(formatted(doc, output, str))
+        return
     for cluster in doc["clusters"]:
         state = "STALE (unreachable)" if cluster["stale"] else f"{len(cluster['nodes'])} nodes"
         print(f"cluster {cluster['name']}: {state}")
@@ -215,4 +239,3 @@ def run_inspect(args: argparse.Namespace) -> int:
                 f"  {n['name']:<30}{n['gpu_type'] or '-':<28}{n['gpus_allocatable']:>6}"
                 f"{n['gpus_used']:>6}  {'yes' if n['schedulable'] else 'no'}"
             )
-    return 0

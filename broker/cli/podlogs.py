@@ -15,13 +15,14 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
-from broker.cli.client import EXIT_ERROR, list_jobs
+from broker.cli.client import list_jobs
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
     answer_body,
     ca_file_of,
     error_of,
+    exit_status,
     http_error,
     server_url,
     token_of,
@@ -63,7 +64,7 @@ def _run(args: argparse.Namespace, out: BinaryIO) -> int:
         asyncio.run(call(args, out))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
-        return EXIT_ERROR
+        return exit_status(exc)
     return 0
 
 

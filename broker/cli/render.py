@@ -73,6 +73,8 @@ def _render_explain(doc: Any) -> str:
     head = f"{doc.get('job')}: {doc.get('state')}" + (
         f" on {doc['cluster']}" if doc.get("cluster") else ""
     )
+    if doc.get("state") in ("Placed", "Running") and not doc.get("clusters"):
+        return _render_placed(head, str(doc.get("job")))
     rows = [
         [
             c.get("cluster"),
@@ -83,6 +85,17 @@ def _render_explain(doc: Any) -> str:
         for c in doc.get("clusters", [])
     ]
     return head + "\n" + table(("CLUSTER", "FITS", "LARGEST-FIT", "WHY NOT"), rows) + _next(doc)
+
+
+def _render_placed(head: str, name: str) -> str:
+    """``explain`` of a placed or running job: it waits for nothing, so no table of
+    clusters; where to look instead."""
+    return "\n".join((
+        f"{head} (placed: it no longer waits for a cluster)",
+        f"  pods:  fedbroker pods {name}",
+        f"  logs:  fedbroker logs {name}",
+        f"  more:  fedbroker get {name}   (its history)",
+    ))  # fmt: skip
 
 
 # -- explain of a waiting job: what happens next ------------------------------------------
@@ -167,6 +180,14 @@ def _next(doc: dict[str, Any]) -> str:
 _CLUSTER_FIGURES = (TOTAL, ALLOCATED, RESERVED, FREE, STRANDED)  # then the largest gang
 
 
+def _cluster_state(c: dict[str, Any]) -> str:
+    """As the terminal view marks a cluster: stale (no placements), disconnected (its watch
+    or agent not heard from, not stale yet), else ready."""
+    if c.get("stale"):
+        return "stale"
+    return "disconnected" if c.get("connected") is False else "ready"
+
+
 def _render_clusters(doc: Any) -> str:
     rows = []
     for c in doc.get("clusters", []):
@@ -174,10 +195,11 @@ def _render_clusters(doc: Any) -> str:
         for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
             pods, per_pod = t.get(LARGEST_GANG.field) or 0, t.get(LARGEST_GANG.per_unit) or 0
             rows.append([
-                c.get("cluster") or c.get("name"), t.get("gpuType"),
+                c.get("cluster") or c.get("name"), _cluster_state(c), t.get("gpuType"),
                 *(_gpus(t.get(f.field)) for f in _CLUSTER_FIGURES), gang(pods, per_pod),
             ])  # fmt: skip
-    header = ("CLUSTER", "GPU", *(f.column for f in _CLUSTER_FIGURES), LARGEST_GANG.column)
+    header = ("CLUSTER", "STATE", "GPU", *(f.column for f in _CLUSTER_FIGURES),
+              LARGEST_GANG.column)  # fmt: skip
     return table(header, rows)
 
 

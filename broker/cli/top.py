@@ -37,6 +37,7 @@ from broker.cli.connection import (
     answer_body,
     ca_file_of,
     error_of,
+    exit_status,
     http_error,
     server_url,
     token_of,
@@ -53,7 +54,6 @@ from broker.cli.view import (
     use_plain,
 )
 
-EXIT_ERROR = 1
 VIEW_INTERVAL_SECONDS = 2.0
 PLAIN_INTERVAL_SECONDS = 10.0
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -129,8 +129,6 @@ class Broker:
                     line = f"{path}: {error}"
                     raise (Refused if resp.status in (401, 403) else ClientError)(line)
                 return doc if isinstance(doc, dict) else {}
-        except aiohttp.ClientSSLError as exc:
-            raise ClientError(f"cannot verify the broker at {self.base} over TLS: {exc}") from None
         except aiohttp.ClientConnectionError as exc:
             raise ClientError(unreachable(self.base, exc)) from None
         except TimeoutError:
@@ -262,7 +260,7 @@ def run_top(args: argparse.Namespace) -> int:
         return asyncio.run(top(args, sys.stdout))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
-        return EXIT_ERROR
+        return exit_status(exc)
 
 
 __all__ = ["Broker", "add_top_command", "live", "plain", "run_top", "top"]

@@ -239,12 +239,17 @@ def bar(used: float, reserved: float, total: float, width: int = BAR_WIDTH) -> T
 def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left",
                   title=_legend(source))  # fmt: skip
-    # The columns and their order are those of ``fedbroker clusters`` (broker.figures).
-    for name, justify in (("CLUSTER", "left"), ("GPU", "left"), ("", "left"),
+    # The columns and their order are those of ``fedbroker clusters`` (broker.figures). The
+    # figures come before the bar, and only the names and the bar give way on a narrow
+    # console (80 columns down a pipe): the bar is cropped, a long name wraps, no figure is
+    # cut.
+    for name, justify in (("CLUSTER", "left"), ("GPU", "left"),
                           (TOTAL.column, "right"), (ALLOCATED.column, "right"),
                           (RESERVED.column, "right"), (FREE.column, "right"),
                           (LARGEST_GANG.column, "left")):  # fmt: skip
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=name not in ("CLUSTER", "GPU"))  # type: ignore[arg-type]
+    table.columns[0].min_width = max((len(c.name) for c in clusters), default=0)
+    table.add_column("", overflow="crop", min_width=0)
     for c in clusters:
         label = Text(c.name, style="bold")
         if c.kind == "cloud":
@@ -253,13 +258,13 @@ def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
             label.append(" stale" if c.stale else " disconnected", style="bold red")
         if not c.gpus:
             none = Text(gang(0, 0), style="grey50")
-            table.add_row(label, Text("no GPU nodes", style="grey50"), "", "0", "", "", "", none)
+            table.add_row(label, Text("no GPU nodes", style="grey50"), "0", "", "", "", none, "")
         for i, g in enumerate(c.gpus):
             largest = Text(gang(g.largest_gang, g.gang_gpus),
                            style="" if g.largest_gang else "grey50")  # fmt: skip
             table.add_row(
-                label if i == 0 else "", g.gpu_type, bar(g.allocated, g.reserved, g.total),
-                str(g.total), gpus(g.allocated), gpus(g.reserved), gpus(g.free), largest,
+                label if i == 0 else "", g.gpu_type, str(g.total), gpus(g.allocated),
+                gpus(g.reserved), gpus(g.free), largest, bar(g.allocated, g.reserved, g.total),
             )  # fmt: skip
     return table
 

@@ -13,12 +13,22 @@ from dataclasses import dataclass
 
 from broker.model import CapacitySnapshot, Job, Placement, Reason, ReasonCode, Unplaceable
 from policies import Policy
+from policies.framework import STALE_MESSAGE
 from policies.precheck import may_fit
 
 NO_ROOM = Reason(
     ReasonCode.INSUFFICIENT_GPUS,
     "not enough free GPUs of an allowed type in any cluster (see explain for each cluster)",
 )
+
+
+def _refused(view: CapacitySnapshot) -> tuple[Reason, ...]:
+    """The precheck's "no": every cluster stale is why when it is so (no room is not),
+    else no room."""
+    clusters = view.clusters
+    if clusters and all(v.stale for v in clusters.values()):
+        return tuple(Reason(ReasonCode.STALE, STALE_MESSAGE, name) for name in clusters)
+    return (NO_ROOM,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,7 @@ def decide(job: Job, view: CapacitySnapshot, policy: Policy, *, precheck: bool =
     """``policy``'s decision for ``job`` on ``view``; with ``precheck``, a job that fits
     nowhere by ``may_fit`` is refused without asking the policy."""
     if precheck and not may_fit(job, view):
-        return Decided(Unplaceable(job.key, (NO_ROOM,)), None)
+        return Decided(Unplaceable(job.key, _refused(view)), None)
     started = time.perf_counter()
     decision = policy.decide(job, view)
     return Decided(decision, time.perf_counter() - started)

@@ -31,7 +31,7 @@ from aiohttp import web
 from broker.http.auth import authenticate, owner_of, require
 from broker.http.errors import error
 from broker.http.state import CONFIG, SERVICE
-from broker.ports import LogStream, PodNotFound, PodReadError, PodRow
+from broker.ports import ContainerNotFound, LogStream, PodNotFound, PodReadError, PodRow
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,8 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
                 owner, name, params.pod, params.container, params.tail_lines, params.follow
             )
         except PodNotFound as exc:
-            raise web.HTTPNotFound(reason=f"pod: {exc}") from None
+            field = "container" if isinstance(exc, ContainerNotFound) else "pod"
+            raise web.HTTPNotFound(reason=f"{field}: {exc}") from None
         except PodReadError as exc:
             return _member_failed(exc)
         try:

@@ -4,8 +4,9 @@ The scheduler keeps the reasons of its last refusal on the job's queue entry
 (``Pending.waiting``); ``waiting_summary`` words them for a list's REASON column, so a list
 costs one dictionary look-up per job shown, never an explain. The line says what the gang
 needs when capacity is what it lacks ("no cluster has room for 4 pods of 8 A100 GPUs"), the
-refusal itself when it is not per cluster (a quota, no clusters), else each cluster's first
-reason. ``explain`` has the full per-cluster answer.
+refusal itself when it is not per cluster (a quota, no clusters), that every cluster is
+stale when none can be asked, else each cluster's first reason. ``explain`` has the full
+per-cluster answer.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def waiting_summary(job: Job, reasons: tuple[Reason, ...]) -> str:
         return ""
     if all(r.code in _ROOM for r in reasons):
         return _short(f"no cluster has room for {gang_phrase(job)}")
+    if all(r.code == ReasonCode.STALE for r in reasons):  # nothing known to have room or not
+        names = ", ".join(sorted({r.cluster or "-" for r in reasons}))
+        return _short(f"every cluster is stale ({names}): no placements until one reports")
     if all(r.cluster is None for r in reasons):  # quota, no clusters: not per cluster
         return _short("; ".join(f"{r.code}: {r.message}" for r in reasons))
     first: dict[str, Reason] = {}

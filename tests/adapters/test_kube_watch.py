@@ -521,7 +521,7 @@ async def test_plan_says_per_cluster_why_not(
     job = tmp_path / "job.yaml"
     job.write_text(PLAN_GANG.format(name="big", pods=2, gpus=4))
     argv = ["plan", "-f", str(job), "--kubeconfig", str(kc), "--json", "--timeout", "2"]
-    assert await asyncio.to_thread(main, argv) == 0
+    assert await asyncio.to_thread(main, argv) == 3  # read, and fits nowhere now
     doc = json.loads(capsys.readouterr().out)
     assert doc["fits"] is False
     (live,) = doc["clusters"]

@@ -77,7 +77,7 @@ async def test_the_current_context_gives_server_and_token(
     # --context (a flag) beats the variable; the variable beats the current context.
     monkeypatch.setenv("FEDBROKER_TOKEN", WRONG)
     code, _, err = await cli(capsys, "list")
-    assert code == 1 and err.startswith("fedbroker: error: 401 ")
+    assert code == 1 and err.startswith("fedbroker: error: Authorization: ")
     assert (await cli(capsys, "list", "--context", "a"))[0] == 0
     assert (await cli(capsys, "list", "--context", "a", "--token", WRONG))[0] == 1
     monkeypatch.delenv("FEDBROKER_TOKEN")

@@ -120,7 +120,7 @@ async def test_a_submit_to_a_follower_lands_once_the_follower_takes_over(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2
     for line in err:
-        assert line.startswith("fedbroker: 503 leader: this replica (host-b:8080)")
+        assert line.startswith("fedbroker: leader: this replica (host-b:8080)")
         assert "host-a:8080" in line and line.endswith("retrying in 2 s")
 
 
@@ -135,7 +135,7 @@ async def test_retries_stop_when_the_budget_is_spent_with_one_line_naming_the_le
     assert waits.asked == [2.0, 2.0, 1.0]  # the last wait is cut to what is left of 5 s
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith("503 leader: this replica (host-b:8080) is a follower")
+    assert message.startswith("leader: this replica (host-b:8080) is a follower")
     assert "the leader is host-a:8080" in message
     assert message.endswith("(still unavailable after 4 attempts in 5 s; --retry-for)")
     assert await stored_names(leader) == []
@@ -148,7 +148,7 @@ async def test_retry_for_zero_does_not_retry(
     waits = Waits()
     cmd = args("submit", "-f", str(job_file(tmp_path, "j1")), "--server", follower.url,
                "--token", TOKEN, "--retry-for", "0")  # fmt: skip
-    with pytest.raises(ClientError, match=r"^503 leader: .*\(not retried: --retry-for 0\)$"):
+    with pytest.raises(ClientError, match=r"^leader: .*\(not retried: --retry-for 0\)$"):
         await call(cmd, sleep=waits)
     assert waits.asked == []
 
@@ -158,10 +158,10 @@ async def test_other_errors_fail_at_once(replicas: tuple[Replica, Replica]) -> N
     waits = Waits()
     for replica in (leader, follower):  # reads are served by both; a 404 is final
         cmd = args("get", "missing", "--server", replica.url, "--token", TOKEN)
-        with pytest.raises(ClientError, match=r"^404 name: job 'missing' not found$"):
+        with pytest.raises(ClientError, match=r"^job 'missing' not found$"):
             await call(cmd, sleep=waits)
     cmd = args("get", "missing", "--server", follower.url, "--token", "wrong")
-    with pytest.raises(ClientError, match=r"^401 "):
+    with pytest.raises(ClientError, match=r"^Authorization: missing or invalid bearer token "):
         await call(cmd, sleep=waits)
     assert waits.asked == []
 
@@ -225,7 +225,7 @@ async def test_the_cli_prints_one_line_and_no_traceback(
     assert stdout == b""
     lines = stderr.decode().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith("fedbroker: error: 503 leader: this replica (host-b:8080)")
+    assert lines[0].startswith("fedbroker: error: leader: this replica (host-b:8080)")
     assert TOKEN not in lines[0]
 
 
@@ -249,7 +249,7 @@ async def test_only_a_503_or_429_with_retry_after_is_retried() -> None:
     try:
         waits = Waits()
         cmd = args("clusters", "--server", str(server.make_url("")))
-        with pytest.raises(ClientError, match=r"^503 scripted 503$"):
+        with pytest.raises(ClientError, match=r"^scripted 503$"):
             await call(cmd, sleep=waits)
         assert waits.asked == [3.0] and answers == []
         # Rate limited: asked to come back after 1 s, then answered.
@@ -257,7 +257,7 @@ async def test_only_a_503_or_429_with_retry_after_is_retried() -> None:
         assert await call(cmd, sleep=waits) == {"error": "scripted 200"}
         assert waits.asked == [3.0, 1.0] and answers == []
         answers.append((429, {}))  # no hint: not retried
-        with pytest.raises(ClientError, match=r"^429 scripted 429$"):
+        with pytest.raises(ClientError, match=r"^scripted 429$"):
             await call(cmd, sleep=waits)
         assert waits.asked == [3.0, 1.0]
     finally:

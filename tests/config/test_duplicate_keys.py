@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker.cli.client import EXIT_ERROR
+from broker.cli.args import EXIT_USAGE
 from broker.cli.main import main
 from broker.config import ConfigError, parse_config
 from broker.manifest import ManifestError, parse_manifest
@@ -122,7 +122,7 @@ def test_submit_f_refuses_a_key_given_twice_before_sending(
     )
     path.write_text(text)
     # No broker listens there: the file is refused before anything is sent.
-    assert main(["submit", "-f", str(path), "--server", "http://127.0.0.1:9"]) == EXIT_ERROR
+    assert main(["submit", "-f", str(path), "--server", "http://127.0.0.1:9"]) == EXIT_USAGE
     err = capsys.readouterr().err
     where = (
         'spec.podSets[0]: duplicate key "count" in a YAML mapping (lines 8 and 9)'

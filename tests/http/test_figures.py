@@ -67,9 +67,12 @@ def in_metric(figure: Figure, row: dict[str, Any]) -> float:
     return value * row[figure.per_unit] if figure.per_unit else value
 
 
-def table_rows(text: str, first_column: str) -> tuple[list[str], dict[Key, list[str]]]:
+def table_rows(
+    text: str, first_column: str, state: bool = False
+) -> tuple[list[str], dict[Key, list[str]]]:
     """A text table's header words and its rows by (cluster, GPU type): cells split on two
-    spaces or more (the bar of ``top``, a run of block characters, dropped)."""
+    spaces or more (the bar of ``top``, a run of block characters, dropped); with ``state``,
+    a STATE column after the cluster's, kept first in the row."""
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column])
     header = re.split(r"\s{2,}", lines[at].strip())
@@ -80,6 +83,8 @@ def table_rows(text: str, first_column: str) -> tuple[list[str], dict[Key, list[
         if set(line.strip()) <= set("─- "):
             continue
         cells = [c for c in re.split(r"\s{2,}", line.strip()) if not set(c) <= set("█▒░")]
+        if state:
+            cells = [cells[0], cells[2], cells[1], *cells[3:]]
         rows[(cells[0], cells[1])] = cells[2:]
     return header, rows
 
@@ -127,12 +132,12 @@ async def test_every_view_says_the_same_figures(tmp_path: Path, wide: None) -> N
             assert metrics[labels] == in_metric(figure, row), (figure.field, key)
 
     # fedbroker clusters: the glossary's columns, in its order, with the same figures.
-    header, table = table_rows(cli_table, "CLUSTER")
+    header, table = table_rows(cli_table, "CLUSTER", state=True)
     shown: tuple[Figure, ...] = (TOTAL, ALLOCATED, RESERVED, FREE, STRANDED)
-    assert header == ["CLUSTER", "GPU", *(f.column for f in shown), LARGEST_GANG.column]
+    assert header == ["CLUSTER", "STATE", "GPU", *(f.column for f in shown), LARGEST_GANG.column]
     for key, row in rows.items():
         gang_text = gang(row["largestGang"], row["gangGpusPerPod"])
-        assert table[key] == [*(amount(row[f.field]) for f in shown), gang_text]
+        assert table[key] == ["ready", *(amount(row[f.field]) for f in shown), gang_text]
 
     # fedbroker top --once: the same columns (but stranded) and figures.
     header, drawn = table_rows(top_text, "CLUSTER")

@@ -118,6 +118,9 @@ async def test_tenant_b_gets_404_on_as_job_and_nothing_for_a_queued_one(
     assert other.status == 404 and (await other.json())["error"].startswith("pod: ")
     container = await client.get("/v1/jobs/train/logs?pod=train-worker-0&container=x", headers=A)
     assert container.status == 404
+    assert (await container.json())["error"] == (
+        "container: pod 'train-worker-0' has no container 'x' (its containers: main)"
+    )
     assert (await submit(client, manifest("later", gpus=8, pods=9), A)).status == 201
     queued = await client.get("/v1/jobs/later/pods", headers=A)
     assert queued.status == 409 and "Queued" in (await queued.json())["error"]
