@@ -1,0 +1,217 @@
+"""What a kubectl user reaches for: ``--watch`` that prints changes, ``submit -f -`` and
+multi-document files and directories, ``cancel`` of several names or ``-l``.
+
+Run end to end as tests/cli/test_cli_messages.py does: ``fedbroker ...`` (``main`` in a
+thread) against a real Service behind a real HTTP server, scheduler cycles by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from builders import until
+from test_api import TOKENS, Harness, manifest, running, settle
+from test_cli_messages import as_user, cli
+
+from broker.cli.client import watch_list
+from broker.cli.main import build_parser
+
+A = {"Authorization": f"Bearer {TOKENS['team-a']}"}
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[Harness, str]]:
+    async with running(tmp_path) as h:
+        yield h, f"http://{h[0].host}:{h[0].port}"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FEDBROKER_SERVER", "FEDBROKER_TOKEN", "FEDBROKER_CA_FILE", "FEDBROKER_USER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FEDBROKER_RETRY_SECONDS", "0")
+
+
+# -- --watch: changes only ------------------------------------------------------------------
+
+
+class Printed:
+    """What a watch printed so far (capsys read incrementally)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys, self.text = capsys, ""
+
+    def lines(self) -> list[str]:
+        self.text += self.capsys.readouterr().out
+        return self.text.splitlines()
+
+    def has(self, predicate: Any) -> Any:
+        return lambda: any(predicate(line) for line in self.lines())
+
+
+@contextlib.asynccontextmanager
+async def watching(server: str, *argv: str) -> AsyncIterator[None]:
+    task = asyncio.ensure_future(watch_list(build_parser().parse_args(as_user(server, *argv))))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_piped_list_watch_prints_one_line_per_change(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, service, clock), server = served
+    assert (await client.post("/v1/jobs", json=manifest("early"), headers=A)).status == 201
+    await service.schedule_once(clock.now)
+    await settle(service)
+    capsys.readouterr()
+    printed = Printed(capsys)
+    async with watching(server, "list", "--watch"):
+        await until(printed.has(lambda line: line.startswith("early")))
+        header, first = printed.lines()
+        assert header.split()[:3] == ["NAME", "QUEUE", "STATE"] and "Running" in first
+        assert (await client.post("/v1/jobs", json=manifest("late"), headers=A)).status == 201
+        await until(printed.has(lambda line: line.startswith("late") and "Queued" in line))
+        await service.schedule_once(clock.now)
+        await settle(service)
+        await until(printed.has(lambda line: line.startswith("late") and "Running" in line))
+        changes = printed.lines()[2:]
+    # Neither the header nor the unchanged job again; each row under the first table's columns.
+    assert changes and all(line.startswith("late ") for line in changes)
+    assert all(line.index(line.split()[2]) == header.index("STATE") for line in changes)
+
+
+async def test_get_watch_prints_the_job_s_changes_only(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, service, clock), server = served
+    assert (await client.post("/v1/jobs", json=manifest("mine"), headers=A)).status == 201
+    capsys.readouterr()
+    printed = Printed(capsys)
+    async with watching(server, "get", "mine", "-w"):
+        await until(printed.has(lambda line: line.startswith("mine") and "Queued" in line))
+        assert (await client.post("/v1/jobs", json=manifest("other"), headers=A)).status == 201
+        await service.schedule_once(clock.now)
+        await settle(service)
+        await until(printed.has(lambda line: line.startswith("mine") and "Running" in line))
+    lines = printed.lines()
+    assert lines[0].startswith("NAME") and all(line.startswith("mine") for line in lines[1:])
+
+
+def test_json_and_terminal_watches() -> None:
+    """Piped JSON: one object per changed job per line; a terminal: the table redrawn."""
+    from broker.cli.watching import Changes
+
+    def job(name: str, state: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"state": state, "updatedAt": 1.0}}
+
+    piped = Changes("json", terminal=False)
+    assert piped.text({"items": [job("a", "Queued"), job("b", "Queued")]}) is not None
+    again = {"items": [job("a", "Queued"), {**job("b", "Running")}]}
+    assert piped.text(again) == json.dumps(job("b", "Running"))
+    assert piped.text(again) is None
+    screen = Changes("table", terminal=True)
+    screen.text({"items": [job("a", "Queued")]})
+    redrawn = screen.text({"items": [job("a", "Running")]})
+    assert redrawn is not None and redrawn.startswith("\x1b[H\x1b[2JNAME")
+
+
+# -- submit: stdin, several documents, a directory ------------------------------------------
+
+
+def stream(*docs: dict[str, Any]) -> str:
+    return yaml.safe_dump_all(docs)
+
+
+async def names(capsys: pytest.CaptureFixture[str], server: str) -> dict[str, str]:
+    code, out, _ = await cli(capsys, *as_user(server, "list", "-o", "json"))
+    assert code == 0
+    return {j["metadata"]["name"]: j["status"]["state"] for j in json.loads(out)["items"]}
+
+
+async def test_submit_reads_stdin_and_every_document(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    _, server = served
+    piped = io.TextIOWrapper(io.BytesIO(stream(manifest("one"), manifest("two")).encode()))
+    monkeypatch.setattr("sys.stdin", piped)
+    code, out, err = await cli(capsys, *as_user(server, "submit", "-f", "-"))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "<stdin> (document 1): job 'one' submitted (Queued)",
+        "<stdin> (document 2): job 'two' submitted (Queued)",
+    ]
+    assert await names(capsys, server) == {"one": "Queued", "two": "Queued"}
+
+
+async def test_a_bad_document_is_named_and_the_rest_submitted(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, server = served
+    bad = manifest("bad")
+    bad["spec"]["podSets"][0]["count"] = 0
+    path = tmp_path / "jobs.yaml"
+    empty = "---\n# nothing here\n---\n"
+    path.write_text(stream(manifest("a"), bad) + empty + stream(manifest("c")))
+    code, out, err = await cli(capsys, *as_user(server, "submit", "-f", str(path)))
+    assert code == 1
+    assert [line.split(":")[0] for line in out.splitlines()] == [
+        f"{path} (document 1)", f"{path} (document 3)",
+    ]  # fmt: skip
+    assert err.startswith(f"fedbroker: error: {path} (document 2): 400 ")
+    assert len(err.splitlines()) == 1 and "count" in err
+    assert await names(capsys, server) == {"a": "Queued", "c": "Queued"}
+
+
+async def test_submit_of_a_directory_takes_its_manifests_in_order(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, server = served
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(manifest("from-b")))
+    (tmp_path / "a.json").write_text(json.dumps(manifest("from-a")))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.yaml").write_text(yaml.safe_dump(manifest("from-c")))
+    code, out, _ = await cli(capsys, *as_user(server, "submit", "-f", str(tmp_path)))
+    assert code == 0
+    assert out.splitlines() == [
+        f"{tmp_path / 'a.json'}: job 'from-a' submitted (Queued)",
+        f"{tmp_path / 'b.yml'}: job 'from-b' submitted (Queued)",
+    ]
+    code, _, err = await cli(capsys, *as_user(server, "submit", "-f", str(tmp_path / "sub" / "x")))
+    assert code != 0 and err.count("\n") == 1
+
+
+# -- cancel: several names, or -l -----------------------------------------------------------
+
+
+async def test_cancel_of_several_names_and_of_a_selector(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, _, _), server = served
+    for name, team in (("v1", "vision"), ("v2", "vision"), ("n1", "nlp"), ("n2", "nlp")):
+        doc = manifest(name)
+        doc["metadata"]["labels"] = {"team": team}
+        assert (await client.post("/v1/jobs", json=doc, headers=A)).status == 201
+    code, out, err = await cli(capsys, *as_user(server, "cancel", "-l", "team=vision"))
+    assert (code, err) == (0, "")
+    assert [line.split()[:2] for line in out.splitlines()] == [["job", "'v1'"], ["job", "'v2'"]]
+    code, out, err = await cli(capsys, *as_user(server, "cancel", "n1", "nosuch", "n2"))
+    assert code == 1
+    assert [line.split()[1] for line in out.splitlines()] == ["'n1'", "'n2'"]
+    assert err.startswith("fedbroker: error: job 'nosuch': 404 ") and err.count("\n") == 1
+    assert set((await names(capsys, server)).values()) == {"Cancelled"}
+    code, _, err = await cli(capsys, *as_user(server, "cancel", "n1", "-l", "team=nlp"))
+    assert code == 2 and "one of them" in err
