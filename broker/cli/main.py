@@ -21,6 +21,7 @@ from broker.cli.cancelling import run_cancel
 from broker.cli.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.cli.completion import add_completion_command, completion_script
 from broker.cli.demo import add_demo_command, run_demo
+from broker.cli.jobnames import COMPLETE, run_complete
 from broker.cli.plan import (
     InspectError,
     add_inspect_command,
@@ -94,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == [COMPLETE]:  # the completion script's call, kept out of the help
+        return run_complete(words[1:])
+    args = build_parser().parse_args(words)
     try:
         return _RUNNERS[args.command](args)
     except (UsageError, TraceError, InspectError) as exc:

@@ -11,6 +11,9 @@ import asyncio
 import contextlib
 import io
 import json
+import os
+import shutil
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from test_api import TOKENS, Harness, manifest, running, settle
 from test_cli_messages import as_user, cli
 
 from broker.cli.client import watch_list
+from broker.cli.completion import bash_script
 from broker.cli.main import build_parser
 
 A = {"Authorization": f"Bearer {TOKENS['team-a']}"}
@@ -215,3 +219,46 @@ async def test_cancel_of_several_names_and_of_a_selector(
     assert set((await names(capsys, server)).values()) == {"Cancelled"}
     code, _, err = await cli(capsys, *as_user(server, "cancel", "n1", "-l", "team=nlp"))
     assert code == 2 and "one of them" in err
+
+
+# -- completion of job names ----------------------------------------------------------------
+
+
+async def test_complete_jobs_lists_the_callers_names_and_fails_silently(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, _, _), server = served
+    for name in ("train-a", "train-b", "eval"):
+        assert (await client.post("/v1/jobs", json=manifest(name), headers=A)).status == 201
+    complete = ("__complete", "jobs", "--server", server)
+    assert await cli(capsys, *complete, "--token", TOKENS["team-a"], "tr") == (
+        0, "train-a\ntrain-b\n", "",
+    )  # fmt: skip
+    code, out, _ = await cli(capsys, *complete, "--token", TOKENS["team-a"])
+    assert (code, sorted(out.split())) == (0, ["eval", "train-a", "train-b"])
+    assert await cli(capsys, *complete, "--token", TOKENS["team-b"], "tr") == (0, "", "")
+    assert await cli(capsys, *complete, "--token", "wrong", "tr") == (1, "", "")
+
+
+async def test_bash_completes_a_job_name_from_the_broker(served: tuple[Harness, str]) -> None:
+    """The script of ``fedbroker completion bash`` run by bash, calling ``fedbroker`` (this
+    tree's, in a process of its own) with the line's --server and --token."""
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    (client, _, _), server = served
+    for name in ("train-a", "train-b", "eval"):
+        assert (await client.post("/v1/jobs", json=manifest(name), headers=A)).status == 201
+    words = ["fedbroker", "logs", "--server", server, "--token", TOKENS["team-a"], "tr"]
+    program = (
+        bash_script(build_parser())
+        + f'fedbroker() {{ "{sys.executable}" -m broker.cli "$@"; }}\n'
+        + f"COMP_WORDS=({' '.join(words)}); COMP_CWORD={len(words) - 1}; _fedbroker\n"
+        + 'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "--norc", "--noprofile", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(program.encode()), 30)
+    assert out.decode().split() == ["train-a", "train-b"]
