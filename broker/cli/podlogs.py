@@ -1,9 +1,11 @@
-"""``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD] [-c CONTAINER] [--tail N] [-f]``.
+"""``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD | --all-pods] [-c CONTAINER]
+[--tail N] [-f] [--timestamps] [--previous]``.
 
 Clients of a running broker like ``broker.cli.client`` (same ``--server``, ``--token``,
 ``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o json``),
 ``logs`` streams one pod's log to stdout as it arrives (``-f``: until the pod's log ends or
-the user interrupts). Every failure is one line on stderr (the server's error message).
+the user interrupts; ``--all-pods``: every pod's, prefixed, ``broker.cli.gang_logs``). Every
+failure is one line on stderr (the server's error message).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
+from broker.cli.args import EXIT_USAGE
 from broker.cli.client import EXIT_ERROR
 from broker.cli.connection import (
     ClientError,
@@ -29,6 +32,7 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
+from broker.cli.gang_logs import all_pods
 from broker.cli.render import table
 
 POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
@@ -48,6 +52,12 @@ def add_pods_commands(sub: Any) -> None:
     logs.add_argument("-c", "--container", help="the container (default: the pod's first)")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    logs.add_argument("--all-pods", action="store_true", help="every pod of the job, each "
+                      "line after [pod/NAME] (not with -p)")  # fmt: skip
+    logs.add_argument("--timestamps", action="store_true",
+                      help="each line after when it was written (RFC 3339)")  # fmt: skip
+    logs.add_argument("--previous", action="store_true",
+                      help="the previous instance of the container")  # fmt: skip
 
 
 def run_pods(args: argparse.Namespace) -> int:
@@ -55,6 +65,9 @@ def run_pods(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: BinaryIO) -> int:
+    if args.command == "logs" and args.all_pods and args.pod is not None:
+        sys.stderr.write("fedbroker: error: --all-pods: not with -p/--pod\n")
+        return EXIT_USAGE
     try:
         asyncio.run(call(args, out))
     except ClientError as exc:
@@ -68,13 +81,18 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         return f"/v1/jobs/{args.name}/pods", {}
     params = {"pod": args.pod, "container": args.container,
               "tailLines": None if args.tail is None else str(args.tail),
-              "follow": "true" if args.follow else None}  # fmt: skip
+              "follow": "true" if args.follow else None,
+              "timestamps": "true" if args.timestamps else None,
+              "previous": "true" if args.previous else None}  # fmt: skip
     return f"/v1/jobs/{args.name}/logs", {k: v for k, v in params.items() if v is not None}
 
 
 async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
     path, params = _request(args)
+    if args.command == "logs" and args.all_pods:
+        await all_pods(args, params, out)
+        return
     base = server_url(args)
     token = token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
