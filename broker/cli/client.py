@@ -263,7 +263,10 @@ class _Request:
 
 def _request_for(args: argparse.Namespace) -> _Request:
     """The HTTP request a client command stands for."""
-    name = quote(getattr(args, "name", None) or "", safe="")
+    given = getattr(args, "name", None)
+    if isinstance(given, list):  # cancel's names: one request cancels the first
+        given = given[0] if given else None
+    name = quote(given or "", safe="")
     match args.command:
         case "submit":
             try:
