@@ -26,8 +26,8 @@ from broker.cli.client import EXIT_ERROR, ClientError, exchange, submit_request
 from broker.cli.render import render
 
 SUFFIXES = (".yaml", ".yml", ".json")
-_SEPARATOR = re.compile(rb"^---(?:[ \t].*)?$", re.MULTILINE)
-_BLANK = re.compile(rb"^(?:\s*(?:#.*)?\n?)*\s*$")  # whitespace and comments only
+_SEPARATOR = re.compile(rb"^---(?=[ \t\r\n]|\Z)", re.MULTILINE)
+_END = re.compile(rb"^\.\.\.[ \t]*$", re.MULTILINE)  # a document end marker
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,19 @@ def split(body: bytes, source: str, is_json: bool) -> list[Document]:
     there are several; a JSON file is one document."""
     if is_json:
         return [Document(source, body, True)]
-    parts = [p for p in _SEPARATOR.split(body) if not _BLANK.fullmatch(p)]
+    parts = [p for p in _SEPARATOR.split(body) if not _empty(p)]
     if len(parts) <= 1:
         return [Document(source, body, False)]
     return [Document(f"{source} (document {i})", p, False) for i, p in enumerate(parts, 1)]
+
+
+def _empty(part: bytes) -> bool:
+    """A document of nothing (comments, an end marker): skipped, as kubectl does. One that
+    does not parse is not empty: the broker says what is wrong with it."""
+    try:
+        return yaml.safe_load(_END.sub(b"", part)) is None
+    except yaml.YAMLError:
+        return False
 
 
 def run_submit(args: argparse.Namespace) -> int:

@@ -262,3 +262,24 @@ async def test_bash_completes_a_job_name_from_the_broker(served: tuple[Harness, 
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(program.encode()), 30)
     assert out.decode().split() == ["train-a", "train-b"]
+
+
+def test_a_yaml_stream_is_split_as_yaml_reads_it() -> None:
+    """``---`` lines only (content after the marker kept; ``----`` is no marker), empty
+    documents (comments, an end marker) skipped, one that does not parse kept for the
+    broker to name; a JSON file is one document."""
+    from broker.cli.submitting import split
+
+    stream = (
+        b"--- {a: 1}\n---\nb: 2\n---\n# only a comment\n...\n---\nc: |\n  x\n----y: 1\n---\n[bad\n"
+    )
+    docs = split(stream, "f.yaml", is_json=False)
+    assert [d.source for d in docs] == [f"f.yaml (document {i})" for i in (1, 2, 3, 4)]
+    assert [yaml.safe_load(d.body) for d in docs[:3]] == [
+        {"a": 1},
+        {"b": 2},
+        {"c": "x\n", "----y": 1},
+    ]
+    assert docs[3].body == b"\n[bad\n"
+    assert split(b"---\nname: one\n", "g.yaml", is_json=False)[0].source == "g.yaml"
+    assert split(b'{"a": 1}\n---\n', "h.json", is_json=True)[0].body == b'{"a": 1}\n---\n'
