@@ -204,7 +204,7 @@ def run_client(args: argparse.Namespace) -> int:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 0 if args.command == "list" else 130
+        return 0 if getattr(args, "watch", False) else 130
     if args.output == "json":
         print(json.dumps(doc, indent=2))
     elif args.output == "yaml":

@@ -41,7 +41,7 @@ WATCH_MIN_SECONDS = 0.5  # a busy broker's events re-read the jobs at most this 
 
 def _key(job: dict[str, Any]) -> tuple[Any, ...]:
     meta = job.get("metadata", {})
-    return meta.get("name"), meta.get("namespace"), job.get("status", {}).get("tenant")
+    return meta.get("name"), meta.get("namespace")  # the namespace is the tenant
 
 
 def _seen(job: dict[str, Any]) -> dict[str, Any]:

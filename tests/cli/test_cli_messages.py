@@ -317,6 +317,7 @@ def test_ctrl_c_ends_a_watch_with_status_0(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(client_module, "watch_list", interrupted)
     assert main(["list", "--watch"]) == 0
+    assert main(["get", "train", "--watch"]) == 0
 
 
 @pytest.fixture
