@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 FEDBROKER_TRACES ?= ../shared/traces
 export FEDBROKER_TRACES
 
-.PHONY: run test lint typecheck clean system-deps
+.PHONY: run test lint typecheck clean system-deps image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,16 @@ system-deps:
 
 test: $(VENV)/.installed-test system-deps lint typecheck
 	$(BIN)/python -m pytest -q
+
+# The container image from the Dockerfile, named as deploy/kustomize expects it
+# (fedbroker:<version>); `make image IMAGE=registry.example.com/team/fedbroker:0.1.0` for a
+# registry of yours, then `docker push` it and set it in the kustomization
+# (docs/install.md). `make test` builds no image.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE ?= fedbroker:$(VERSION)
+DOCKER ?= docker
+image:
+	$(DOCKER) build -t $(IMAGE) .
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

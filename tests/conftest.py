@@ -57,3 +57,11 @@ def real_logging() -> Iterator[None]:
         handler.close()
     root.handlers[:], root.level = saved[0], saved[1]
     audit.handlers[:], audit.level, audit.propagate = saved[2], saved[3], saved[4]
+
+
+@pytest.fixture(autouse=True)
+def no_client_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads the user's own client config file: its current-context would choose
+    the server and the token of a CLI command run without --server."""
+    nowhere = Path(__file__).parent / "no-such-client-config.yaml"
+    monkeypatch.setenv("FEDBROKER_CONFIG", str(nowhere))

@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from broker.cli.args import plot_file, positive
+from broker.cli.output import add_output_options, yaml_from_json
 
 
 def add_bench_command(sub: Any) -> None:
@@ -28,7 +29,7 @@ def add_bench_command(sub: Any) -> None:
         "--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes"
     )
     cmd.add_argument("--seed", type=int, default=0, help="random seed of the generated jobs")
-    cmd.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_output_options(cmd)
     cmd.add_argument(
         "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"
     )
@@ -111,6 +112,12 @@ def _add_cycle_and_restart(cmd: Any) -> None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
+    args.json = args.output in ("json", "yaml")  # the benchmarks print JSON themselves
+    with yaml_from_json(args.output):
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     if args.clusters is None:
         args.clusters = 100 if args.cycle else 2 if args.plans else 20
     if args.nodes_per_cluster is None:

@@ -17,8 +17,10 @@ from typing import Any
 
 from broker.cli.args import EXIT_USAGE
 from broker.cli.client import EXIT_ERROR, FINAL_STATES, ClientError, exchange, list_jobs
-from broker.cli.render import render
-from broker.cli.submitting import shown
+from broker.cli.listing import print_answer
+from broker.cli.output import formatted
+from broker.cli.submitting import TABLES
+from broker.cli.tenants import find_tenant
 
 SELECTED_LIMIT = 1000  # the most jobs one ``cancel -l`` takes (the list's own limit)
 
@@ -38,47 +40,57 @@ def run_cancel(args: argparse.Namespace) -> int:
         return 130
 
 
-def _for(args: argparse.Namespace, name: str) -> argparse.Namespace:
-    """The arguments of cancelling the one job ``name`` (``exchange``'s request)."""
-    return argparse.Namespace(**{**vars(args), "name": name})
+def _for(args: argparse.Namespace, name: str, tenant: str | None = None) -> argparse.Namespace:
+    """The arguments of cancelling the one job ``name`` (``exchange``'s request), of
+    ``tenant`` when known (a job an admin's ``-l -A`` found)."""
+    one = argparse.Namespace(**{**vars(args), "name": name})
+    if tenant is not None:
+        one.tenant, one.all_tenants = tenant, False
+    return one
 
 
 async def _cancel_one(args: argparse.Namespace, name: str) -> int:
-    _, answer = await exchange(_for(args, name))
-    print(shown(args.output, answer, render("cancel", answer)))
+    one = _for(args, name)
+    await find_tenant(one, list_jobs)
+    _, answer = await exchange(one)
+    print_answer(one, answer)
     return 0
 
 
-async def selected(args: argparse.Namespace) -> list[str]:
-    """The names of the unfinished jobs whose labels match ``-l``."""
+async def selected(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The unfinished jobs whose labels match ``-l``: each name, and its tenant when the
+    list spans tenants (``--tenant``, ``-A``)."""
     query = {"command": "list", "queue": None, "state": None, "cluster": None, "name": None,
-             "mine": False, "limit": SELECTED_LIMIT}  # fmt: skip
+             "mine": False, "limit": SELECTED_LIMIT, "sort_by": None}  # fmt: skip
     doc = await list_jobs(argparse.Namespace(**{**vars(args), **query}))
+    spans = bool(getattr(args, "all_tenants", False) or getattr(args, "tenant", None))
     return [
-        j["metadata"]["name"] for j in doc.get("items", [])
-        if j.get("status", {}).get("state") not in FINAL_STATES
+        (j["metadata"]["name"], j["metadata"].get("namespace") if spans else None)
+        for j in doc.get("items", []) if j.get("status", {}).get("state") not in FINAL_STATES
     ]  # fmt: skip
 
 
 async def _cancel_all(args: argparse.Namespace) -> int:
-    names = list(args.name) or await selected(args)
-    if not names:
+    jobs = [(n, None) for n in args.name] or await selected(args)
+    if not jobs:
         sys.stderr.write(f"fedbroker: no unfinished job matches -l {args.selector}\n")
     failed = 0
     answers: list[Any] = []
-    for name in names:
+    for name, tenant in jobs:
         try:
-            _, answer = await exchange(_for(args, name))
+            one = _for(args, name, tenant)
+            await find_tenant(one, list_jobs)
+            _, answer = await exchange(one)
         except ClientError as exc:
             failed += 1
             sys.stderr.write(f"fedbroker: error: job {name!r}: {exc}\n")
             continue
         answers.append(answer)
-        if args.output == "table":
+        if args.output in TABLES:
             state = answer.get("status", {}).get("state") if isinstance(answer, dict) else None
             print(f"job {name!r} cancelled ({state})", flush=True)
-    if args.output != "table":
-        print(shown(args.output, {"items": answers}, ""))
+    if args.output not in TABLES:
+        print(formatted({"items": answers}, args.output, str))
     return EXIT_ERROR if failed else 0
 
 

@@ -4,10 +4,11 @@ It talks to a running broker over its HTTP API (``broker.cli.connection``: ``--s
 ``$FEDBROKER_SERVER``, a scheme-less ``host:port`` taken as http://, default
 http://127.0.0.1:8080; token from ``--token`` or ``$FEDBROKER_TOKEN``; an https server's
 certificate verified against ``--ca-file`` or ``$FEDBROKER_CA_FILE``, else the system's
-trust store) and prints tables for people (``broker.cli.render``) or ``-o json|yaml`` for
-scripts. Every failure is one line on stderr: the server's own error message (a 401 with
-what sets the token), or why it could not be reached (with how to start a broker). The
-token is sent as a bearer header and never printed.
+trust store; or a context of the client's config file) and prints tables for people
+(``broker.cli.render``) or ``-o json|yaml`` for scripts (``broker.cli.listing``). Every
+failure is one line on stderr: the server's own error message (a 401 with what sets the
+token), or why it could not be reached (with how to start a broker). The token is sent as a
+bearer header and never printed.
 
 ``submit`` labels a job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
 stderr what a known name did (reused a finished one: its next generation; an active one with
@@ -50,7 +51,8 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
-from broker.cli.render import render, render_finished
+from broker.cli.listing import count_more, more_note, print_answer, sorted_answer
+from broker.cli.output import add_output_options, add_sort_option
 from broker.cli.retrying import (
     DEFAULT_RETRY_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
@@ -60,6 +62,7 @@ from broker.cli.retrying import (
     retry_seconds,
     send_request,
 )
+from broker.cli.tenants import add_tenant_options, find_tenant, tenant_params
 from broker.cli.watching import watch
 from broker.cli.wrap import WrapError, is_plain_object, wrap
 from broker.manifest import ManifestError
@@ -82,6 +85,7 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     ):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("name", help="the job's name (metadata.name)")
+        add_tenant_options(cmd)
     sub.choices["get"].add_argument(
         "-w", "--watch", action="store_true", help="then its row on each change, until Ctrl-C"
     )
@@ -89,8 +93,11 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     cancel.add_argument("name", nargs="*", help="the jobs' names")
     cancel.add_argument("-l", "--selector", metavar="LABELS", help="every active job whose "
                         "metadata.labels match, as list's -l")  # fmt: skip
+    add_tenant_options(cancel)
     _add_list(sub, common)
-    sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    add_sort_option(
+        sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
+    )
     sub.add_parser(
         "pools", parents=[common], help="burst pools: nodes up and coming, node-hours, cost"
     )
@@ -99,10 +106,7 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
 def _common_options(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     common = parser_class(add_help=False)
     add_connection_options(common)
-    common.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default="table",
-        help="tables for people, or the API's answer as JSON or YAML for scripts",
-    )  # fmt: skip
+    add_output_options(common)
     common.add_argument(
         "--retry-for",
         type=retry_seconds,
@@ -158,8 +162,11 @@ def _add_list(sub: Any, common: argparse.ArgumentParser) -> None:
         f"{SUBMITTED_BY}=<user> (${USER_ENV}, else your login name)",
     )  # fmt: skip
     lister.add_argument(
-        "--limit", type=_limit, default=100, help="at most this many jobs (1..1000)"
-    )
+        "--limit", type=_limit, default=100,
+        help="at most this many jobs (1..1000); how many more there are is said on stderr",
+    )  # fmt: skip
+    add_sort_option(lister)
+    add_tenant_options(lister)
     lister.add_argument(
         "-w", "--watch", action="store_true",
         help="then print each job whose state changes (read on /v1/events), until Ctrl-C",
@@ -205,14 +212,10 @@ def run_client(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 0 if getattr(args, "watch", False) else 130
-    if args.output == "json":
-        print(json.dumps(doc, indent=2))
-    elif args.output == "yaml":
-        print(yaml.safe_dump(doc, sort_keys=False), end="")
-    elif args.command == "explain" and isinstance(doc, dict) and "finished" in doc:
-        print(render_finished(doc["finished"]))
-    else:
-        print(render(args.command, doc))
+    more = doc.pop("more", None) if args.command == "list" else None
+    print_answer(args, sorted_answer(args.command, doc, getattr(args, "sort_by", None)))
+    if more is not None:
+        more_note(more, args.limit)
     return 0
 
 
@@ -220,13 +223,18 @@ async def _answer(args: argparse.Namespace) -> tuple[int, Any]:
     """The command's answer (status, JSON); a list follows its cursor up to --limit; an
     explain of a finished job carries the job (under ``finished``) for the table."""
     if args.command == "list":
-        return 200, await list_jobs(args)
+        doc = await list_jobs(args)
+        if doc["continue"] is not None and args.output in ("table", "wide"):
+            doc["more"] = await count_more(args, list_jobs, doc["continue"])
+        return 200, doc
+    await find_tenant(args, list_jobs)
     status, doc = await exchange(args)
     if (
-        args.command == "explain" and args.output == "table" and isinstance(doc, dict)
-        and doc.get("state") in FINAL_STATES
+        args.command == "explain" and args.output in ("table", "wide")
+        and isinstance(doc, dict) and doc.get("state") in FINAL_STATES
     ):  # fmt: skip
-        _, job = await exchange(args, _Request("GET", f"/v1/jobs/{quote(args.name)}"))
+        job_path = f"/v1/jobs/{quote(args.name)}"
+        _, job = await exchange(args, _Request("GET", job_path, params=tenant_params(args)))
         doc = {**doc, "finished": job}
     return status, doc
 
@@ -235,7 +243,7 @@ async def list_jobs(args: argparse.Namespace) -> dict[str, Any]:
     """Up to --limit jobs: a filtered page may hold fewer (the server reads a bounded
     number of jobs per request), so the cursor is followed until the limit or the end."""
     items: list[Any] = []
-    cursor: str | None = None
+    cursor: str | None = getattr(args, "after", None)
     while True:
         request = _request_for(args)
         request.params["limit"] = str(args.limit - len(items))
@@ -275,11 +283,11 @@ def _request_for(args: argparse.Namespace) -> _Request:
                 raise ClientError(f"{args.file}: {exc.strerror}") from None
             return submit_request(args, body, str(args.file), args.file.suffix == ".json")
         case "get":
-            return _Request("GET", f"/v1/jobs/{name}")
+            return _Request("GET", f"/v1/jobs/{name}", params=tenant_params(args))
         case "cancel":
-            return _Request("DELETE", f"/v1/jobs/{name}")
+            return _Request("DELETE", f"/v1/jobs/{name}", params=tenant_params(args))
         case "explain":
-            return _Request("GET", f"/v1/jobs/{name}/explain")
+            return _Request("GET", f"/v1/jobs/{name}/explain", params=tenant_params(args))
         case "list":
             return _Request("GET", "/v1/jobs", params=list_params(args))
         case "clusters":
@@ -298,7 +306,7 @@ def list_params(args: argparse.Namespace) -> dict[str, str]:
         ("queue", args.queue), ("state", args.state), ("cluster", args.cluster),
         ("name", args.name), ("selector", ",".join(selectors)),
     )  # fmt: skip
-    params = {k: str(v) for k, v in filters if v}
+    params = {k: str(v) for k, v in filters if v} | tenant_params(args)
     params["limit"] = str(args.limit)
     return params
 
@@ -400,6 +408,7 @@ def _ssl_reason(exc: aiohttp.ClientSSLError) -> str:
 
 async def watch_list(args: argparse.Namespace) -> int:
     """``list --watch`` and ``get --watch`` (``broker.cli.watching``)."""
+    await find_tenant(args, list_jobs)  # get -A: the one tenant with that name
     return await watch(args, list_jobs if args.command == "list" else _one_job)
 
 

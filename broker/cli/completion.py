@@ -5,7 +5,7 @@ dependency, nothing to keep in step by hand): it completes the subcommand, then 
 subcommand's options, the choices of an option that has them (``-o json``), file names
 after options that take a file, and, where a job's name is expected (``JOB_COMMANDS``), the
 names of the caller's jobs, asked of the broker as kubectl does (``fedbroker __complete
-jobs``, ``broker.cli.jobnames``, with the line's ``--server``/``--token``/``--ca-file``).
+jobs``, ``broker.cli.jobnames``, with the line's connection flags, ``--context`` too).
 Install it with ``source <(fedbroker completion bash)`` (bash) or ``source <(fedbroker
 completion zsh)`` (zsh), e.g. from ~/.bashrc or ~/.zshrc.
 """
@@ -71,7 +71,7 @@ _fedbroker_jobs() {
     local i w flags=()
     for ((i = 1; i < COMP_CWORD; i++)); do
         w="${COMP_WORDS[i]}"
-        case "$w" in --server|--token|--ca-file)
+        case "$w" in --server|--token|--ca-file|--context)
             if [[ "${COMP_WORDS[i+1]}" == "=" ]]; then flags+=("$w=${COMP_WORDS[i+2]}")
             else flags+=("$w" "${COMP_WORDS[i+1]}"); fi;;
         esac

@@ -2,11 +2,13 @@
 
 Shared by every command that talks to a running broker (``submit``, ``list``, ``pods``,
 ``logs``, ...): the ``--server``/``--token``/``--ca-file`` options and their environment
-variables, the server's URL (``127.0.0.1:8080`` without a scheme is taken as
-``http://127.0.0.1:8080``; anything else that is not an http(s) URL is refused in one line
-naming the flag or the variable it came from), and the one-line messages for the answers a
-newcomer meets first: a 401 names the variable and flag that set the token, a 403 keeps the
-permission the server named, a refused connection names the URL and how to start a broker.
+variables, the ``--context`` of the client's config file (``broker.cli.contexts``) and the
+order in which they win (``resolved``), the server's URL (``127.0.0.1:8080`` without a
+scheme is taken as ``http://127.0.0.1:8080``; anything else that is not an http(s) URL is
+refused in one line naming the flag or the variable it came from), and the one-line messages
+for the answers a newcomer meets first: a 401 names the variable and flag that set the
+token, a 403 keeps the permission the server named, a refused connection names the URL and
+how to start a broker.
 """
 
 from __future__ import annotations
@@ -16,10 +18,20 @@ import json
 import os
 import socket
 import ssl
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+
+from broker.cli.contexts import (
+    Context,
+    ContextFileError,
+    TokenCommandFailed,
+    load_config,
+    token_from_command,
+)
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 SERVER_ENV = "FEDBROKER_SERVER"
@@ -50,19 +62,18 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         help=f"PEM CA certificates an https broker is verified with (default ${CA_FILE_ENV}, "
         "else the system's trust store)",
     )  # fmt: skip
+    parser.add_argument(
+        "--context", default=None, metavar="NAME",
+        help="a context of the config file ($FEDBROKER_CONFIG, else "
+        "~/.config/fedbroker/config.yaml; default its current-context)",
+    )  # fmt: skip
 
 
 def server_url(args: argparse.Namespace) -> str:
-    """The broker's base URL (no trailing slash) from ``--server``, else $FEDBROKER_SERVER,
-    else the default; ClientError (one line naming where it came from) if it is no URL."""
-    given = getattr(args, "server", None)
-    if given:
-        text, source = given, "--server"
-    elif os.environ.get(SERVER_ENV):
-        text, source = os.environ[SERVER_ENV], f"${SERVER_ENV}"
-    else:
-        text, source = DEFAULT_SERVER, "the default server"
-    return normalize_server(text, source)
+    """The broker's base URL (no trailing slash): ``--server``, else the context's, else
+    $FEDBROKER_SERVER, else the default; ClientError (one line naming where it came from)
+    if it is no URL."""
+    return normalize_server(*resolved(args).server)
 
 
 def normalize_server(text: str, source: str) -> str:
@@ -85,11 +96,85 @@ def normalize_server(text: str, source: str) -> str:
 
 
 def token_of(args: argparse.Namespace) -> str:
-    return getattr(args, "token", None) or os.environ.get(TOKEN_ENV, "")
+    return resolved(args).token
 
 
 def ca_file_of(args: argparse.Namespace) -> str | None:
-    return getattr(args, "ca_file", None) or os.environ.get(CA_FILE_ENV) or None
+    return resolved(args).ca_file
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a command's connection comes from: the server (its text and where that came
+    from, for the error line), the token and the CA file."""
+
+    server: tuple[str, str]
+    token: str
+    ca_file: str | None
+
+
+def resolved(args: argparse.Namespace) -> Resolved:
+    """Flags first; then a context named by ``--context`` (a flag too); then the
+    variables; then the file's current-context, only when no server is given by flag or
+    variable (its token is never sent to a server it was not written for). Worked out once
+    per command (a tokenCommand runs once)."""
+    cached = getattr(args, "_resolved", None)
+    if isinstance(cached, Resolved):
+        return cached
+    context, explicit = _context_of(args)
+    given = getattr(args, "server", None)
+    if given:
+        server = (given, "--server")
+    elif context is not None and context.server:
+        server = (context.server, f"context {context.name!r}: server")
+    elif os.environ.get(SERVER_ENV):
+        server = (os.environ[SERVER_ENV], f"${SERVER_ENV}")
+    else:
+        server = (DEFAULT_SERVER, "the default server")
+    ca_file = getattr(args, "ca_file", None)
+    if not ca_file and (explicit or not os.environ.get(CA_FILE_ENV)):
+        ca_file = _ca_file(context)
+    ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
+    token = getattr(args, "token", None)
+    if not token and (explicit or not os.environ.get(TOKEN_ENV)):
+        token = _context_token(context)
+    token = token or os.environ.get(TOKEN_ENV, "")
+    answer = Resolved(server, token, ca_file)
+    args._resolved = answer
+    return answer
+
+
+def _context_token(context: Context | None) -> str | None:
+    if context is None or context.token is not None or context.token_command is None:
+        return None if context is None else context.token
+    try:
+        return token_from_command(context)
+    except TokenCommandFailed as exc:
+        raise ClientError(str(exc)) from None
+
+
+def _ca_file(context: Context | None) -> str | None:
+    if context is None or context.ca_file is None:
+        return None
+    return str(Path(context.ca_file).expanduser())
+
+
+def _context_of(args: argparse.Namespace) -> tuple[Context | None, bool]:
+    """The context in use and whether ``--context`` named it."""
+    named = getattr(args, "context", None)
+    if named is None and (getattr(args, "server", None) or os.environ.get(SERVER_ENV)):
+        return None, False
+    file = load_config()
+    if named is None:
+        current = file.config.current_context
+        return (file.config.context(current) if current else None), False
+    context = file.config.context(named)
+    if context is None:
+        known = ", ".join(c.name for c in file.config.contexts) or "none"
+        raise ContextFileError(
+            f"--context {named}: no such context in {file.path} (known: {known})"
+        )
+    return context, True
 
 
 def trust(ca_file: str | None) -> ssl.SSLContext | bool:
@@ -125,8 +210,9 @@ def http_error(status: int, message: str | None, reason: str | None, token: str)
     line = " ".join(f"{status} {message or reason or ''}".split())
     if status == 401:
         if not token:
-            return f"{line} (no token given: set ${TOKEN_ENV} or pass --token)"
-        return f"{line} (the token from --token or ${TOKEN_ENV} was not accepted)"
+            return f"{line} (no token given: set ${TOKEN_ENV} or pass --token, or use a context)"
+        source = f"--token or ${TOKEN_ENV}, or the context's"
+        return f"{line} (the token from {source}, was not accepted)"
     return line
 
 
@@ -157,6 +243,7 @@ __all__ = [
     "ca_file_of",
     "http_error",
     "normalize_server",
+    "resolved",
     "server_url",
     "token_of",
     "unreachable",

@@ -83,7 +83,8 @@ async def all_pods(args: argparse.Namespace, params: dict[str, str], out: Binary
     try:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             broker = _Broker(args, session)
-            async with broker.get(f"/v1/jobs/{quote(args.name, safe='')}/pods", {}) as resp:
+            whose = {k: v for k, v in params.items() if k == "tenant"}  # --tenant, -A
+            async with broker.get(f"/v1/jobs/{quote(args.name, safe='')}/pods", whose) as resp:
                 doc = await (await broker.checked(resp)).json()
             pods = sorted(str(p.get("name")) for p in doc.get("pods") or [])
             if not pods:

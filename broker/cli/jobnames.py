@@ -1,5 +1,6 @@
-"""``fedbroker __complete jobs [--server URL] [--token T] [--ca-file F] [PREFIX]``: the
-names of the caller's jobs that start with PREFIX, one a line, for shell completion.
+"""``fedbroker __complete jobs [--server URL] [--token T] [--ca-file F] [--context NAME]
+[PREFIX]``: the names of the caller's jobs that start with PREFIX, one a line, for shell
+completion.
 
 Hidden (not in the help or the parser: ``main`` hands it the words before parsing), as
 kubectl's ``__complete`` is. The completion script (``broker.cli.completion``) calls it

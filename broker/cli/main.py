@@ -20,6 +20,7 @@ from broker.cli.bench import add_bench_command, run_bench_command
 from broker.cli.cancelling import run_cancel
 from broker.cli.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.cli.completion import add_completion_command, completion_script
+from broker.cli.contexts import add_config_command, run_config
 from broker.cli.demo import add_demo_command, run_demo
 from broker.cli.jobnames import COMPLETE, run_complete
 from broker.cli.plan import (
@@ -63,6 +64,7 @@ FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_plan_command, {"plan": run_plan}),
     (add_agent_command, {"agent": run_agent_command}),
     (add_bench_command, {"bench": run_bench_command}),
+    (add_config_command, {"config": run_config}),
     (add_completion_command, {"completion": run_completion}),
 )
 _RUNNERS: dict[str, Run] = {name: run for _, runs in FAMILIES for name, run in runs.items()}

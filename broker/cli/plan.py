@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from adapters.kube.translate import GpuConfig
 from adapters.kube.watch import ClusterWatcher
+from broker.cli.output import add_output_options, formatted
 from broker.core.ledger import Ledger
 from broker.core.queue import JobQueue, Pending, QueueSpec
 from broker.core.scheduler import PolicyBook
@@ -51,7 +51,7 @@ def add_inspect_command(sub: Any) -> None:
         default=DEFAULT_TIMEOUT,
         help="seconds before an unreachable cluster is reported stale",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_options(p)
 
 
 async def inspect_clusters(
@@ -135,7 +135,7 @@ def add_plan_command(sub: Any) -> None:
     p.add_argument("--gpu-type-label", default=None, help="node label with the GPU type")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds before an unreachable cluster is reported stale")  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_options(p)
 
 
 def plan_document(job: Job, ledger: Ledger) -> dict[str, Any]:
@@ -182,8 +182,8 @@ def run_plan(args: argparse.Namespace) -> int:
         read_clusters(args.kubeconfig, args.context, gpu=gpu, timeout=args.timeout)
     )
     doc = plan_document(job, ledger)
-    if args.json:
-        print(json.dumps(doc))
+    if args.output in ("json", "yaml"):
+        print(formatted(doc, args.output, str))
         return 0
     if doc["fits"]:
         print(f"{job.name}: would be placed on {doc['cluster']}")
@@ -202,8 +202,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     doc = asyncio.run(
         inspect_clusters(args.kubeconfig, args.context, gpu=gpu, timeout=args.timeout)
     )
-    if args.json:
-        print(json.dumps(doc))
+    if args.output in ("json", "yaml"):
+        print(formatted(doc, args.output, str))
         return 0
     for cluster in doc["clusters"]:
         state = "STALE (unreachable)" if cluster["stale"] else f"{len(cluster['nodes'])} nodes"

@@ -2,7 +2,7 @@
 [--tail N] [-f] [--timestamps] [--previous]``.
 
 Clients of a running broker like ``broker.cli.client`` (same ``--server``, ``--token``,
-``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o json``),
+``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o yaml|json``),
 ``logs`` streams one pod's log to stdout as it arrives (``-f``: until the pod's log ends or
 the user interrupts; ``--all-pods``: every pod's, prefixed, ``broker.cli.gang_logs``). Every
 failure is one line on stderr (the server's error message).
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from typing import Any, BinaryIO
 
 import aiohttp
 
 from broker.cli.args import EXIT_USAGE
-from broker.cli.client import EXIT_ERROR
+from broker.cli.client import EXIT_ERROR, list_jobs
 from broker.cli.connection import (
     ClientError,
     add_connection_options,
@@ -33,7 +32,10 @@ from broker.cli.connection import (
     unreachable,
 )
 from broker.cli.gang_logs import all_pods
+from broker.cli.listing import sorted_answer
+from broker.cli.output import add_output_options, add_sort_option, formatted
 from broker.cli.render import table
+from broker.cli.tenants import add_tenant_options, find_tenant, tenant_params
 
 POD_HEADER = ("POD", "POD-SET", "CLUSTER", "NODE", "PHASE", "RESTARTS", "SLOT")
 CONNECT_TIMEOUT_SECONDS = 30.0
@@ -44,8 +46,9 @@ def add_pods_commands(sub: Any) -> None:
     add_connection_options(common)
     pods = sub.add_parser("pods", parents=[common], help="a placed job's pods")
     pods.add_argument("name", help="the job's name")
-    pods.add_argument("-o", "--output", choices=("table", "json"), default="table",
-                      help="a table for people, or the API's JSON")  # fmt: skip
+    add_output_options(pods)
+    add_sort_option(pods)
+    add_tenant_options(pods)
     logs = sub.add_parser("logs", parents=[common], help="stream a pod's log of a job")
     logs.add_argument("name", help="the job's name")
     logs.add_argument("-p", "--pod", help="the pod (default: the job's first)")
@@ -58,6 +61,7 @@ def add_pods_commands(sub: Any) -> None:
                       help="each line after when it was written (RFC 3339)")  # fmt: skip
     logs.add_argument("--previous", action="store_true",
                       help="the previous instance of the container")  # fmt: skip
+    add_tenant_options(logs)
 
 
 def run_pods(args: argparse.Namespace) -> int:
@@ -78,8 +82,8 @@ def _run(args: argparse.Namespace, out: BinaryIO) -> int:
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     if args.command == "pods":
-        return f"/v1/jobs/{args.name}/pods", {}
-    params = {"pod": args.pod, "container": args.container,
+        return f"/v1/jobs/{args.name}/pods", tenant_params(args)
+    params = {**tenant_params(args), "pod": args.pod, "container": args.container,
               "tailLines": None if args.tail is None else str(args.tail),
               "follow": "true" if args.follow else None,
               "timestamps": "true" if args.timestamps else None,
@@ -89,6 +93,7 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
 
 async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
+    await find_tenant(args, list_jobs)
     path, params = _request(args)
     if args.command == "logs" and args.all_pods:
         await all_pods(args, params, out)
@@ -107,7 +112,8 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
                 message = error_of(answer_body(await resp.text()))
                 raise ClientError(http_error(resp.status, message, resp.reason, token))
             if args.command == "pods":
-                out.write(render_pods(await resp.json(), args.output).encode() + b"\n")
+                doc = sorted_answer("pods", await resp.json(), args.sort_by)
+                out.write(render_pods(doc, args.output).encode() + b"\n")
                 return
             async for chunk in resp.content.iter_any():
                 out.write(chunk)
@@ -117,8 +123,10 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
 
 
 def render_pods(doc: Any, output: str = "table") -> str:
-    if output == "json":
-        return json.dumps(doc, indent=2)
+    return formatted(doc, output, _pods_table)
+
+
+def _pods_table(doc: Any) -> str:
     rows = [
         [p.get("name"), p.get("podSet"), p.get("cluster"), p.get("node") or "-", p.get("phase"),
          p.get("restarts"), p.get("slot") or "-"]

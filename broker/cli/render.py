@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from broker.figures import ALLOCATED, FREE, LARGEST_GANG, RESERVED, STRANDED, TOTAL, gang
+
 
 def _age(seconds: float | None) -> str:
     if seconds is None:
@@ -42,6 +44,8 @@ def _job_row(job: dict[str, Any]) -> list[object]:
         status.get("waiting") or status.get("reason"),
     ]
 
+
+job_row = _job_row  # a list's row, for tables built around it (broker.cli.listing)
 
 JOB_HEADER = ("NAME", "QUEUE", "STATE", "CLUSTER", "AGE", "REASON")
 
@@ -160,23 +164,28 @@ def _next(doc: dict[str, Any]) -> str:
     return "\n\n" + "\n".join(out) if out else ""
 
 
+_CLUSTER_FIGURES = (TOTAL, ALLOCATED, RESERVED, FREE, STRANDED)  # then the largest gang
+
+
 def _render_clusters(doc: Any) -> str:
     rows = []
     for c in doc.get("clusters", []):
         # A cluster with no GPU nodes (yet: a burst cluster) still gets its row.
         for t in c.get("gpuTypes") or [{"gpuType": "-", "total": 0}]:
-            rows.append(
-                [
-                    c.get("cluster") or c.get("name"),
-                    t.get("gpuType"),
-                    t.get("total"),
-                    t.get("allocated"),
-                    t.get("reserved"),
-                    t.get("free"),
-                    t.get("largestGang"),
-                ]
-            )
-    return table(("CLUSTER", "GPU", "TOTAL", "ALLOCATED", "RESERVED", "FREE", "LARGEST-GANG"), rows)
+            pods, per_pod = t.get(LARGEST_GANG.field) or 0, t.get(LARGEST_GANG.per_unit) or 0
+            rows.append([
+                c.get("cluster") or c.get("name"), t.get("gpuType"),
+                *(_gpus(t.get(f.field)) for f in _CLUSTER_FIGURES), gang(pods, per_pod),
+            ])  # fmt: skip
+    header = ("CLUSTER", "GPU", *(f.column for f in _CLUSTER_FIGURES), LARGEST_GANG.column)
+    return table(header, rows)
+
+
+def _gpus(value: object) -> object:
+    """A GPU amount as the terminal view writes it: ``3``, ``0.5``; ``-`` for none."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+    return value
 
 
 def _render_pools(doc: Any) -> str:

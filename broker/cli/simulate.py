@@ -25,6 +25,7 @@ from broker.cli.args import (
     positive,
     positive_float,
 )
+from broker.cli.output import add_output_options, yaml_from_json
 from broker.model import Node
 from broker.sim.traces import TracePod, read_nodes, read_openb_pods
 
@@ -78,7 +79,7 @@ def _add_fill_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--loads", type=loads, default=[80, 90, 100, 110, 130],
                      help="fill: the loads reported, percent of GPU capacity requested "
                      "(default: 80,90,100,110,130)")  # fmt: skip
-    cmd.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_output_options(cmd)
     cmd.add_argument("--dump-placements", type=Path, metavar="FILE",
                      help="write every placement to FILE (CSV)")  # fmt: skip
     cmd.add_argument("--plot", type=plot_file, metavar="FILE", help="write a PNG plot")
@@ -151,6 +152,12 @@ def load_inputs(
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    args.json = args.output in ("json", "yaml")  # the simulator prints JSON itself
+    with yaml_from_json(args.output):
+        return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
     policies = args.policy or ["binpack", "fgd"]
     _fill_in_defaults(args)
     nodes, pods = load_inputs(args.nodes, args.pods, args.seed)

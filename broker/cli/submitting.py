@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import sys
 from dataclasses import dataclass
@@ -23,9 +22,11 @@ from typing import Any
 import yaml
 
 from broker.cli.client import EXIT_ERROR, ClientError, exchange, submit_request
+from broker.cli.output import formatted
 from broker.cli.render import render
 
 SUFFIXES = (".yaml", ".yml", ".json")
+TABLES = ("table", "wide")  # several answers: one line each (-o json|yaml: their items)
 _SEPARATOR = re.compile(rb"^---(?=[ \t\r\n]|\Z)", re.MULTILINE)
 _END = re.compile(rb"^\.\.\.[ \t]*$", re.MULTILINE)  # a document end marker
 
@@ -94,7 +95,7 @@ def run_submit(args: argparse.Namespace) -> int:
 
 async def _submit_one(args: argparse.Namespace, doc: Document) -> int:
     status, answer = await exchange(args, submit_request(args, doc.body, doc.source, doc.is_json))
-    print(shown(args.output, answer, render("submit", answer)))
+    print(formatted(answer, args.output, lambda d: render("submit", d)))
     note = resubmit_note(status, answer)
     if note:
         sys.stderr.write(f"fedbroker: {note}\n")
@@ -115,10 +116,10 @@ async def _submit_all(args: argparse.Namespace, docs: list[Document]) -> int:
             sys.stderr.write(f"fedbroker: error: {named}\n")
             continue
         answers.append(answer)
-        if args.output == "table":
+        if args.output in TABLES:
             print(f"{doc.source}: {outcome(status, answer)}", flush=True)
-    if args.output != "table":
-        print(shown(args.output, {"items": answers}, ""))
+    if args.output not in TABLES:
+        print(formatted({"items": answers}, args.output, str))
     return EXIT_ERROR if failed else 0
 
 
@@ -132,15 +133,6 @@ def outcome(status: int, answer: Any) -> str:
     if generation > 1:
         return f"job {name!r} submitted again: run {generation} ({state})"
     return f"job {name!r} submitted ({state})"
-
-
-def shown(output: str, doc: Any, table: str) -> str:
-    """An answer as ``-o`` asks: JSON, YAML, or the table given."""
-    if output == "json":
-        return json.dumps(doc, indent=2)
-    if output == "yaml":
-        return yaml.safe_dump(doc, sort_keys=False).rstrip("\n")
-    return table
 
 
 def resubmit_note(status: int, doc: Any) -> str | None:
@@ -167,4 +159,4 @@ def resubmit_note(status: int, doc: Any) -> str | None:
     return None
 
 
-__all__ = ["Document", "documents", "outcome", "resubmit_note", "run_submit", "shown", "split"]
+__all__ = ["Document", "documents", "outcome", "resubmit_note", "run_submit", "split"]

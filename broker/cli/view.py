@@ -27,10 +27,11 @@ from rich.table import Table
 from rich.text import Text
 
 from broker.cli.view_topology import DomainLines, LevelView, levels_from_json
+from broker.figures import ALLOCATED, FREE, LARGEST_GANG, RESERVED, TOTAL, gang
 
 BAR_WIDTH = 24
 EVENTS_SHOWN = 8
-USED, RESERVED, FREE = "█", "▒", "░"
+USED, RESERVED_CELL, FREE_CELL = "█", "▒", "░"
 USED_STYLE, RESERVED_STYLE, FREE_STYLE = "green", "yellow", "grey50"
 _STATE_STYLES = {
     "Queued": "cyan", "Placed": "yellow", "Running": "green", "Succeeded": "bold green",
@@ -45,7 +46,7 @@ class GpuRow:
 
     gpu_type: str
     total: int
-    used: float
+    allocated: float
     reserved: float
     free: float
     largest_gang: int
@@ -60,12 +61,6 @@ class ClusterRow:
     connected: bool | None
     gpus: tuple[GpuRow, ...]
     topology: tuple[LevelView, ...] = ()  # its declared levels' domains, widest first
-
-    @property
-    def largest_gang(self) -> GpuRow | None:
-        """The GPU type with the largest placeable gang (None: no gang fits anywhere)."""
-        best = max(self.gpus, key=lambda g: g.largest_gang, default=None)
-        return best if best is not None and best.largest_gang > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,8 +217,8 @@ def duration(seconds: float) -> str:
 
 
 def bar(used: float, reserved: float, total: float, width: int = BAR_WIDTH) -> Text:
-    """Used, reserved and free GPUs as one bar of ``width`` cells; any use shows at least
-    one cell, and the cells always add up to ``width``."""
+    """Allocated (``used``), reserved and free GPUs as one bar of ``width`` cells; any use
+    shows at least one cell, and the cells always add up to ``width``."""
     if total <= 0 or width <= 0:
         return Text(" " * max(width, 0))
 
@@ -236,17 +231,19 @@ def bar(used: float, reserved: float, total: float, width: int = BAR_WIDTH) -> T
     n_free = width - n_used - n_reserved
     text = Text()
     text.append(USED * n_used, USED_STYLE)
-    text.append(RESERVED * n_reserved, RESERVED_STYLE)
-    text.append(FREE * n_free, FREE_STYLE)
+    text.append(RESERVED_CELL * n_reserved, RESERVED_STYLE)
+    text.append(FREE_CELL * n_free, FREE_STYLE)
     return text
 
 
 def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left",
                   title=_legend(source))  # fmt: skip
+    # The columns and their order are those of ``fedbroker clusters`` (broker.figures).
     for name, justify in (("CLUSTER", "left"), ("GPU", "left"), ("", "left"),
-                          ("USED", "right"), ("RESERVED", "right"), ("FREE", "right"),
-                          ("TOTAL", "right"), ("LARGEST GANG", "left")):  # fmt: skip
+                          (TOTAL.column, "right"), (ALLOCATED.column, "right"),
+                          (RESERVED.column, "right"), (FREE.column, "right"),
+                          (LARGEST_GANG.column, "left")):  # fmt: skip
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for c in clusters:
         label = Text(c.name, style="bold")
@@ -254,19 +251,15 @@ def _clusters_table(clusters: Sequence[ClusterRow], source: str) -> Table:
             label.append(" cloud", style="cyan")
         if c.stale or c.connected is False:
             label.append(" stale" if c.stale else " disconnected", style="bold red")
-        best = c.largest_gang
-        gang = (
-            Text(f"{best.largest_gang} x {best.gang_gpus} {best.gpu_type}")
-            if best is not None
-            else Text("none", style="grey50")
-        )
         if not c.gpus:
-            table.add_row(label, Text("no GPU nodes", style="grey50"), "", "", "", "", "0", gang)
+            none = Text(gang(0, 0), style="grey50")
+            table.add_row(label, Text("no GPU nodes", style="grey50"), "", "0", "", "", "", none)
         for i, g in enumerate(c.gpus):
+            largest = Text(gang(g.largest_gang, g.gang_gpus),
+                           style="" if g.largest_gang else "grey50")  # fmt: skip
             table.add_row(
-                label if i == 0 else "", g.gpu_type, bar(g.used, g.reserved, g.total),
-                gpus(g.used), gpus(g.reserved), gpus(g.free), str(g.total),
-                gang if i == 0 else "",
+                label if i == 0 else "", g.gpu_type, bar(g.allocated, g.reserved, g.total),
+                str(g.total), gpus(g.allocated), gpus(g.reserved), gpus(g.free), largest,
             )  # fmt: skip
     return table
 
@@ -320,7 +313,7 @@ def _events_table(events: Sequence[EventRow], at: float) -> Table:
 
 def render(snapshot: Snapshot, banner: RenderableType | None = None) -> RenderableType:
     """The whole view: ``banner`` (if any) on top, then clusters (a bar per GPU type:
-    used, reserved, free; the largest placeable gang), a line per cluster and topology
+    allocated, reserved, free; its largest placeable gang), a line per cluster and topology
     level (its domains' whole free nodes, the largest gang inside one domain), queues
     (pending, oldest wait), burst pools (nodes ready and coming, cost per hour) and the
     last job events."""
@@ -347,9 +340,9 @@ def render(snapshot: Snapshot, banner: RenderableType | None = None) -> Renderab
 
 def _legend(source: str) -> Text:
     text = Text("Clusters", style="bold").append("   ")
-    text.append(USED, USED_STYLE).append(" used  ")
-    text.append(RESERVED, RESERVED_STYLE).append(" reserved  ")
-    text.append(FREE, FREE_STYLE).append(" free")
+    text.append(USED, USED_STYLE).append(f" {ALLOCATED.field}  ")
+    text.append(RESERVED_CELL, RESERVED_STYLE).append(f" {RESERVED.field}  ")
+    text.append(FREE_CELL, FREE_STYLE).append(f" {FREE.field}")
     if source:
         text.append(f"   {source}", style="grey50")
     return text
@@ -366,7 +359,7 @@ def status_line(snapshot: Snapshot) -> str:
     """One line for a log or a pipe: GPUs in use, pending jobs and their oldest wait, burst
     nodes and their cost per hour."""
     total = sum(g.total for c in snapshot.clusters for g in c.gpus)
-    busy = sum(g.used + g.reserved for c in snapshot.clusters for g in c.gpus)
+    busy = sum(g.allocated + g.reserved for c in snapshot.clusters for g in c.gpus)
     pending = sum(q.pending for q in snapshot.queues)
     oldest = max((q.oldest_wait for q in snapshot.queues), default=0.0)
     ready = sum(p.ready for p in snapshot.pools)

@@ -3,8 +3,9 @@
 The first answer is printed whole; after each job event (``/v1/events``) the jobs are read
 again (at most every WATCH_MIN_SECONDS) and only the jobs whose status changed (ages aside)
 are printed, as ``kubectl get -w`` does: on a pipe, one table row per change, aligned with
-the first table (``-o json``: one JSON object per line; ``-o yaml``: one document each). On
-a terminal, the table is redrawn in place instead, since a person reads it as a screen.
+the first table (``-o wide``, ``-A``: with the list's wide and TENANT columns); ``-o json``:
+one JSON object per line; ``-o yaml``: one document each. On a terminal, the table is
+redrawn in place instead, since a person reads it as a screen.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -31,6 +33,7 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
+from broker.cli.listing import jobs_table
 from broker.cli.render import render
 from broker.cli.retrying import REQUEST_TIMEOUT_SECONDS
 
@@ -52,9 +55,12 @@ def _seen(job: dict[str, Any]) -> dict[str, Any]:
 class Changes:
     """The jobs already printed, and what to print of each new answer (pure)."""
 
-    def __init__(self, output: str, terminal: bool) -> None:
-        self.output = output
-        self.terminal = terminal and output == "table"
+    def __init__(
+        self, output: str, terminal: bool, draw: Callable[[dict[str, Any]], str] | None = None
+    ) -> None:
+        self.output = "table" if output == "wide" else output
+        self.terminal = terminal and self.output == "table"
+        self.draw = draw or (lambda doc: render("list", doc))  # the table of a list's answer
         self.shown: dict[tuple[Any, ...], dict[str, Any]] | None = None
         self.first: list[dict[str, Any]] = []  # the first table's jobs: the row widths
 
@@ -77,7 +83,7 @@ class Changes:
     def _whole(self, doc: dict[str, Any]) -> str:
         if self.output != "table":
             return self._lines(doc.get("items") or []) if doc.get("items") else ""
-        text = render("list", doc)
+        text = self.draw(doc)
         return "\x1b[H\x1b[2J" + text if self.terminal else text
 
     def _lines(self, jobs: list[dict[str, Any]]) -> str:
@@ -86,7 +92,7 @@ class Changes:
         if self.output == "yaml":
             return "\n".join("---\n" + yaml.safe_dump(j, sort_keys=False).rstrip() for j in jobs)
         # Laid out with the first table's jobs, so the columns line up with its header.
-        rows = render("list", {"items": [*self.first, *jobs]}).splitlines()
+        rows = self.draw({"items": [*self.first, *jobs]}).splitlines()
         return "\n".join(rows[-len(jobs) :])
 
 
@@ -96,7 +102,9 @@ async def watch(args: argparse.Namespace, list_jobs: ListJobs) -> int:
     base, token = server_url(args), token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     changed = asyncio.Event()
-    changes = Changes(args.output, sys.stdout.isatty())
+    every, wide = bool(getattr(args, "all_tenants", False)), args.output == "wide"
+    draw = partial(jobs_table, tenants=every or wide, wide=wide)
+    changes = Changes(args.output, sys.stdout.isatty(), draw)
 
     async def show() -> None:
         text = changes.text(await list_jobs(args))

@@ -61,6 +61,16 @@ class Outcome:
     not_before: float | None = None
 
 
+def running_reason(launch: Launch, now: float) -> str:
+    """Why a gang is Running: its pods, how long they took to start once placed, and its
+    whole wait from submission (the queue's share is the difference)."""
+    pods = len(launch.placement.pods)
+    which = "its 1 pod" if pods == 1 else f"all {pods} pods"
+    started = max(0.0, now - launch.placed_at)
+    waited = max(0.0, now - launch.pending.enqueued_at)
+    return f"{which} running {started:.0f}s after placement ({waited:.0f}s after submission)"
+
+
 class Lifecycle:
     def __init__(self, ledger: Ledger, queue: JobQueue, settings: LifecycleSettings) -> None:
         self._ledger = ledger
@@ -151,10 +161,7 @@ class Lifecycle:
         launch.running = True
         self._starting -= 1
         self._ledger.confirm(job)
-        waited = now - launch.pending.enqueued_at
-        return Outcome(
-            job, "Running", f"all {len(launch.placement.pods)} pods running after {waited:.0f}s"
-        )
+        return Outcome(job, "Running", running_reason(launch, now))
 
     def expired(self, now: float) -> list[Launch]:
         """Launches whose gang did not fully start in time (the caller rolls them back).

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from broker.core.burst_option import OptionCode
+from broker.figures import ALLOCATED, FREE, RESERVED, STRANDED, TOTAL
 from broker.http.openapi_pods import POD_MODELS
 from broker.store import JOB_STATES
 
@@ -143,13 +144,21 @@ class Plan(Out):
 
 
 class GpuTypeCapacity(Out):
+    """One GPU type of a cluster, its figures named as in docs/observability.md's glossary."""
+
     gpu_type: str
-    total: int
-    free: float
-    reserved: float
-    allocated: float
-    largest_gang: int
+    total: int = Field(description=TOTAL.meaning)
+    free: float = Field(description=FREE.meaning)
+    reserved: float = Field(description=RESERVED.meaning)
+    allocated: float = Field(description=ALLOCATED.meaning)
+    largest_gang: int = Field(
+        description="pods of gangGpusPerPod whole GPUs that could be "
+        "placed now (the metric counts them in GPUs)"
+    )
     gang_gpus_per_pod: int
+    stranded: float | None = Field(
+        default=None, description=f"{STRANDED.meaning}; in GET /v1/clusters only"
+    )
 
 
 class TopologyDomain(Out):

@@ -250,7 +250,8 @@ async def plan(request: web.Request) -> web.Response:
 
 async def clusters(request: web.Request) -> web.Response:
     await require(request, "read")
-    return web.json_response({"clusters": request.app[SERVICE].clusters()})
+    clusters = request.app[SERVICE].clusters(stranded_gpus_too=True)
+    return web.json_response({"clusters": clusters})
 
 
 async def queues(request: web.Request) -> web.Response:

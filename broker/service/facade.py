@@ -216,9 +216,11 @@ class Service:
             "clusters": [r.as_json() for r in plan.clusters],
         }  # fmt: skip
 
-    def clusters(self) -> list[dict[str, Any]]:
-        """The body of ``GET /v1/clusters`` (and of MQTT's capacity messages, with ``at``)."""
-        return [row.as_json() for row in self.view.clusters()]
+    def clusters(self, *, stranded_gpus_too: bool = False) -> list[dict[str, Any]]:
+        """The body of ``GET /v1/clusters`` (with ``stranded_gpus_too``) and of the capacity
+        events of ``/v1/events`` and MQTT (without: they follow every capacity change)."""
+        rows = self.view.clusters(stranded_gpus_too=stranded_gpus_too)
+        return [row.as_json() for row in rows]
 
     def queues(self) -> list[dict[str, Any]]:
         return [row.as_json() for row in self.view.queues()]

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from broker.figures import GPU_STATES, LARGEST_GANG, STRANDED, TOTAL
 from broker.service.events import EventBus
 from broker.service.readmodel import (
     GANG_GPUS,
@@ -134,7 +135,7 @@ class ServiceCollector(Collector):
         for q in queues:
             pending.add_metric([q.name], float(q.pending))
         yield pending
-        clusters = self._model.clusters()
+        clusters = self._model.clusters(stranded_gpus_too=True)
         yield from _cluster_metrics(clusters)
         yield _topology_metric(clusters)
         yield from _capacity_metrics(self._model.capacity(clusters))
@@ -160,16 +161,16 @@ class ServiceCollector(Collector):
 
 def _cluster_metrics(clusters: list[ClusterRow]) -> Iterator[Metric]:
     """GPUs by state, staleness, the watch's connection and relists, per cluster."""
+    states = "; ".join(f"{f.state}: {f.meaning}" for f in GPU_STATES)
     gpus = GaugeMetricFamily(
-        "fedbroker_gpus", "GPUs per cluster, GPU type and state",
+        "fedbroker_gpus", f"GPUs per cluster, GPU type and state ({states})",
         labels=["cluster", "gpu_type", "state"],
     )  # fmt: skip
     for cluster in clusters:
         for row in cluster.gpu_types:
-            for state, value in (
-                ("free", row.free), ("reserved", row.reserved), ("allocated", row.allocated)
-            ):  # fmt: skip
-                gpus.add_metric([cluster.cluster, row.gpu_type, state], float(value))
+            for figure in GPU_STATES:
+                labels = [cluster.cluster, row.gpu_type, str(figure.state)]
+                gpus.add_metric(labels, float(getattr(row, figure.state or "")))
     yield gpus
     stale = GaugeMetricFamily(
         "fedbroker_cluster_stale",
@@ -263,19 +264,9 @@ def _availability(rows: list[Availability]) -> Metric:
 
 def _capacity_metrics(rows: list[CapacityRow]) -> Iterator[Metric]:
     """Total GPUs, the largest gang placeable now and stranded GPUs per cluster and type."""
-    total = GaugeMetricFamily(
-        "fedbroker_cluster_gpus", "GPUs per cluster and GPU type (schedulable nodes)",
-        labels=["cluster", "gpu_type"],
-    )  # fmt: skip
-    largest = GaugeMetricFamily(
-        "fedbroker_largest_gang_gpus",
-        "GPUs of the largest gang of 8-GPU pods that could be placed now",
-        labels=["cluster", "gpu_type"],
-    )
-    stranded = GaugeMetricFamily(
-        "fedbroker_stranded_gpus",
-        "Free GPUs on nodes where no pod of any pending job fits (0 while nothing waits)",
-        labels=["cluster", "gpu_type"],
+    total, largest, stranded = (
+        GaugeMetricFamily(f.metric, f.meaning, labels=["cluster", "gpu_type"])
+        for f in (TOTAL, LARGEST_GANG, STRANDED)
     )
     for row in rows:
         labels = [row.cluster, row.gpu_type]

@@ -35,13 +35,18 @@ class GpuTypeRow:
     reserved: float
     allocated: float
     largest_gang: int  # pods of GANG_GPUS whole GPUs (per topology level: domain_rows)
+    # Free GPUs where no pod of any pending job fits; None where not asked for (it costs a
+    # walk of the nodes per pending shape, too much for every capacity event of a stream).
+    stranded: float | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        # The keys are the glossary's fields (broker.figures).
+        row = {
             "gpuType": self.gpu_type, "total": self.total, "free": self.free,
             "reserved": self.reserved, "allocated": self.allocated,
             "largestGang": self.largest_gang, "gangGpusPerPod": GANG_GPUS,
         }  # fmt: skip
+        return row if self.stranded is None else {**row, "stranded": self.stranded}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,11 @@ def reserved_milli(ledger: Ledger) -> dict[tuple[str, str], int]:
     return held
 
 
-def _gpu_types(view: ClusterCapacity, held: Mapping[tuple[str, str], int]) -> list[GpuTypeRow]:
+def _gpu_types(
+    view: ClusterCapacity,
+    held: Mapping[tuple[str, str], int],
+    stranded: Mapping[tuple[str, str], float] | None,
+) -> list[GpuTypeRow]:
     reserved: dict[str, int] = {}
     for (cluster, node), milli in held.items():
         if cluster == view.name and node in view.nodes:
@@ -163,7 +172,10 @@ def _gpu_types(view: ClusterCapacity, held: Mapping[tuple[str, str], int]) -> li
     rows = []
     for gpu_type, (total, free, gang) in sorted(totals.items()):
         held_gpus = reserved.get(gpu_type, 0) / 1000
-        rows.append(GpuTypeRow(gpu_type, total, free, held_gpus, total - free - held_gpus, gang))
+        rows.append(GpuTypeRow(
+            gpu_type, total, free, held_gpus, total - free - held_gpus, gang,
+            None if stranded is None else stranded.get((view.name, gpu_type), 0.0),
+        ))  # fmt: skip
     return rows
 
 
@@ -193,26 +205,27 @@ class ReadModel:
                 return connected
         return self._kube.connected(name)
 
-    def clusters(self) -> list[ClusterRow]:
+    def clusters(self, *, stranded_gpus_too: bool = False) -> list[ClusterRow]:
+        """Per cluster its GPU types' figures; stranded GPUs only when asked for."""
         snapshot = self._ledger.snapshot()
         held = reserved_milli(self._ledger)
+        stranded = stranded_gpus(snapshot, self._queue.fit_shapes()) if stranded_gpus_too else None
         rows = []
         for name in sorted(snapshot.clusters):
             view = snapshot.clusters[name]
             rows.append(ClusterRow(
                 name, view.cluster.kind, view.stale, dict(view.cluster.labels),
-                tuple(_gpu_types(view, held)), self._connected(name), self._kube.relists(name),
-                self._domains.of(view),
+                tuple(_gpu_types(view, held, stranded)), self._connected(name),
+                self._kube.relists(name), self._domains.of(view),
             ))  # fmt: skip
         return rows
 
     def capacity(self, clusters: list[ClusterRow]) -> list[CapacityRow]:
         """Per cluster and GPU type of ``clusters``: totals, largest gang, stranded GPUs
         (none while nothing waits)."""
-        stranded = stranded_gpus(self._ledger.snapshot(), self._queue.fit_shapes())
         return [
             CapacityRow(c.cluster, t.gpu_type, t.total, t.largest_gang * GANG_GPUS,
-                        stranded.get((c.cluster, t.gpu_type), 0.0))
+                        t.stranded or 0.0)
             for c in clusters
             for t in c.gpu_types
         ]  # fmt: skip

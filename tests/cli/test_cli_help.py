@@ -94,7 +94,12 @@ def _complete(words: list[str]) -> list[str]:
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 def test_bash_completes_commands_options_and_choices() -> None:
     assert _complete(["fedbroker", "ex"]) == ["explain"]
-    assert set(_complete(["fedbroker", "list", "--s"])) == {"--server", "--state", "--selector"}
+    assert set(_complete(["fedbroker", "list", "--s"])) == {
+        "--server",
+        "--state",
+        "--selector",
+        "--sort-by",
+    }
     assert _complete(["fedbroker", "get", "-o", "y"]) == ["yaml"]
     assert set(_complete(["fedbroker", "completion", ""])) >= {"bash", "zsh"}
 
@@ -104,7 +109,7 @@ def test_the_reference_names_every_command_and_flag() -> None:
     appears in it."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     sections = {s.split("`", 2)[1]: s for s in text.split("\n### ")[1:]}
-    connection = {"--server", "--token", "--ca-file"}
+    connection = {"--server", "--token", "--ca-file", "--context"}
     for command, parser in PARSERS.items():
         if command == "fedbroker":
             continue

@@ -283,3 +283,21 @@ def test_a_yaml_stream_is_split_as_yaml_reads_it() -> None:
     assert docs[3].body == b"\n[bad\n"
     assert split(b"---\nname: one\n", "g.yaml", is_json=False)[0].source == "g.yaml"
     assert split(b'{"a": 1}\n---\n', "h.json", is_json=True)[0].body == b'{"a": 1}\n---\n'
+
+
+async def test_an_admin_cancels_by_selector_across_tenants(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, _, _), server = served
+    B = {"Authorization": f"Bearer {TOKENS['team-b']}"}
+    for name, headers in (("a-job", A), ("b-job", B)):
+        doc = manifest(name)
+        doc["metadata"]["labels"] = {"sweep": "7"}
+        assert (await client.post("/v1/jobs", json=doc, headers=headers)).status == 201
+    argv = as_user(server, "cancel", "-l", "sweep=7", "-A", tenant="admin")
+    code, out, err = await cli(capsys, *argv)
+    assert (code, err) == (0, "")
+    assert sorted(line.split()[1] for line in out.splitlines()) == ["'a-job'", "'b-job'"]
+    for headers, name in ((A, "a-job"), (B, "b-job")):
+        got = await (await client.get(f"/v1/jobs/{name}", headers=headers)).json()
+        assert got["status"]["state"] == "Cancelled"

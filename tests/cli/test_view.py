@@ -85,9 +85,7 @@ def test_rows_from_the_api_bodies() -> None:
     snap = snapshot()
     [a, cloud] = snap.clusters
     assert a.gpus[0] == GpuRow("G2", 216, 100.0, 16.0, 100.0, 5, 8)
-    assert a.largest_gang == a.gpus[0]
     assert cloud == ClusterRow("cloud-burst", "cloud", True, None, ())
-    assert cloud.largest_gang is None
     assert snap.queues[0] == QueueRow("training", "gang", 3, 125.4, {"G2": 100.0})
     assert snap.pools[0].cost_per_hour == pytest.approx(3 * 32.77)
     assert snap.events[1] == EventRow(
@@ -107,10 +105,11 @@ def test_rows_tolerate_missing_fields() -> None:
 RENDER_CASES: list[tuple[str, Snapshot, list[str], list[str]]] = [
     ("full", snapshot(),
      ["Clusters", "onprem-a", "cloud-burst cloud stale", "G2", "100", "16", "216",
-      "5 x 8 G2", "T4", "6.2", "31.8", "no GPU nodes", "Queues", "training", "gang", "3",
+      "5 x 8", "ALLOCATED", "LARGEST GANG", "T4", "6.2", "31.8", "no GPU nodes", "Queues",
+      "training", "gang", "3",
       "2m05s", "G2 100", "inference", "Burst pools", "cloud-a100", "A100", "98.31", "12.50",
       "Last job events", "now", "team-a/gang-1", "Running", "1m30s", "Submitted"],
-     ["none yet", "!"]),
+     ["none yet", "!", "USED"]),
     ("empty", Snapshot(NOW), ["Clusters", "Queues", "Last job events", "none yet"],
      ["Burst pools", "onprem-a"]),
     ("error over the last data", snapshot(error="cannot reach the broker"),

@@ -388,7 +388,7 @@ async def test_clusters_and_queues(harness: Harness) -> None:
     a = next(c for c in clusters if c["cluster"] == "small-a")
     assert a["gpuTypes"][0] == {
         "gpuType": "A100", "total": 16, "free": 16.0, "reserved": 0.0, "allocated": 0.0,
-        "largestGang": 2, "gangGpusPerPod": 8,
+        "largestGang": 2, "gangGpusPerPod": 8, "stranded": 0.0,
     }  # fmt: skip
     queues = (await (await client.get("/v1/queues", headers=B)).json())["queues"]
     assert {q["name"] for q in queues} == {"training", "inference"}

@@ -239,7 +239,7 @@ def test_dashboard_shows_the_federation_live(page: Page, demo: Demo, tmp_path: P
         raise AssertionError("the node cells never matched /v1/nodes")
     assert counts["onprem-a"] == 47 and counts["onprem-b"] == 30
     titled = page.locator("li.node").first.get_attribute("title") or ""
-    assert " GPUs: " in titled and " used, " in titled and " free" in titled
+    assert " GPUs: " in titled and " allocated, " in titled and " free" in titled
 
     # onprem-a's blocks and racks: a line per level, its domains as /v1/clusters names
     # them (their free counts change with the workload: the page's own, not compared).

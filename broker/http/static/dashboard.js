@@ -120,7 +120,7 @@
     const tags = [node.gpuType || "no GPU"];
     if (node.burst) tags.push("burst node");
     if (!node.schedulable) tags.push("cordoned");
-    let title = `${node.name} (${tags.join(", ")}): ${total} GPUs: ${fmt(node.used)} used, `
+    let title = `${node.name} (${tags.join(", ")}): ${total} GPUs: ${fmt(node.used)} allocated, `
       + `${fmt(node.reserved)} reserved, ${fmt(node.free)} free`;
     if (node.reservedFor.length) title += `; reserved for ${node.reservedFor.join(", ")}`;
     const state = total === 0 ? "empty" : node.free === 0 ? "full"
@@ -181,14 +181,17 @@
       const labels = Object.entries(c.labels || {}).map(([k, v]) => `${k}=${v}`).join(", ");
       const summary = h("p", { class: "summary" },
         `${nodes.length} nodes${bursts ? ` (${bursts} burst)` : ""}, ${sum("total")} GPUs: `
-        + `${fmt(sum("allocated"))} used, ${fmt(sum("reserved"))} reserved, `
+        + `${fmt(sum("allocated"))} allocated, ${fmt(sum("reserved"))} reserved, `
         + `${fmt(sum("free"))} free` + (labels ? ` · ${labels}` : ""));
+      // The columns, their words and the gang's "2 x 8" / "none" are those of
+      // `fedbroker clusters` (broker/figures.py; tests/http/test_figures.py checks them).
       const totals = c.gpuTypes.length ? table(
-        ["GPU", "Total", "Used", "Reserved", "Free", "Largest 8-GPU gang"],
+        ["GPU", "Total", "Allocated", "Reserved", "Free", "Stranded", "Largest gang"],
         c.gpuTypes.map((t) => h("tr", {},
           h("th", { scope: "row", text: t.gpuType }), h("td", { text: t.total }),
           h("td", { text: fmt(t.allocated) }), h("td", { text: fmt(t.reserved) }),
-          h("td", { text: fmt(t.free) }), h("td", { text: `${t.largestGang} pods` }))),
+          h("td", { text: fmt(t.free) }), h("td", { text: fmt(t.stranded || 0) }),
+          h("td", { text: t.largestGang > 0 ? `${t.largestGang} x ${t.gangGpusPerPod}` : "none" }))),
         `${c.cluster} GPU totals`) : h("p", { class: "muted", text: "No GPU nodes (yet)." });
       const groups = new Map();
       for (const n of nodes) {
