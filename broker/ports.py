@@ -351,12 +351,17 @@ class PodRow:
 @dataclass(frozen=True, slots=True)
 class LogRequest:
     """Which log to read: a pod of the job, its container (None: the pod's only or first
-    one), the last ``tail_lines`` lines (None: all), and whether to follow it."""
+    one), the last ``tail_lines`` lines (None: all), and whether to follow it; with
+    ``timestamps`` each line starts with when it was written (RFC 3339, as the kubelet
+    writes it), and ``previous`` reads the container's previous instance (before its last
+    restart) instead of the current one."""
 
     pod: str
     container: str | None = None
     tail_lines: int | None = None
     follow: bool = False
+    timestamps: bool = False
+    previous: bool = False
 
 
 class LogStream(Protocol):

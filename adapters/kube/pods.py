@@ -57,6 +57,8 @@ CHUNK_BYTES = 64 << 10
 # A followed log's request ends after this long at most (the client follows again).
 FOLLOW_SECONDS = 6 * 3600.0
 
+HTTP_BAD_REQUEST = 400
+
 
 def restarts_of(pod: Mapping[str, Any]) -> int:
     """The sum of the pod's containers' ``restartCount``s."""
@@ -211,6 +213,8 @@ class KubePods:
                 container=container,
                 follow=request.follow,
                 tail_lines=request.tail_lines,
+                timestamps=request.timestamps or None,
+                previous=request.previous or None,
                 _request_timeout=timeout,
             )
         except (aiohttp.ClientError, TimeoutError, ApiException) as exc:
@@ -220,6 +224,12 @@ class KubePods:
             response.close()
             if status == HTTP_NOT_FOUND:
                 raise PodNotFound(f"no pod {request.pod!r} in job {spec.job!r}")
+            if status == HTTP_BAD_REQUEST and request.previous:
+                # The kubelet's answer when the container has not restarted.
+                raise PodNotFound(
+                    f"no previous instance of container {container!r} in pod {request.pod!r} "
+                    "(it has not restarted)"
+                )
             raise PodReadError(f"cluster {cluster}: {what}: HTTP {status}")
         return MemberLog(response, what)
 

@@ -382,7 +382,8 @@ def row_of(doc: Mapping[str, Any]) -> PodRow:
 
 
 def log_request_doc(r: LogRequest) -> dict[str, Any]:
-    return {"pod": r.pod, "container": r.container, "tailLines": r.tail_lines}
+    return {"pod": r.pod, "container": r.container, "tailLines": r.tail_lines,
+            "timestamps": r.timestamps, "previous": r.previous}  # fmt: skip
 
 
 def log_request_of(doc: Mapping[str, Any]) -> LogRequest:
@@ -390,6 +391,7 @@ def log_request_of(doc: Mapping[str, Any]) -> LogRequest:
     return LogRequest(
         str(doc["pod"]), None if container is None else str(container),
         None if tail is None else int(tail), follow=False,
+        timestamps=doc.get("timestamps") is True, previous=doc.get("previous") is True,
     )  # fmt: skip
 
 

@@ -12,8 +12,10 @@ import itertools
 import logging
 import math
 import random
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from datetime import UTC, datetime
 
 from broker.model import Placement
 from broker.ports import (
@@ -41,6 +43,14 @@ DELETED_KEPT = 1000  # SimulatedLauncher.deleted: the latest deletions only
 def simulated_log_line(pod: str, step: int) -> bytes:
     """The ``step``-th line of a simulated pod's log (the same on every run)."""
     return f"{pod}: step {step} loss {4.0 / (step + 1):.4f}\n".encode()
+
+
+def _dated(request: LogRequest, at: float, line: bytes) -> bytes:
+    """``line`` after its time, as the kubelet's ``timestamps`` writes it (when asked)."""
+    if not request.timestamps:
+        return line
+    stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return f"{stamp}000Z ".encode() + line
 
 
 class _NoEnd:
@@ -134,7 +144,9 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
 
     A running job's pods are shown Running on their nodes; each has ``log_lines`` lines of
     log at once and, followed, one more every ``log_every_seconds`` (on ``sleep``) until the
-    job is no longer running.
+    job is no longer running. With timestamps, a line is dated as if written every
+    ``log_every_seconds`` up to now (wall clock); a simulated container never restarts, so
+    it has no previous instance to read (as the kubelet says for such a container).
     """
 
     log_lines = 5
@@ -231,18 +243,25 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
             raise PodNotFound(f"no pod {request.pod!r} in job {spec.job!r}")
         if request.container not in (None, SIMULATED_CONTAINER):
             raise ContainerNotFound.of(request.container, request.pod, [SIMULATED_CONTAINER])
+        if request.previous:
+            raise PodNotFound(
+                f"no previous instance of container {SIMULATED_CONTAINER!r} in pod "
+                f"{request.pod!r} (it has not restarted)"
+            )
         return self._log(spec.key, request)
 
     async def _log(self, job: str, request: LogRequest) -> AsyncGenerator[bytes, None]:
         first = max(0, self.log_lines - (request.tail_lines or self.log_lines))
+        now = time.time()
         for step in range(first, self.log_lines):
-            yield simulated_log_line(request.pod, step)
+            ago = (self.log_lines - 1 - step) * self.log_every_seconds
+            yield _dated(request, now - ago, simulated_log_line(request.pod, step))
         step = self.log_lines
         while request.follow and job in self.running:
             await self._sleep(self.log_every_seconds)
             if job not in self.running:
                 break
-            yield simulated_log_line(request.pod, step)
+            yield _dated(request, time.time(), simulated_log_line(request.pod, step))
             step += 1
 
 

@@ -10,12 +10,14 @@ failure is one line on stderr: the server's own error message (a 401 with what s
 token), or why it could not be reached (with how to start a broker). The token is sent as a
 bearer header and never printed.
 
-``submit`` labels the job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
+``submit`` labels a job ``fedbroker.io/submitted-by=<user>`` (``list --mine``) and says on
 stderr what a known name did (reused a finished one: its next generation; an active one with
 the same spec: nothing new). ``list`` shows each job's last reason (``status.waiting``, why a
 queued job waits), filters by ``--name``/``-l``/``--mine`` on the server (following its
-cursor up to ``--limit``) and with ``--watch`` redraws on ``/v1/events``. ``explain`` of a
-finished job says how, when and where it ran instead of an empty table.
+cursor up to ``--limit``); ``list``/``get`` ``--watch`` print what changes
+(``broker.cli.watching``). ``explain`` of a finished job says how, when and where it ran
+instead of an empty table. ``submit`` and ``cancel`` run in ``broker.cli.submitting`` and
+``broker.cli.cancelling`` (several documents, several jobs) on ``exchange``.
 
 A 503 or 429 with Retry-After is asked again for at most ``--retry-for`` seconds
 (``broker.cli.retrying``; default ``$FEDBROKER_RETRY_SECONDS`` or 30; 0 turns it off).
@@ -80,12 +82,19 @@ def add_client_commands(sub: Any, parser_class: type[argparse.ArgumentParser]) -
     _add_submit(sub, common)
     for name, text in (
         ("get", "show a job and its history"),
-        ("cancel", "cancel a job"),
         ("explain", "why a job waits (or, once finished, how and where it ran)"),
     ):
         cmd = sub.add_parser(name, parents=[common], help=text)
         cmd.add_argument("name", help="the job's name (metadata.name)")
         add_tenant_options(cmd)
+    sub.choices["get"].add_argument(
+        "-w", "--watch", action="store_true", help="then its row on each change, until Ctrl-C"
+    )
+    cancel = sub.add_parser("cancel", parents=[common], help="cancel jobs, by name or -l")
+    cancel.add_argument("name", nargs="*", help="the jobs' names")
+    cancel.add_argument("-l", "--selector", metavar="LABELS", help="every active job whose "
+                        "metadata.labels match, as list's -l")  # fmt: skip
+    add_tenant_options(cancel)
     _add_list(sub, common)
     add_sort_option(
         sub.add_parser("clusters", parents=[common], help="capacity per cluster and GPU type")
@@ -116,7 +125,8 @@ def _add_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     submit.add_argument(
         "-f", "--file", type=Path, required=True,
         help="the manifest: a FederatedJob, or a plain workload object (Job, JobSet, "
-        "PyTorchJob, ...) to wrap in one; YAML or JSON",
+        "PyTorchJob, ...) to wrap in one; YAML (several documents: each submitted) or "
+        "JSON; - reads stdin, a directory its *.yaml, *.yml and *.json files in order",
     )  # fmt: skip
     submit.add_argument(
         "--queue", help="queue of a plain workload object (default: its fedbroker.io/queue "
@@ -160,7 +170,7 @@ def _add_list(sub: Any, common: argparse.ArgumentParser) -> None:
     add_tenant_options(lister)
     lister.add_argument(
         "-w", "--watch", action="store_true",
-        help="redraw the list on every job event (from /v1/events) until Ctrl-C",
+        help="then print each job whose state changes (read on /v1/events), until Ctrl-C",
     )  # fmt: skip
 
 
@@ -195,22 +205,18 @@ def _login() -> str:
 
 def run_client(args: argparse.Namespace) -> int:
     try:
-        if args.command == "list" and args.watch:
+        if args.command in ("list", "get") and args.watch:
             return asyncio.run(watch_list(args))
-        status, doc = asyncio.run(_answer(args))
+        _, doc = asyncio.run(_answer(args))
     except ClientError as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return exit_status(exc)
     except KeyboardInterrupt:
-        return 0 if args.command == "list" else 130
+        return 0 if getattr(args, "watch", False) else 130
     more = doc.pop("more", None) if args.command == "list" else None
     print_answer(args, sorted_answer(args.command, doc, getattr(args, "sort_by", None)))
     if more is not None:
         more_note(more, args.limit)
-    if args.command == "submit":
-        note = resubmit_note(status, doc)
-        if note:
-            sys.stderr.write(f"fedbroker: {note}\n")
     return 0
 
 
@@ -251,30 +257,6 @@ async def list_jobs(args: argparse.Namespace) -> dict[str, Any]:
             return {"items": items, "continue": cursor}
 
 
-def resubmit_note(status: int, doc: Any) -> str | None:
-    """What a submission of a name already known did: reused a finished name (201 of a
-    later generation), or answered the active job as it stands (200)."""
-    if not isinstance(doc, dict):
-        return None
-    name = doc.get("metadata", {}).get("name")
-    st = doc.get("status", {})
-    generation = st.get("generation") or 1
-    if status == 201 and generation > 1:
-        return (
-            f"job {name!r} had finished, so its name was reused: this is run "
-            f"{generation} (generation {generation}), queued anew; `fedbroker get {name}` "
-            f"follows this run, `fedbroker get {name} -o json` shows its generation, and the "
-            f"earlier runs stay in the store's archive until retention purges them"
-        )
-    if status == 200:
-        return (
-            f"job {name!r} already exists with this spec ({st.get('state')}); nothing new was "
-            f"submitted. To run it again: `fedbroker cancel {name}` then submit once it is "
-            f"Cancelled, or change metadata.name"
-        )
-    return None
-
-
 async def _sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
@@ -290,18 +272,17 @@ class _Request:
 
 def _request_for(args: argparse.Namespace) -> _Request:
     """The HTTP request a client command stands for."""
-    name = quote(getattr(args, "name", None) or "", safe="")
+    given = getattr(args, "name", None)
+    if isinstance(given, list):  # cancel's names: one request cancels the first
+        given = given[0] if given else None
+    name = quote(given or "", safe="")
     match args.command:
         case "submit":
             try:
                 body = args.file.read_bytes()
             except OSError as exc:
                 raise InputError(f"{args.file}: {exc.strerror}") from None
-            kind = "application/json" if args.file.suffix == ".json" else "application/yaml"
-            labelled = _labelled(args, body)
-            if labelled is not None:
-                return _Request("POST", "/v1/jobs", labelled, content_type="application/json")
-            return _Request("POST", "/v1/jobs", body, content_type=kind)
+            return submit_request(args, body, str(args.file), args.file.suffix == ".json")
         case "get":
             return _Request("GET", f"/v1/jobs/{name}", params=tenant_params(args))
         case "cancel":
@@ -331,28 +312,37 @@ def list_params(args: argparse.Namespace) -> dict[str, str]:
     return params
 
 
-def _labelled(args: argparse.Namespace, body: bytes) -> bytes | None:
+def submit_request(args: argparse.Namespace, body: bytes, source: str, is_json: bool) -> _Request:
+    """The POST of one manifest document (``source`` names it in errors)."""
+    kind = "application/json" if is_json else "application/yaml"
+    labelled = _labelled(args, body, source, is_json)
+    if labelled is not None:
+        return _Request("POST", "/v1/jobs", labelled, content_type="application/json")
+    return _Request("POST", "/v1/jobs", body, content_type=kind)
+
+
+def _labelled(args: argparse.Namespace, body: bytes, source: str, is_json: bool) -> bytes | None:
     """The manifest to send as JSON: a plain workload object wrapped in a FederatedJob
     (``wrap``), and a FederatedJob labelled with who submitted it (``--mine``); None for
     what does not parse as either (sent as it is: the broker names what is wrong)."""
     # A key given twice is refused here as the broker would: sent on as JSON, the second
     # value would silently win.
     try:
-        if args.file.suffix == ".json":
+        if is_json:
             doc: Any = json.loads(body, object_pairs_hook=duplicate_keys_refused)
         else:
             doc = load_yaml(body)
     except DuplicateKey as exc:
-        raise InputError(f"{args.file}: {exc.message('manifest')}") from None
+        raise InputError(f"{source}: {exc.message('manifest')}") from None
     except ManifestError as exc:  # JSON's duplicate key
-        raise InputError(f"{args.file}: {exc}") from None
+        raise InputError(f"{source}: {exc}") from None
     except (yaml.YAMLError, ValueError, RecursionError):
         return None
     if is_plain_object(doc):
         try:
             doc = wrap(doc, args.queue, args.priority)
         except WrapError as exc:
-            raise InputError(f"{args.file}: {exc}") from None
+            raise InputError(f"{source}: {exc}") from None
     elif args.queue is not None or args.priority is not None:
         raise InputError("--queue/--priority: only for a plain workload object")
     if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict):
@@ -408,8 +398,13 @@ async def exchange(
 
 
 async def watch_list(args: argparse.Namespace) -> int:
-    """``list --watch`` (``broker.cli.watching``)."""
-    return await watch(args, list_jobs)
+    """``list --watch`` and ``get --watch`` (``broker.cli.watching``)."""
+    await find_tenant(args, list_jobs)  # get -A: the one tenant with that name
+    return await watch(args, list_jobs if args.command == "list" else _one_job)
+
+
+async def _one_job(args: argparse.Namespace) -> dict[str, Any]:
+    return {"items": [await call(args)]}
 
 
 __all__ = [
@@ -422,9 +417,9 @@ __all__ = [
     "call",
     "exchange",
     "list_jobs",
-    "resubmit_note",
     "retry_after_seconds",
     "run_client",
+    "submit_request",
     "submitter",
     "watch_list",
 ]

@@ -2,9 +2,12 @@
 
 The script is written out from ``build_parser()``'s own subcommands and options (no extra
 dependency, nothing to keep in step by hand): it completes the subcommand, then that
-subcommand's options, the choices of an option that has them (``-o json``), and file names
-after options that take a file. Install it with ``source <(fedbroker completion bash)``
-(bash) or ``source <(fedbroker completion zsh)`` (zsh), e.g. from ~/.bashrc or ~/.zshrc.
+subcommand's options, the choices of an option that has them (``-o json``), file names
+after options that take a file, and, where a job's name is expected (``JOB_COMMANDS``), the
+names of the caller's jobs, asked of the broker as kubectl does (``fedbroker __complete
+jobs``, ``broker.cli.jobnames``, with the line's connection flags, ``--context`` too).
+Install it with ``source <(fedbroker completion bash)`` (bash) or ``source <(fedbroker
+completion zsh)`` (zsh), e.g. from ~/.bashrc or ~/.zshrc.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 from typing import Any
 
 SHELLS = ("bash", "zsh")
+JOB_COMMANDS = ("get", "explain", "cancel", "pods", "logs")  # their positional is a job's name
 
 
 def add_completion_command(sub: Any) -> None:
@@ -50,6 +54,37 @@ def _words(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[s
     return options, choices, files
 
 
+def _takes_value(parser: argparse.ArgumentParser) -> list[str]:
+    """The options followed by a value (``-p POD``), where no job name is offered."""
+    return [
+        opt
+        for a in parser._actions
+        if a.option_strings and a.nargs != 0
+        for opt in a.option_strings
+    ]
+
+
+# The job names of the line's broker: its connection flags passed on (``--server x``, and
+# ``--server=x``, which bash splits into three words).
+_JOBS_FUNCTION = """\
+_fedbroker_jobs() {
+    local i w flags=()
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        w="${COMP_WORDS[i]}"
+        case "$w" in --server|--token|--ca-file|--context)
+            if [[ "${COMP_WORDS[i+1]}" == "=" ]]; then flags+=("$w=${COMP_WORDS[i+2]}")
+            else flags+=("$w" "${COMP_WORDS[i+1]}"); fi;;
+        esac
+    done
+    "${COMP_WORDS[0]}" __complete jobs "${flags[@]}" -- "$1" 2>/dev/null
+}
+"""
+_JOBS_REPLY = (
+    '            [[ "$cur" != -* ]] && '
+    'COMPREPLY=($(compgen -W "$(_fedbroker_jobs "$cur")" -- "$cur")) && return\n'
+)
+
+
 def bash_script(parser: argparse.ArgumentParser) -> str:
     subs = _subparsers(parser)
     cases = []
@@ -64,16 +99,21 @@ def bash_script(parser: argparse.ArgumentParser) -> str:
         ]
         if files:
             inner.append(reply.format("|".join(files), "-f"))
+        jobs = ""
+        if name in JOB_COMMANDS:
+            inner.append(f"            {'|'.join(_takes_value(sub))}) return;;")
+            jobs = _JOBS_REPLY
         cases.append(
             f"        {name})\n"
             f'            case "$prev" in\n' + "\n".join(inner) + ("\n" if inner else "")
-            + "            esac\n"
-            f'            COMPREPLY=($(compgen -W "{" ".join(options)} {values}" -- "$cur"));;'
+            + "            esac\n" + jobs
+            + f'            COMPREPLY=($(compgen -W "{" ".join(options)} {values}" -- "$cur"));;'
         )  # fmt: skip
     top = " ".join([*subs, "--version", "-h", "--help"])
     return (
         "# fedbroker bash completion: source <(fedbroker completion bash)\n"
-        "_fedbroker() {\n"
+        + _JOBS_FUNCTION
+        + "_fedbroker() {\n"
         '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd=""\n'
         "    local i\n"
         "    for ((i = 1; i < COMP_CWORD; i++)); do\n"
@@ -109,4 +149,11 @@ def completion_script(parser: argparse.ArgumentParser, shell: str) -> str:
     return bash_script(parser) if shell == "bash" else zsh_script(parser)
 
 
-__all__ = ["SHELLS", "add_completion_command", "bash_script", "completion_script", "zsh_script"]
+__all__ = [
+    "JOB_COMMANDS",
+    "SHELLS",
+    "add_completion_command",
+    "bash_script",
+    "completion_script",
+    "zsh_script",
+]

@@ -17,10 +17,12 @@ from typing import Any
 from broker.cli.agent import add_agent_command, run_agent_command
 from broker.cli.args import EXIT_USAGE, CommandParser, UsageError
 from broker.cli.bench import add_bench_command, run_bench_command
+from broker.cli.cancelling import run_cancel
 from broker.cli.client import CLIENT_COMMANDS, add_client_commands, run_client
 from broker.cli.completion import add_completion_command, completion_script
 from broker.cli.contexts import add_config_command, run_config
 from broker.cli.demo import add_demo_command, run_demo
+from broker.cli.jobnames import COMPLETE, run_complete
 from broker.cli.plan import (
     InspectError,
     add_inspect_command,
@@ -31,6 +33,7 @@ from broker.cli.plan import (
 from broker.cli.podlogs import PODS_COMMANDS, add_pods_commands, run_pods
 from broker.cli.runtime import add_serve_command, run_serve
 from broker.cli.simulate import add_simulate_command, run_simulate
+from broker.cli.submitting import run_submit
 from broker.cli.top import add_top_command, run_top
 from broker.sim.traces import TraceError
 
@@ -49,7 +52,10 @@ def run_completion(args: argparse.Namespace) -> int:
 # Every family: how it adds its subcommands, and the runner of each (in the help's order).
 FAMILIES: tuple[tuple[Callable[[Any], None], Mapping[str, Run]], ...] = (
     (add_simulate_command, {"simulate": run_simulate}),
-    (_add_client_commands, dict.fromkeys(CLIENT_COMMANDS, run_client)),
+    (
+        _add_client_commands,
+        {**dict.fromkeys(CLIENT_COMMANDS, run_client), "submit": run_submit, "cancel": run_cancel},
+    ),
     (add_pods_commands, dict.fromkeys(PODS_COMMANDS, run_pods)),
     (add_serve_command, {"serve": run_serve}),
     (add_demo_command, {"demo": run_demo}),
@@ -91,7 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == [COMPLETE]:  # the completion script's call, kept out of the help
+        return run_complete(words[1:])
+    args = build_parser().parse_args(words)
     try:
         return _RUNNERS[args.command](args)
     except (UsageError, TraceError, InspectError) as exc:

@@ -1,9 +1,11 @@
-"""``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD] [-c CONTAINER] [--tail N] [-f]``.
+"""``fedbroker pods JOB`` and ``fedbroker logs JOB [-p POD | --all-pods] [-c CONTAINER]
+[--tail N] [-f] [--timestamps] [--previous]``.
 
 Clients of a running broker like ``broker.cli.client`` (same ``--server``, ``--token``,
 ``--ca-file`` and environment): ``pods`` prints a job's pods as a table (or ``-o yaml|json``),
 ``logs`` streams one pod's log to stdout as it arrives (``-f``: until the pod's log ends or
-the user interrupts). Every failure is one line on stderr (the server's error message).
+the user interrupts; ``--all-pods``: every pod's, prefixed, ``broker.cli.gang_logs``). Every
+failure is one line on stderr (the server's error message).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 
+from broker.cli.args import EXIT_USAGE
 from broker.cli.client import list_jobs
 from broker.cli.connection import (
     ClientError,
@@ -29,6 +32,7 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
+from broker.cli.gang_logs import all_pods
 from broker.cli.listing import sorted_answer
 from broker.cli.output import add_output_options, add_sort_option, formatted
 from broker.cli.render import table
@@ -52,6 +56,12 @@ def add_pods_commands(sub: Any) -> None:
     logs.add_argument("-c", "--container", help="the container (default: the pod's first)")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
+    logs.add_argument("--all-pods", action="store_true", help="every pod of the job, each "
+                      "line after [pod/NAME] (not with -p)")  # fmt: skip
+    logs.add_argument("--timestamps", action="store_true",
+                      help="each line after when it was written (RFC 3339)")  # fmt: skip
+    logs.add_argument("--previous", action="store_true",
+                      help="the previous instance of the container")  # fmt: skip
     add_tenant_options(logs)
 
 
@@ -60,6 +70,9 @@ def run_pods(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: BinaryIO) -> int:
+    if args.command == "logs" and args.all_pods and args.pod is not None:
+        sys.stderr.write("fedbroker: error: --all-pods: not with -p/--pod\n")
+        return EXIT_USAGE
     try:
         asyncio.run(call(args, out))
     except ClientError as exc:
@@ -73,7 +86,9 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
         return f"/v1/jobs/{args.name}/pods", tenant_params(args)
     params = {**tenant_params(args), "pod": args.pod, "container": args.container,
               "tailLines": None if args.tail is None else str(args.tail),
-              "follow": "true" if args.follow else None}  # fmt: skip
+              "follow": "true" if args.follow else None,
+              "timestamps": "true" if args.timestamps else None,
+              "previous": "true" if args.previous else None}  # fmt: skip
     return f"/v1/jobs/{args.name}/logs", {k: v for k, v in params.items() if v is not None}
 
 
@@ -81,6 +96,9 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
     await find_tenant(args, list_jobs)
     path, params = _request(args)
+    if args.command == "logs" and args.all_pods:
+        await all_pods(args, params, out)
+        return
     base = server_url(args)
     token = token_of(args)
     headers = {"Authorization": f"Bearer {token}"} if token else {}

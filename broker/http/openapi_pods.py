@@ -71,6 +71,9 @@ def pod_paths(name: dict[str, Any], tenant: dict[str, Any]) -> dict[str, Any]:
         _query("tailLines", {"type": "integer", "minimum": 1, "maximum": MAX_TAIL_LINES},
                "only the last lines"),
         _query("follow", {"type": "boolean"}, "keep streaming as the pod writes"),
+        _query("timestamps", {"type": "boolean"}, "each line after when it was written"),
+        _query("previous", {"type": "boolean"},
+               "the container's previous instance (before its last restart)"),
     ]  # fmt: skip
     return {
         "/v1/jobs/{name}/pods": {

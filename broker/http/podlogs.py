@@ -4,8 +4,8 @@ Both check ``read`` on the job's tenant like explain does; another tenant's job,
 that is not the job's, or a container not in the pod are 404; a job that is not placed or
 running is 409; a member that cannot be read is 502. The log's query is checked by pure
 code (``log_params``: ``pod`` a DNS subdomain, ``container`` a DNS label, ``tailLines``
-1..100000, ``follow`` true/false; one-line 400s naming the parameter) before anything is
-asked of a member.
+1..100000, ``follow``, ``timestamps`` and ``previous`` true/false; one-line 400s naming the
+parameter) before anything is asked of a member.
 
 The log is streamed as ``text/plain`` as the member sends it, and bounded: at most
 ``api.logLimitBytes`` bytes of log per answer (then one last line says it was truncated,
@@ -56,6 +56,8 @@ class LogParams:
     container: str | None = None
     tail_lines: int | None = None
     follow: bool = False
+    timestamps: bool = False
+    previous: bool = False
 
 
 def log_params(query: Mapping[str, str]) -> LogParams:
@@ -72,10 +74,14 @@ def log_params(query: Mapping[str, str]) -> LogParams:
         if not _DIGITS.fullmatch(raw_tail) or not 1 <= int(raw_tail) <= MAX_TAIL_LINES:
             raise ParamError(f"tailLines: must be an integer in 1..{MAX_TAIL_LINES}")
         tail = int(raw_tail)
-    follow = _BOOLEANS.get(query.get("follow", ""))
-    if follow is None:
-        raise ParamError("follow: must be true or false")
-    return LogParams(pod, container, tail, follow)
+    flags = {key: _BOOLEANS.get(query.get(key, "")) for key in ("follow", "timestamps", "previous")}
+    for key, value in flags.items():
+        if value is None:
+            raise ParamError(f"{key}: must be true or false")
+    return LogParams(
+        pod, container, tail, bool(flags["follow"]), bool(flags["timestamps"]),
+        bool(flags["previous"]),
+    )  # fmt: skip
 
 
 def pod_json(row: PodRow) -> dict[str, Any]:
@@ -135,8 +141,9 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     with follow_slot(request, principal.tenant, params.follow):
         try:
             stream = await request.app[SERVICE].logs(
-                owner, name, params.pod, params.container, params.tail_lines, params.follow
-            )
+                owner, name, params.pod, params.container, params.tail_lines, params.follow,
+                timestamps=params.timestamps, previous=params.previous,
+            )  # fmt: skip
         except PodNotFound as exc:
             field = "container" if isinstance(exc, ContainerNotFound) else "pod"
             raise web.HTTPNotFound(reason=f"{field}: {exc}") from None

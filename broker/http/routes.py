@@ -211,7 +211,9 @@ async def get_job(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     service = request.app[SERVICE]
     record = await service.get(owner, name)
-    history = await service.store.history(owner, name)
+    stored = await service.store.history(owner, name)
+    bursts = service.burst_history(owner, name, record.created_at)
+    history = sorted([*stored, *bursts], key=lambda t: t.at)  # stable: stored order kept
     return web.json_response(job_json(record, history, waiting=service.waiting(owner, name)))
 
 

@@ -40,7 +40,7 @@ from broker.service.planner import Planner
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
 from broker.service.waiting import waiting_summary
-from broker.store import JobRecord, Store
+from broker.store import JobRecord, Store, Transition
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,19 @@ class Service:
         doc["clusters"] = [r.as_json() for r in explained.clusters]
         unavailable = self.pools.unavailable()
         return doc | what_next(explained, job, self.pools.controller, now, unavailable)
+
+    def burst_history(self, tenant: str, name: str, since: float) -> list[Transition]:
+        """What the burst pools did for a job since ``since`` (its run's submission), as
+        rows of its history: a scale-up for it, its nodes not come in time, a failed
+        scale-up. The job waits meanwhile, so each row says Queued, on the pool's cluster.
+        They are the controller's recent events, kept in memory, so a restarted broker
+        has forgotten those of before."""
+        key, pools = f"{tenant}/{name}", self.pools.controller.pools
+        return [
+            Transition(e.at, "Queued", f"burst {e.kind} in pool {e.pool}: {e.message}",
+                       pools[e.pool].cluster if e.pool in pools else None)
+            for e in self.pools.controller.events if e.job == key and e.at >= since
+        ]  # fmt: skip
 
     def waiting(self, tenant: str, name: str) -> str | None:
         """Why a queued job waited at the last cycle that looked at it, in one line (None:

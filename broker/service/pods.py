@@ -59,6 +59,9 @@ class JobPods:
         container: str | None = None,
         tail_lines: int | None = None,
         follow: bool = False,
+        *,
+        timestamps: bool = False,
+        previous: bool = False,
     ) -> LogStream:
         """Open the log of ``pod`` (None: the job's first pod by name)."""
         cluster, spec = await self._placed(tenant, name)
@@ -68,7 +71,8 @@ class JobPods:
             if not rows:
                 raise PodNotFound(f"job {name!r} has no pods yet")
             pod = min(row.name for row in rows)
-        return await reader.logs(cluster, spec, LogRequest(pod, container, tail_lines, follow))
+        request = LogRequest(pod, container, tail_lines, follow, timestamps, previous)
+        return await reader.logs(cluster, spec, request)
 
 
 __all__ = ["SHOWN_STATES", "JobPods"]

@@ -32,11 +32,18 @@ class LogEmulator(kmocklib.KubernetesEmulator):
         self.lines: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.queries: list[dict[str, str]] = []
         self.closed = asyncio.Event()
+        self.restarted = True  # False: a previous instance is asked for in vain (400)
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if _LOG.fullmatch(raw.path) is None:
             return await super().__call__(raw)
         self.queries.append(dict(raw.query))
+        if raw.query.get("previous") == "true" and not self.restarted:
+            message = 'previous terminated container "main" in pod "train-w-0" not found'
+            return aiohttp.web.json_response(
+                {"kind": "Status", "status": "Failure", "message": message, "code": 400},
+                status=400,
+            )
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(raw)
         ended = False
@@ -138,6 +145,23 @@ async def test_follow_streams_as_the_member_writes_and_close_ends_it(
         while not kmock.closed.is_set():
             kmock.lines.put_nowait(b"more\n")
             await asyncio.sleep(0.01)
+
+
+async def test_timestamps_and_previous_are_asked_of_the_member(
+    api: ApiClient, kmock: LogEmulator
+) -> None:
+    await put_pod(api, "train-w-0", ours())
+    for line in (b"2026-01-02T03:04:05.000000006Z a\n", None):
+        kmock.lines.put_nowait(line)
+    request = LogRequest("train-w-0", timestamps=True, previous=True)
+    stream = await reader(api).logs("east", SPEC, request)
+    assert b"".join([c async for c in stream]) == b"2026-01-02T03:04:05.000000006Z a\n"
+    assert kmock.queries[-1] == {
+        "container": "main", "follow": "false", "timestamps": "true", "previous": "true",
+    }  # fmt: skip
+    kmock.restarted = False
+    with pytest.raises(PodNotFound, match=r"no previous instance of container 'main'"):
+        await reader(api).logs("east", SPEC, request)
 
 
 async def test_a_log_that_ends_ends_the_stream(api: ApiClient, kmock: LogEmulator) -> None:

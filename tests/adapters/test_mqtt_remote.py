@@ -30,6 +30,8 @@ from adapters.mqtt.commands import (
     decode_command,
     end_doc,
     found_doc,
+    log_request_doc,
+    log_request_of,
     placement_of,
     replies_topic,
     row_doc,
@@ -231,7 +233,10 @@ async def test_pods_logs_and_a_pod_that_is_not_the_jobs() -> None:
         assert [chunk async for chunk in stream] == [b"step 1\nstep 2\n"]
         await stream.aclose()
         [logs] = p.agent.ops("logs")
-        assert logs.body["request"] == {"pod": "train-w-0", "container": None, "tailLines": None}
+        assert logs.body["request"] == {
+            "pod": "train-w-0", "container": None, "tailLines": None, "timestamps": False,
+            "previous": False,
+        }  # fmt: skip
 
         def not_found(command: Command) -> None:
             p.agent.reply(command, "failed", {"notFound": True}, error="pod x is not the job's")
@@ -318,3 +323,10 @@ def test_a_resend_goes_oldest_first_and_stops_at_a_full_outbox() -> None:
     sent.clear()
     assert remote.resend_all() == 3
     assert [c.id for c in sent] == ids
+
+
+def test_a_log_request_crosses_to_the_agent_whole() -> None:
+    """What ``logs --timestamps --previous`` asks reaches a pull-mode member's agent."""
+    request = LogRequest("train-w-0", "main", 3, timestamps=True, previous=True)
+    assert log_request_of(log_request_doc(request)) == request
+    assert log_request_of({"pod": "p"}) == LogRequest("p")  # an older broker's request

@@ -306,7 +306,7 @@ async def test_watch_redraws_on_job_events(
             return "late" in seen
 
         await until(drawn)  # redrawn after the job's event, without being asked
-        assert seen.startswith("--- ")  # not a terminal: each drawing under a time stamp
+        assert all(line.startswith("late ") for line in seen.splitlines())  # its row only
     finally:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -319,6 +319,7 @@ def test_ctrl_c_ends_a_watch_with_status_0(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(client_module, "watch_list", interrupted)
     assert main(["list", "--watch"]) == 0
+    assert main(["get", "train", "--watch"]) == 0
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
 """``fedbroker pods`` and ``fedbroker logs`` against a running API (a real Service over
-simulated clusters, on a test server): the pods table, a log to stdout, and one-line errors
-(another tenant's job, a bad parameter)."""
+simulated clusters, on a test server): the pods table, a log to stdout, every pod's log
+(``--all-pods``), ``--timestamps``, ``--previous``, and one-line errors (another tenant's
+job, a bad parameter)."""
 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,9 @@ from test_job_logs import Stack, running_job
 
 from adapters.simulated import simulated_log_line
 from broker.cli.client import ClientError
+from broker.cli.gang_logs import prefixed
 from broker.cli.main import build_parser
-from broker.cli.podlogs import POD_HEADER, call
+from broker.cli.podlogs import POD_HEADER, call, run_pods
 
 
 @pytest.fixture
@@ -59,3 +62,41 @@ async def test_errors_are_one_line(served: tuple[Any, Stack, str]) -> None:
         await run(server, "logs", "train", tenant="team-b")
     with pytest.raises(ClientError, match=r"^tailLines: "):
         await run(server, "logs", "train", "--tail", "0")
+
+
+async def test_logs_of_every_pod_each_line_prefixed(served: tuple[Any, Stack, str]) -> None:
+    client, s, server = served
+    await running_job(client, s)
+    pods = ("train-worker-0", "train-worker-1")
+    lines = [f"[pod/{p}] ".encode() + simulated_log_line(p, i) for p in pods for i in range(5)]
+    assert await run(server, "logs", "train", "--all-pods") == b"".join(lines)
+    tail = await run(server, "logs", "train", "--all-pods", "--tail", "1", "-c", "main")
+    assert tail.decode().splitlines() == [
+        "[pod/train-worker-0/main] train-worker-0: step 4 loss 0.8000",
+        "[pod/train-worker-1/main] train-worker-1: step 4 loss 0.8000",
+    ]
+    # Followed at once, each pod's log holds one of the tenant's maxLogFollows (1 here).
+    with pytest.raises(ClientError, match=r"^limit: .*maxLogFollows"):
+        await run(server, "logs", "train", "--all-pods", "-f")
+    args = build_parser().parse_args(["logs", "train", "--all-pods", "-p", "train-worker-0"])
+    assert run_pods(args) == 2
+
+
+def test_prefixed_keeps_a_partial_line_for_the_next_chunk() -> None:
+    out, rest = prefixed(b"[pod/p] ", b"", b"one\ntw")
+    assert (out, rest) == (b"[pod/p] one\n", b"tw")
+    assert prefixed(b"[pod/p] ", rest, b"o\n\nthree") == (b"[pod/p] two\n[pod/p] \n", b"three")
+
+
+async def test_timestamps_and_previous(served: tuple[Any, Stack, str]) -> None:
+    client, s, server = served
+    await running_job(client, s)
+    dated = await run(server, "logs", "train", "--timestamps", "--tail", "2")
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z"
+    assert re.fullmatch(
+        rf"{stamp} train-worker-0: step 3 [^\n]*\n{stamp} train-worker-0: step 4 [^\n]*\n",
+        dated.decode(),
+    )
+    # A simulated container never restarts: no previous instance, as the kubelet says.
+    with pytest.raises(ClientError, match=r"^no previous instance of container 'main' in pod"):
+        await run(server, "logs", "train", "--previous")

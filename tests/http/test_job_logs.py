@@ -132,7 +132,7 @@ async def test_tenant_b_gets_404_on_as_job_and_nothing_for_a_queued_one(
         ("pod=Bad_Name", "pod"), ("pod=" + "a" * 254, "pod"), ("container=a.b", "container"),
         ("tailLines=0", "tailLines"), ("tailLines=100001", "tailLines"),
         ("tailLines=x", "tailLines"), ("tailLines=-1", "tailLines"), ("follow=yes", "follow"),
-        ("follow=2", "follow"),
+        ("follow=2", "follow"), ("timestamps=yes", "timestamps"), ("previous=x", "previous"),
     ],
 )  # fmt: skip
 async def test_bad_params_are_400_naming_the_parameter(
@@ -148,15 +148,16 @@ async def test_bad_params_are_400_naming_the_parameter(
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ({}, (None, None, None, False)),
+        ({}, (None, None, None, False, False, False)),
         ({"pod": "p-0", "container": "main", "tailLines": "100000", "follow": "true"},
-         ("p-0", "main", 100000, True)),
-        ({"tailLines": "1", "follow": "0"}, (None, None, 1, False)),
+         ("p-0", "main", 100000, True, False, False)),
+        ({"tailLines": "1", "follow": "0"}, (None, None, 1, False, False, False)),
+        ({"timestamps": "true", "previous": "1"}, (None, None, None, False, True, True)),
     ],
 )  # fmt: skip
 def test_log_params_table(query: dict[str, str], expected: tuple[Any, ...]) -> None:
     p = log_params(query)
-    assert (p.pod, p.container, p.tail_lines, p.follow) == expected
+    assert (p.pod, p.container, p.tail_lines, p.follow, p.timestamps, p.previous) == expected
 
 
 def test_log_params_refuse_unicode_digits() -> None:

@@ -154,6 +154,11 @@ async def test_provisioning_timeout_requeues_scales_back_marks_failing(tmp_path:
         assert pool.failing is True
         kinds = [e.kind for e in service.pools.controller.events]
         assert kinds == ["scale-up", "provision-timeout"]
+        # The job's history (``get``) tells both.
+        said = [t.reason for t in service.burst_history("team-a", "stuck", 0.0)]
+        assert [r.split(":")[0] for r in said] == [
+            "burst scale-up in pool a100", "burst provision-timeout in pool a100",
+        ]  # fmt: skip
         assert (await service.get("team-a", "stuck")).state == "Queued"
         for _ in range(30):  # backing off: no new scale-up meanwhile
             await cycle(service, clock)
@@ -184,6 +189,13 @@ async def test_pools_in_the_api_and_metrics(tmp_path: Path) -> None:
         for _ in range(6):  # an hour of the job on three nodes, in ten-minute cycles
             clock.now += 600
             await service.schedule_once()
+        got = await client.get("/v1/jobs/big", headers={"Authorization": f"Bearer {TOKEN_A}"})
+        history = [(h["state"], h["cluster"], h["reason"]) for h in
+                   (await got.json())["status"]["history"]]  # fmt: skip
+        # The scale-up for it, between its submission and its placement, in time order.
+        assert [h[0] for h in history][:3] == ["Queued", "Queued", "Placed"]
+        assert history[1][1:] == ("cloud", "burst scale-up in pool a100: +3 nodes for "
+                                  "team-a/big (98.31/h)")  # fmt: skip
         a = await client.get("/v1/pools", headers={"Authorization": f"Bearer {TOKEN_A}"})
         assert a.status == 200
         doc = await a.json()
