@@ -123,10 +123,20 @@ class Service:
         await self.leadership.run()
 
     def spawn_loop(self) -> None:
-        """Run the scheduler loop, the leader election and retention as supervised tasks."""
+        """Run the scheduler loop, the leader election, retention and the deletion of
+        finished jobs' pods as supervised tasks."""
         self.tasks.keep("scheduler", self.run)
         self.tasks.keep("leader", self.lead)
         self.tasks.keep("retention", self.retention.run)
+        kept, shared = self.shared.finished_pods, self.shared
+        self.tasks.keep(
+            "finished-pods", lambda: kept.run(self.binding.delete, lambda: shared.leading)
+        )
+
+    async def _delete_finished_pods(self) -> None:
+        """Finished jobs' pods past ``retention.finishedPodsSeconds`` deleted while leading."""
+        s = self.shared
+        await s.finished_pods.run(self.binding.delete, lambda: s.leading)
 
     async def close(self, timeout: float = CLOSE_TASKS_SECONDS) -> None:
         self.ready = False
