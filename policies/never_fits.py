@@ -62,13 +62,15 @@ class NeverFits:
     """Why a job can never fit: its pod set ``pod_set`` needs ``pods`` pods and no cluster
     could take more than ``largest`` (``cluster``'s figure; "" when no cluster may take the
     job at all). ``pod_set`` "": each pod set fits somewhere alone, never all of them in
-    one cluster. ``burst``: the pools at their maximum were counted."""
+    one cluster. ``burst``: the pools at their maximum were counted. ``clusters``: how many
+    clusters the job may go to at all (0: its selector or needs match none)."""
 
     pod_set: str
     pods: int
     largest: int
     cluster: str
     burst: bool
+    clusters: int = 1
 
 
 def maxima(
@@ -110,6 +112,8 @@ def never_fits(job: Job, clusters: Mapping[str, ClusterMaximum]) -> NeverFits | 
     rooms = {c.cluster.name: [_room(job, ps, c) for ps in job.pod_sets] for c in eligible}
     if any(_fits(job, c, rooms[c.cluster.name]) for c in eligible):
         return None
+    if not eligible:
+        return NeverFits(job.pod_sets[0].name, job.pod_sets[0].count, 0, "", burst, 0)
     if job.elastic:
         total = {name: _elastic_room(job, r) for name, r in rooms.items()}
         best = max(total, key=total.__getitem__, default="")

@@ -197,7 +197,7 @@ class Service:
         if pending is None or not pending.waiting:
             return None
         never = self.largest.never_fits(pending.job)
-        if never is not None:
+        if never is not None and never.clusters:  # else its reasons name what does not match
             return never_fits_line(pending.job, never)
         return waiting_summary(pending.job, pending.waiting)
 

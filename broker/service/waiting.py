@@ -50,6 +50,8 @@ def _pods_phrase(job: Job, ps: PodSet, count: int) -> str:
 def never_fits_line(job: Job, never: NeverFits) -> str:
     """Why the job can never fit the federation as it is made, e.g. ``never fits: no
     cluster could take 400 pods of 8 A100 GPUs even empty; the largest, b, could take 52``."""
+    if not never.clusters:
+        return "never fits: no cluster matches its placement (cluster selector or needs)"
     ps = next((p for p in job.pod_sets if p.name == never.pod_set), None)
     if ps is None:
         what = f"at least {never.pods} of its pods" if job.elastic else "all its pod sets"

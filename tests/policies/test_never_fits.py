@@ -78,7 +78,7 @@ ROWS: list[Row] = [
      lambda: federation({"a": [node("t", taints=["gpu"])]}), [], set(),
      gang("j", 1, 8, tolerations=["gpu"]), None),
     ("a selector no cluster matches", two_clusters, [], set(),
-     gang("j", 1, 8, selector={"zone": "x"}), NeverFits("worker", 1, 0, "", False)),
+     gang("j", 1, 8, selector={"zone": "x"}), NeverFits("worker", 1, 0, "", False, 0)),
     ("burst pools at maxNodes", two_clusters, [pool("b", 348)], set(),
      burst(gang("big", 400, 8)), None),
     ("burst pools short of it", two_clusters, [pool("b", 300)], set(),
