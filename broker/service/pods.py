@@ -31,7 +31,7 @@ FINISHED_STATES = ("Succeeded", "Failed")
 
 
 class JobPods:
-    """The pods and logs of a tenant's placed jobs."""
+    """The pods and logs of a tenant's placed, running and finished jobs."""
 
     def __init__(self, shared: Shared, admission: Admission) -> None:
         self.s = shared
