@@ -13,7 +13,7 @@ import logging
 import math
 import random
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SIMULATED_CONTAINER = "main"  # every simulated pod's one container
 DELETED_KEPT = 1000  # SimulatedLauncher.deleted: the latest deletions only
+ENDED_KEPT = 10_000  # SimulatedLauncher.ended: the pods of the latest ended runs only
 
 
 def simulated_log_line(pod: str, step: int) -> bytes:
@@ -87,8 +88,8 @@ class _Ends:
     cancelled run stays in the heap until its deadline passes, so the heap holds at most the
     watches of the last longest run time."""
 
-    def __init__(self, running: dict[str, Placement]) -> None:
-        self._running = running
+    def __init__(self, ended: Callable[[str], None]) -> None:
+        self._ended = ended
         self._heap: list[tuple[float, int, _Run]] = []
         self._seq = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,7 +121,7 @@ class _Ends:
             on_end, run.on_end = run.on_end, None
             if on_end is None:
                 continue  # cancelled
-            self._running.pop(run.job, None)
+            self._ended(run.job)
             try:
                 on_end(RunEnd(True))
             except Exception:  # one failing callback must not keep the others' ends
@@ -146,7 +147,10 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
     log at once and, followed, one more every ``log_every_seconds`` (on ``sleep``) until the
     job is no longer running. With timestamps, a line is dated as if written every
     ``log_every_seconds`` up to now (wall clock); a simulated container never restarts, so
-    it has no previous instance to read (as the kubelet says for such a container).
+    it has no previous instance to read (as the kubelet says for such a container). A job
+    that ended keeps its pods, shown Succeeded, until ``delete`` (the broker's
+    ``retention.finishedPodsSeconds``), as a member does; at most ``ENDED_KEPT`` of them,
+    the oldest forgotten first.
     """
 
     log_lines = 5
@@ -171,9 +175,10 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
         self._per_cluster = dict(per_cluster or {})
         self._sleep = sleep
         self.running: dict[str, Placement] = {}
+        self.ended: OrderedDict[str, Placement] = OrderedDict()  # pods kept: see the docstring
         # The latest deletions, for tests and debugging: bounded, as a broker runs for months.
         self.deleted: deque[str] = deque(maxlen=DELETED_KEPT)
-        self._ends = _Ends(self.running)
+        self._ends = _Ends(self._end)
 
     async def launch(self, placement: Placement) -> None:
         """Return once every pod of the placement runs; raise LaunchError if it fails."""
@@ -188,9 +193,18 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
             raise LaunchError(f"simulated launch failure in {placement.cluster}")
         self.running[placement.job] = placement
 
+    def _end(self, job: str) -> None:
+        """The job's run is over: its pods stay, ended, until deleted."""
+        placement = self.running.pop(job, None)
+        if placement is not None:
+            self.ended[job] = placement
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
+
     async def delete(self, placement: Placement) -> None:
         """Delete every pod of the placement (idempotent)."""
         self.running.pop(placement.job, None)
+        self.ended.pop(placement.job, None)
         self.deleted.append(placement.job)
 
     def watch(self, placement: Placement, on_end: Callable[[RunEnd], None]) -> RunHandle:
@@ -208,7 +222,7 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
         async def later() -> None:  # an injected sleep (tests): its own clock
             await self._sleep(seconds)
             if run.on_end is not None:
-                self.running.pop(placement.job, None)
+                self._end(placement.job)
                 run.on_end(RunEnd(True))
 
         return asyncio.ensure_future(later())
@@ -221,20 +235,20 @@ class SimulatedLauncher(Launcher, RunWatcher, RunNotifier, PodReader):
             await asyncio.get_running_loop().create_future()  # until cancelled
         else:
             await self._sleep(seconds)
-        self.running.pop(placement.job, None)
+        self._end(placement.job)
         return RunEnd(True)
 
     async def pods(self, cluster: str, spec: LaunchSpec) -> list[PodRow]:
-        placement = self.running.get(spec.key)
+        placement, phase = self.running.get(spec.key), "Running"
+        if placement is None:
+            placement, phase = self.ended.get(spec.key), "Succeeded"
         if placement is None or placement.cluster != cluster:
             return []
         rows = []
         for pod in placement.pods:
             name = pod.pod.removeprefix(f"{spec.tenant}.")
             pod_set, _, index = name.removeprefix(f"{spec.job}-").rpartition("-")
-            rows.append(
-                PodRow(name, pod_set, cluster, pod.node, "Running", 0, f"{pod_set}-{index}")
-            )
+            rows.append(PodRow(name, pod_set, cluster, pod.node, phase, 0, f"{pod_set}-{index}"))
         return rows
 
     async def logs(self, cluster: str, spec: LaunchSpec, request: LogRequest) -> LogStream:

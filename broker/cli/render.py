@@ -168,7 +168,7 @@ def _refusal_lines(b: dict[str, Any]) -> list[str]:
 def _next(doc: dict[str, Any]) -> str:
     """A waiting job's place in the queues and its burst option ('' when not waiting)."""
     position, burst = doc.get("position"), doc.get("burst")
-    out = []
+    out = [doc["neverFits"]] if doc.get("neverFits") else []
     if position:
         out.append(f"QUEUE  {_position_line(position)}")
     if burst:

@@ -122,6 +122,9 @@ class RetentionConfig(Section):
 
     finished_jobs_seconds: float = Field(default=7 * 86_400, gt=0, le=10 * 365 * 86_400)
     purge_every_seconds: float = Field(default=300.0, gt=0, le=86_400)
+    # How long a finished (Succeeded, Failed) job's pods stay in its member for `fedbroker
+    # pods/logs` before the broker deletes them; 0: at the next garbage collection.
+    finished_pods_seconds: float = Field(default=600.0, ge=0, le=7 * 86_400)
 
 
 class AuditConfig(Section):
@@ -154,8 +157,9 @@ class SchedulerConfig(Section):
     # How long a waiting gang lets smaller jobs backfill before its capacity is held for it.
     starvation_seconds: float = Field(default=300.0, ge=0, le=86_400)
     stale_after_seconds: float = Field(default=60.0, gt=0, le=3600)
-    # How often objects with our origin label that belong to no live job are deleted from
-    # Kubernetes members (finished jobs' pods stay that long for their logs).
+    # How often objects with our origin label that belong to no live job (nor to a finished
+    # one whose pods are kept: retention.finishedPodsSeconds) are deleted from Kubernetes
+    # members.
     garbage_collect_seconds: float = Field(default=60.0, gt=0, le=86_400)
     # DESIGN.md: unplaceable this long -> the burst controller plans cloud nodes.
     burst_after_seconds: float = Field(default=30.0, ge=0, le=86_400)

@@ -132,6 +132,11 @@ class Explain(Out):
     clusters: list[ClusterFit]
     position: QueuePosition | None = Field(description="null when not waiting in a queue")
     burst: BurstOption | None = Field(description="null when not waiting in a queue")
+    never_fits: str | None = Field(
+        description="why no cluster could take the job even empty (and, if it may burst, with "
+        "every burst pool at its maxNodes); null when one may, when a cluster it may go to is "
+        "not read yet or stale, or when not waiting in a queue"
+    )
 
 
 class Plan(Out):

@@ -121,6 +121,9 @@ class Admission:
                 "by the next submission), or submit under another name"
             )
         key = job.key
+        kept = s.finished_pods.forget(key) if created else None
+        if kept is not None:  # the last run's pods go first: the next must not adopt them
+            await self.binding.delete(kept.placement, kept.launch)
         # A Queued job not created now may be one whose creation committed while its answer
         # was lost (the store failed: 503, and the client retried): nobody queued it then.
         unqueued = record.state == "Queued" and (

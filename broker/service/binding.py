@@ -256,6 +256,8 @@ class Binding:
             now = s.clock()
             launch = s.lifecycle.get(key)
             ran = f" after {now - launch.placed_at:.0f}s" if launch is not None else ""
+            if launch is not None:  # its pods stay for their logs (FinishedPods)
+                s.finished_pods.add(launch, now)
             return now, s.lifecycle.finished(key, end.succeeded, end_reason(end, ran))
 
         ended = await s.lock.call(finish)  # see StateLock.call: no loop turn per end

@@ -36,10 +36,11 @@ from broker.manifest import FederatedJob, ManifestError
 from broker.service.compose import Options, build
 from broker.service.explain import explain_work, plan_work, what_next
 from broker.service.leader import default_identity
+from broker.service.never_fits import Largest
 from broker.service.planner import Planner
 from broker.service.pods import JobPods
 from broker.service.retention import Retention
-from broker.service.waiting import waiting_summary
+from broker.service.waiting import never_fits_line, waiting_summary
 from broker.store import JobRecord, Store, Transition
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Service:
         self.job_pods = JobPods(s, admission)
         self.planner = Planner(config.api.plans, options.get("plan_clock", time.monotonic))
         self.pods, self.logs = self.job_pods.pods, self.job_pods.logs
+        self.largest = Largest(s.ledger, s.pools, s.kube)
 
     @property
     def store(self) -> Store:
@@ -121,10 +123,20 @@ class Service:
         await self.leadership.run()
 
     def spawn_loop(self) -> None:
-        """Run the scheduler loop, the leader election and retention as supervised tasks."""
+        """Run the scheduler loop, the leader election, retention and the deletion of
+        finished jobs' pods as supervised tasks."""
         self.tasks.keep("scheduler", self.run)
         self.tasks.keep("leader", self.lead)
         self.tasks.keep("retention", self.retention.run)
+        kept, shared = self.shared.finished_pods, self.shared
+        self.tasks.keep(
+            "finished-pods", lambda: kept.run(self.binding.delete, lambda: shared.leading)
+        )
+
+    async def _delete_finished_pods(self) -> None:
+        """Finished jobs' pods past ``retention.finishedPodsSeconds`` deleted while leading."""
+        s = self.shared
+        await s.finished_pods.run(self.binding.delete, lambda: s.leading)
 
     async def close(self, timeout: float = CLOSE_TASKS_SECONDS) -> None:
         self.ready = False
@@ -162,6 +174,7 @@ class Service:
         doc: dict[str, Any] = {
             "job": name, "state": record.state, "cluster": record.cluster,
             "reason": record.reason, "clusters": [], "position": None, "burst": None,
+            "neverFits": None,
         }  # fmt: skip
         pending = self.queue.get(f"{tenant}/{name}")
         if pending is None:
@@ -171,6 +184,8 @@ class Service:
         work = explain_work(job, policy, self.queue, self.ledger.snapshot(), now)
         explained = await self.planner.run(caller or tenant, work)
         doc["clusters"] = [r.as_json() for r in explained.clusters]
+        never = self.largest.never_fits(job)
+        doc["neverFits"] = never_fits_line(job, never) if never is not None else None
         unavailable = self.pools.unavailable()
         return doc | what_next(explained, job, self.pools.controller, now, unavailable)
 
@@ -189,10 +204,14 @@ class Service:
 
     def waiting(self, tenant: str, name: str) -> str | None:
         """Why a queued job waited at the last cycle that looked at it, in one line (None:
-        not queued here, or not looked at yet). One look-up: what a list pays per job."""
+        not queued here, or not looked at yet): "never fits: ..." for a job the federation
+        could not take even empty (``Largest``: per job, O(clusters x kinds of node))."""
         pending = self.queue.get(f"{tenant}/{name}")
         if pending is None or not pending.waiting:
             return None
+        never = self.largest.never_fits(pending.job)
+        if never is not None and never.clusters:  # else its reasons name what does not match
+            return never_fits_line(pending.job, never)
         return waiting_summary(pending.job, pending.waiting)
 
     async def plan(self, tenant: str, manifest: FederatedJob) -> dict[str, Any]:

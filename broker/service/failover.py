@@ -85,7 +85,7 @@ class Failover:
                 launch.placement.job
                 for launch in s.lifecycle.launches()
                 if launch.placement.cluster == name
-            }
+            } | s.finished_pods.live(name)  # finished, with pods kept for their logs
             try:
                 deleted = await launcher.collect_garbage(live)
             except Exception as exc:  # any: tried again at the next collection

@@ -139,6 +139,7 @@ class Recovery:
         s = self.s
         s.rebuilt = False
         s.active.clear()
+        s.finished_pods.clear()
         for task in (self.cycles.current, self._pools):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()

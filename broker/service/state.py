@@ -34,6 +34,7 @@ from broker.manifest import (
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from broker.ports import Launcher
 from broker.service.active import ActiveCounts
+from broker.service.finished_pods import FinishedPods
 from broker.service.leader import Leadership
 from broker.service.members import KubeMembers
 from broker.service.metrics import SchedulerMetrics
@@ -70,6 +71,11 @@ class Shared:
     # State rebuilt from the store under the lease we hold (set by recovery, cleared when
     # the lease is lost); ``leading`` is the one question the rest asks.
     rebuilt: bool = False
+    # Finished jobs whose pods are kept in their member for their logs (the leader's).
+    finished_pods: FinishedPods = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.finished_pods = FinishedPods(self.config.retention.finished_pods_seconds, self.clock)
 
     @property
     def leading(self) -> bool:

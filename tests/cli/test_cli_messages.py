@@ -159,7 +159,8 @@ async def test_list_shows_why_a_queued_job_waits(
     served: tuple[Harness, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     (_client, service, clock), server = served
-    for doc in (manifest("small", pods=1), manifest("huge", pods=3)):  # 3 x 8 GPUs: no room
+    # small-a has 2 nodes of 8 A100 GPUs: 2 x 8 waits for room, 3 x 8 never fits
+    for doc in (manifest("small", pods=1), manifest("huge", pods=2), manifest("never", pods=3)):
         code, _, _ = await cli(capsys, *as_user(server, "submit", "-f", write(tmp_path, doc)))
         assert code == 0
     await service.schedule_once(clock.now)
@@ -168,9 +169,16 @@ async def test_list_shows_why_a_queued_job_waits(
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "Running" in rows["small"]
     assert rows["huge"].split()[2] == "Queued"
-    assert rows["huge"].endswith("no cluster has room for 3 pods of 8 GPUs")
+    assert rows["huge"].endswith("no cluster has room for 2 pods of 8 GPUs")
+    never = "never fits: no cluster could take 3 pods of 8 GPUs even empty; the largest, "
+    never += "small-a, could take 2"
+    assert rows["never"].endswith(never)
     code, out, _ = await cli(capsys, *as_user(server, "get", "huge", "-o", "json"))
-    assert json.loads(out)["status"]["waiting"] == "no cluster has room for 3 pods of 8 GPUs"
+    assert json.loads(out)["status"]["waiting"] == "no cluster has room for 2 pods of 8 GPUs"
+    code, out, _ = await cli(capsys, *as_user(server, "explain", "never"))
+    assert code == 0 and f"\n\n{never}\nQUEUE  " in out, out
+    code, out, _ = await cli(capsys, *as_user(server, "explain", "huge", "-o", "json"))
+    assert json.loads(out)["neverFits"] is None
 
 
 async def test_list_filters_by_name_labels_and_submitter(

@@ -21,6 +21,7 @@ from broker.cli.client import ClientError
 from broker.cli.gang_logs import prefixed
 from broker.cli.main import build_parser
 from broker.cli.podlogs import POD_HEADER, call, run_pods
+from broker.http.app import make_app
 
 
 @pytest.fixture
@@ -100,3 +101,28 @@ async def test_timestamps_and_previous(served: tuple[Any, Stack, str]) -> None:
     # A simulated container never restarts: no previous instance, as the kubelet says.
     with pytest.raises(ClientError, match=r"^no previous instance of container 'main' in pod"):
         await run(server, "logs", "train", "--previous")
+
+
+async def test_pods_and_logs_of_a_finished_job(tmp_path: Path) -> None:
+    """A Succeeded job's pods and logs while kept; a clear 404 once deleted."""
+    from aiohttp.test_utils import TestClient
+    from test_finished_pods import Stack as FinishedStack
+
+    s = FinishedStack(tmp_path, None)
+    await s.service.start()
+    client: TestClient[Any, Any] = TestClient(TestServer(make_app(s.service, s.config)))
+    await client.start_server()
+    try:
+        server = str(client.make_url("/"))
+        await s.finished_job(client)
+        lines = (await run(server, "pods", "train")).decode().splitlines()
+        assert [line.split()[4] for line in lines[1:]] == ["Succeeded", "Succeeded"]
+        log = await run(server, "logs", "train", "--tail", "1")
+        assert log == simulated_log_line("train-worker-0", 4)
+        s.clock.now += 600
+        await s.sweep()
+        with pytest.raises(ClientError, match=r"its pods were deleted 10m after it finished"):
+            await run(server, "logs", "train")
+    finally:
+        await client.close()
+        await s.service.close()

@@ -288,5 +288,8 @@ async def test_a_gang_larger_than_every_rack_waits_and_explain_names_the_level(
             {"cluster": "west", "fits": False, "largestFit": 3,
              "reasons": [{"code": code, "message": said.format("west", 3)}]},
         ]  # fmt: skip
-        # the one line a list shows for the waiting job says it too
-        assert said.format("east", 4) in (service.waiting("team-a", "big") or "")
+        # the one line a list shows: no rack of any cluster could take it even empty
+        assert service.waiting("team-a", "big") == (
+            "never fits: no cluster could take 5 pods of 4 GPUs in one rack "
+            "(cloud.provider.com/topology-rack) even empty; the largest, east, could take 4"
+        )
