@@ -63,9 +63,12 @@ def make_dry_run(tmp_path: Path, target: str) -> str:
         unavailable("make is not installed")
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
+    # Under ``make test`` the outer make's flags and level would make this one print
+    # "Entering directory" lines: it runs as if from a shell.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        [make, "-n", target, f"PYTHON={sys.executable}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        [make, "--no-print-directory", "-n", target, f"PYTHON={sys.executable}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout

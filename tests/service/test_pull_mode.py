@@ -548,7 +548,7 @@ async def test_fedbroker_pods_and_logs_read_the_member_through_its_agent(
             (first, None), (last, "1")
         ]  # read in the member, by the agent  # fmt: skip
         code, out, err = await cli(capsys, server, "logs", "gang", "-p", "not-the-jobs-0")
-        assert (code, out) == (1, "") and err.startswith("fedbroker: error: 404 ")
+        assert (code, out) == (1, "") and err.startswith("fedbroker: error: no pod ")
         assert err.count("\n") == 1
 
 
