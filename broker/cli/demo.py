@@ -213,7 +213,7 @@ def banner_view(url: str, tokens: Tokens, data_dir: Path, log: Path | None,
     else:
         tokens_row = row("tokens", tokens_said(tokens))
     team_a = tokens.tokens["team-a"] if tokens.shown else "<team-a token>"
-    kept = "the jobs" if tokens.source == "env" else f"the jobs and the tokens ({TOKENS_FILE})"
+    kept = "jobs" if tokens.source == "env" else "jobs and tokens"
     cli = invoked_as()
     lines = [
         row("API", (url, "cyan"), f"   readiness {url}/readyz   metrics {url}/metrics"),
@@ -222,7 +222,7 @@ def banner_view(url: str, tokens: Tokens, data_dir: Path, log: Path | None,
         row("try", f"FEDBROKER_SERVER={url} FEDBROKER_TOKEN={team_a} {cli} top"),
         row("", f"(or: {cli} submit -f deploy/examples/job.yaml, {cli} list)"),
         row("logs", str(log) if log is not None else "on stderr (--log-stderr)",
-            f"   data dir {data_dir} (keeps {kept} from one start to the next)"),
+            f"   data dir {data_dir} (its {kept} outlive a restart)"),
         *([row("restored", restored.removeprefix("restored "))] if restored else []),
         row("stop", "Ctrl-C"),
     ]  # fmt: skip
@@ -292,7 +292,7 @@ def add_demo_command(sub: Any) -> None:
     cmd.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     cmd.add_argument(
         "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-        help=f"where the jobs and the log file are kept (default {DEFAULT_DATA_DIR})",
+        help=f"where the jobs, the tokens and the log file are kept (default {DEFAULT_DATA_DIR})",
     )  # fmt: skip
     cmd.add_argument("--no-workload", action="store_true",
                      help="do not generate jobs (default: generate them)")  # fmt: skip
@@ -300,7 +300,8 @@ def add_demo_command(sub: Any) -> None:
                      help="seeds the workload and run times (default 1)")  # fmt: skip
     cmd.add_argument(
         "--rate", type=float, default=RATE, metavar="JOBS_PER_SECOND",
-        help=f"how many jobs a second the generator submits, on average (default {RATE:g})",
+        help=f"how many jobs a second the generator submits, on average (default {RATE:g}, "
+        f"at most {MAX_RATE:g})",
     )  # fmt: skip
     add_plain(cmd)
     add_interval(cmd)
