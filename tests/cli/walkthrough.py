@@ -43,6 +43,8 @@ class WalkThrough:
         exported, self.commands = readme_commands()
         assert set(exported) == {"FEDBROKER_SERVER", "FEDBROKER_TOKEN"}, exported
         assert exported["FEDBROKER_TOKEN"] == "PLACEHOLDER"  # "<team-a token from the banner>"
+        # The demo's own address by default; the demo under test listens on a free port.
+        assert exported["FEDBROKER_SERVER"] == "http://127.0.0.1:8080", exported
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBROKER_")}
         self.env |= {"FEDBROKER_SERVER": url, "FEDBROKER_TOKEN": team_a_token}
 
