@@ -1,15 +1,16 @@
 """``fedbroker demo``: the broker on its built-in federation, with load and a live view.
 
 This module owns what a newcomer sees on ``make run``: the demo tenants' tokens (from
-``FEDBROKER_DEMO_TOKENS`` or generated and printed once), the banner saying where to look,
-the workload generator — which submits a seeded mix of gangs (queue ``training``, tenant
-team-a) and small whole or shared-GPU jobs (queue ``inference``, tenant team-b) through the
-real HTTP API, pausing while the queues are long — and the live view (``broker.cli.view``,
-the same one ``fedbroker top`` draws over HTTP), redrawn in place under the banner on a
-terminal, or a status line every few seconds elsewhere (``--plain``). On a terminal nothing
-but the view is printed: the logs go to ``demo.log`` in the data dir (``--log-stderr``:
-to stderr). Simulated jobs run a seeded 30-300 s, so they finish and capacity churns. The
-service itself is ``broker.cli.runtime.serve`` with ``broker.config.demo_config``.
+``FEDBROKER_DEMO_TOKENS``, else kept in the data dir's ``tokens`` file: generated at the
+first start and read at every later one, so an exported token outlives a restart), the
+banner saying where to look and what the start restored, the workload generator
+(``broker.cli.demo_workload``: background load that leaves room for the user's jobs), and
+the live view (``broker.cli.view``, the same one ``fedbroker top`` draws over HTTP), redrawn
+in place under the banner on a terminal, or a status line every few seconds elsewhere
+(``--plain``). On a terminal nothing but the view is printed: the logs go to ``demo.log`` in
+the data dir (``--log-stderr``: to stderr). Simulated jobs run a seeded 30-300 s, so they
+finish and capacity churns. The service itself is ``broker.cli.runtime.serve`` with
+``broker.config.demo_config``.
 """
 
 from __future__ import annotations
@@ -18,22 +19,22 @@ import argparse
 import asyncio
 import logging
 import os
-import random
 import secrets
 import shutil
 import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import aiohttp
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
 from adapters.simulated import seeded_run_seconds
+from broker.cli.demo_workload import workload
 from broker.cli.runtime import EXIT_USAGE, TaskFactory, configure_logging, serve
 from broker.cli.top import add_interval, add_plain, interval_of, live, plain
 from broker.cli.view import (
@@ -46,48 +47,104 @@ from broker.cli.view import (
     use_plain,
 )
 from broker.config import DEMO_TENANTS, ConfigError, demo_config
-from broker.manifest.workloads import jobset, pytorchjob
 from broker.process import run_loop
 from broker.service.facade import Service
+from broker.service.recovery import Rebuilt
 
 log = logging.getLogger("broker.demo")
 
 TOKENS_ENV = "FEDBROKER_DEMO_TOKENS"
 DEFAULT_DATA_DIR = Path(".fedbroker-demo")
-MAX_PENDING = 40  # the generator pauses while more jobs than this wait in the queues
 LOG_FILE = "demo.log"  # in --data-dir, unless --log-stderr
+TOKENS_FILE = "tokens"  # in --data-dir: the tokens generated at the first start
+RATE, MAX_RATE = 2.0, 50.0  # the generator's jobs per second: default, most accepted
 
 
 class DemoError(ValueError):
     """A problem with the demo's inputs: one line for the user."""
 
 
-def parse_tokens(text: str) -> dict[str, str]:
-    """``team-a=T1,team-b=T2,admin=T3`` -> {tenant: token}. The message never repeats a
-    token, only the tenant names and the variable."""
+def parse_tokens(text: str, source: str = TOKENS_ENV) -> dict[str, str]:
+    """``team-a=T1,team-b=T2,admin=T3`` -> {tenant: token}. The message names ``source``
+    (the variable, or the tokens file) and the tenants, never a token."""
     tokens: dict[str, str] = {}
     for i, item in enumerate(x.strip() for x in text.split(",")):
         tenant, sep, token = item.partition("=")
         tenant, token = tenant.strip(), token.strip()
         if not sep or not tenant or not token:
-            raise DemoError(f"{TOKENS_ENV}: item {i + 1} must be TENANT=TOKEN")
+            raise DemoError(f"{source}: item {i + 1} must be TENANT=TOKEN")
         if tenant not in DEMO_TENANTS:
-            raise DemoError(f"{TOKENS_ENV}: unknown tenant {tenant!r} ({', '.join(DEMO_TENANTS)})")
+            raise DemoError(f"{source}: unknown tenant {tenant!r} ({', '.join(DEMO_TENANTS)})")
         if tenant in tokens:
-            raise DemoError(f"{TOKENS_ENV}: tenant {tenant!r} given twice")
+            raise DemoError(f"{source}: tenant {tenant!r} given twice")
         tokens[tenant] = token
     missing = [t for t in DEMO_TENANTS if t not in tokens]
     if missing:
-        raise DemoError(f"{TOKENS_ENV}: missing tenant(s) {', '.join(missing)}")
+        raise DemoError(f"{source}: missing tenant(s) {', '.join(missing)}")
     return tokens
 
 
-def demo_tokens(environ: Mapping[str, str]) -> tuple[dict[str, str], bool]:
-    """The tokens, and whether they were generated (and so must be printed)."""
+@dataclass(frozen=True)
+class Tokens:
+    """The demo tenants' tokens and where they came from: ``env`` (``FEDBROKER_DEMO_TOKENS``),
+    ``kept`` (the data dir's tokens file, written by an earlier start) or ``new`` (generated
+    now, and written there for the next start)."""
+
+    tokens: Mapping[str, str]
+    source: str
+    path: Path
+
+    @property
+    def shown(self) -> bool:
+        """Whether the banner prints them: not when the user chose them."""
+        return self.source != "env"
+
+
+def demo_tokens(environ: Mapping[str, str], data_dir: Path) -> Tokens:
+    """The tokens from the variable, else the data dir's file, else new ones written there
+    (readable by the owner only), so that an exported token still works after a restart."""
+    path = data_dir / TOKENS_FILE
     text = environ.get(TOKENS_ENV)
     if text is not None:
-        return parse_tokens(text), False
-    return {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}, True
+        return Tokens(parse_tokens(text), "env", path)
+    try:
+        return Tokens(parse_tokens(path.read_text(encoding="utf-8").strip(), str(path)), "kept",
+                      path)  # fmt: skip
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise DemoError(f"{path}: {exc.strerror}") from None
+    tokens = {t: secrets.token_urlsafe(18) for t in DEMO_TENANTS}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(",".join(f"{t}={tok}" for t, tok in tokens.items()) + "\n")
+    except OSError as exc:
+        raise DemoError(f"{path}: {exc.strerror}") from None
+    return Tokens(tokens, "new", path)
+
+
+def tokens_said(tokens: Tokens) -> str:
+    """Where the tokens came from, in the banner's words."""
+    if tokens.source == "env":
+        return f"from {TOKENS_ENV}"
+    if tokens.source == "kept":
+        return f"kept in {tokens.path} from an earlier start; delete it for new ones"
+    return f"new; kept in {tokens.path} for the next start; {TOKENS_ENV} chooses them"
+
+
+def restored_said(rebuilt: Rebuilt | None) -> str | None:
+    """What the start found in the data dir, or None when it found no job. The jobs that
+    were placed or running are queued again: simulated pods stop with the demo."""
+    if rebuilt is None or not rebuilt.jobs:
+        return None
+    queued = rebuilt.jobs - rebuilt.restored - rebuilt.requeued
+    parts = [f"{queued} queued"] if queued else []
+    if rebuilt.requeued:
+        parts.append(f"{rebuilt.requeued} that were running, queued again to start afresh")
+    if rebuilt.restored:
+        parts.append(f"{rebuilt.restored} still running")
+    return f"restored {rebuilt.jobs} job{'s' if rebuilt.jobs != 1 else ''}: {', '.join(parts)}"
 
 
 def invoked_as() -> str:
@@ -106,23 +163,24 @@ def invoked_as() -> str:
     return str(beside) if beside.exists() else f"{sys.executable} -m broker.cli"
 
 
-def banner(
-    url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path, log: Path | None
-) -> str:
+def banner(url: str, tokens: Tokens, data_dir: Path, log: Path | None,
+           restored: str | None = None) -> str:  # fmt: skip
     """The banner ``--plain`` prints once: where the API is, the tokens, what to try."""
     lines = [
         f"fedbroker demo: API {url}  (readiness {url}/readyz, metrics {url}/metrics)",
-        f"  data dir {data_dir} (restart with the same --data-dir to keep every job)",
+        f"  data dir {data_dir} (restart with the same --data-dir to keep every job and token)",
         f"  logs {log if log is not None else 'on stderr (--log-stderr)'}",
         "  clusters onprem-a, onprem-b (simulated openb nodes) and cloud-burst (A100 pool)",
     ]
-    if generated:
-        lines.append(f"  tokens (generated; set {TOKENS_ENV} to choose them):")
-        lines += [f"    {tenant:<7} {token}" for tenant, token in tokens.items()]
+    if restored is not None:
+        lines.append(f"  {restored}")
+    if tokens.shown:
+        lines.append(f"  tokens ({tokens_said(tokens)}):")
+        lines += [f"    {tenant:<7} {token}" for tenant, token in tokens.tokens.items()]
     else:
-        lines.append(f"  tokens: from {TOKENS_ENV}")
-    shown = tokens["team-a"] if generated else "<team-a token>"
-    admin = tokens["admin"] if generated else "<admin token>"
+        lines.append(f"  tokens: {tokens_said(tokens)}")
+    shown = tokens.tokens["team-a"] if tokens.shown else "<team-a token>"
+    admin = tokens.tokens["admin"] if tokens.shown else "<admin token>"
     cli = invoked_as()
     lines += [
         f"  dashboard: {url}/#token={admin}",
@@ -136,11 +194,10 @@ def banner(
     return "\n".join(lines)
 
 
-def banner_view(
-    url: str, tokens: Mapping[str, str], generated: bool, data_dir: Path, log: Path | None
-) -> Panel:
+def banner_view(url: str, tokens: Tokens, data_dir: Path, log: Path | None,
+                restored: str | None = None) -> Panel:  # fmt: skip
     """The banner on top of the live view: the same facts, fewer lines."""
-    admin = tokens["admin"] if generated else "<admin token>"
+    admin = tokens.tokens["admin"] if tokens.shown else "<admin token>"
 
     def row(label: str, *parts: str | tuple[str, str]) -> Text:
         text = Text(f"{label:<10}", style="bold")
@@ -148,14 +205,15 @@ def banner_view(
             text.append(*(part if isinstance(part, tuple) else (part,)))
         return text
 
-    if generated:
+    if tokens.shown:
         pairs: list[str | tuple[str, str]] = []
-        for tenant, token in tokens.items():
+        for tenant, token in tokens.tokens.items():
             pairs += [f"{tenant} ", (token, "cyan"), "   "]
         tokens_row = row("tokens", *pairs)
     else:
-        tokens_row = row("tokens", f"from {TOKENS_ENV}")
-    team_a = tokens["team-a"] if generated else "<team-a token>"
+        tokens_row = row("tokens", tokens_said(tokens))
+    team_a = tokens.tokens["team-a"] if tokens.shown else "<team-a token>"
+    kept = "jobs" if tokens.source == "env" else "jobs and tokens"
     cli = invoked_as()
     lines = [
         row("API", (url, "cyan"), f"   readiness {url}/readyz   metrics {url}/metrics"),
@@ -164,114 +222,11 @@ def banner_view(
         row("try", f"FEDBROKER_SERVER={url} FEDBROKER_TOKEN={team_a} {cli} top"),
         row("", f"(or: {cli} submit -f deploy/examples/job.yaml, {cli} list)"),
         row("logs", str(log) if log is not None else "on stderr (--log-stderr)",
-            f"   data dir {data_dir}"),
+            f"   data dir {data_dir} (its {kept} outlive a restart)"),
+        *([row("restored", restored.removeprefix("restored "))] if restored else []),
         row("stop", "Ctrl-C"),
     ]  # fmt: skip
     return banner_panel(lines, "fedbroker demo")
-
-
-# --- the workload generator ------------------------------------------------------------
-
-
-def draw_manifest(rng: random.Random, run_id: str, seq: int) -> tuple[str, dict[str, Any]]:
-    """(tenant, manifest): a gang for team-a's training queue (one in four; allowed to burst,
-    and one in seven of them asks for A100s, which only the cloud pool has; one in twenty
-    of all is a JobSet or PyTorchJob: ``workload_manifest``), else a small job for team-b's
-    inference queue, on one whole GPU or a quarter or half of one."""
-    if rng.random() < 0.05:  # now and then a JobSet or a PyTorchJob, as teams run them
-        return "team-a", workload_manifest(rng, f"wl-{run_id}-{seq:05d}")
-    placement: dict[str, Any] = {}
-    if rng.random() < 0.25:
-        pods, gpus = rng.randint(2, 8), rng.choice((4, 8))
-        resources: dict[str, Any] = {
-            "nvidia.com/gpu": gpus, "cpu": str(8 * gpus), "memory": f"{32 * gpus}Gi"
-        }  # fmt: skip
-        tenant, queue, policy = "team-a", "training", "gang"
-        gang = {"minMember": pods, "scheduleTimeoutSeconds": 600}
-        placement = {"allowBurst": True}
-        if rng.random() < 0.15:  # A100 only: no on-prem cluster has them, so it bursts
-            placement["gpuTypes"] = ["A100"]
-            pods, resources = rng.randint(2, 4), {"nvidia.com/gpu": 8, "cpu": "64",
-                                                  "memory": "512Gi"}  # fmt: skip
-            gang["minMember"] = pods
-    else:
-        pods, gang = 1, {}
-        if rng.random() < 0.5:
-            resources = {"nvidia.com/gpu": 1, "cpu": "4", "memory": "16Gi"}
-        else:
-            resources = {"fedbroker.io/gpu-milli": rng.choice((250, 500)), "cpu": "2",
-                         "memory": "8Gi"}  # fmt: skip
-        tenant, queue, policy = "team-b", "inference", "binpack"
-    spec: dict[str, Any] = {
-        "queue": queue,
-        "policy": policy,
-        "podSets": [{"name": "worker", "count": pods, "resources": resources}],
-    }
-    if gang:
-        spec["gang"] = gang
-    if placement:
-        spec["placement"] = placement
-    name = f"{'gang' if gang else 'small'}-{run_id}-{seq:05d}"
-    manifest = {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
-                "metadata": {"name": name}, "spec": spec}  # fmt: skip
-    return tenant, manifest
-
-
-def workload_manifest(rng: random.Random, name: str) -> dict[str, Any]:
-    """A small JobSet (2 to 4 one-GPU workers) or PyTorchJob (a master and 1 to 3 workers
-    of one GPU each) for team-a's training queue, embedded as ``spec.workload``."""
-    limits = {"nvidia.com/gpu": 1, "cpu": "4", "memory": "16Gi"}
-    container = {"name": "train", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                 "resources": {"limits": limits}}  # fmt: skip
-    pod = {"spec": {"restartPolicy": "Never", "containers": [container]}}
-    workers = rng.randint(1, 3)
-    if rng.random() < 0.5:
-        job_template = {"spec": {"parallelism": workers + 1, "template": pod}}
-        replicated = [{"name": "workers", "template": job_template}]
-        obj: dict[str, Any] = {"apiVersion": jobset.API_VERSION, "kind": jobset.KIND,
-                               "spec": {"replicatedJobs": replicated}}  # fmt: skip
-    else:
-        # The training operator wants its container named "pytorch".
-        pod = {"spec": {**pod["spec"], "containers": [{**container, "name": "pytorch"}]}}
-        replicas = {"Master": {"replicas": 1, "template": pod},
-                    "Worker": {"replicas": workers, "template": pod}}  # fmt: skip
-        obj = {"apiVersion": pytorchjob.API_VERSION, "kind": pytorchjob.KIND,
-               "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
-    spec = {"queue": "training", "policy": "gang", "workload": obj,
-            "placement": {"allowBurst": True}}  # fmt: skip
-    return {"apiVersion": "fedbroker.io/v1alpha1", "kind": "FederatedJob",
-            "metadata": {"name": name}, "spec": spec}  # fmt: skip
-
-
-def workload(tokens: Mapping[str, str], seed: int, per_second: float = 2.0) -> TaskFactory:
-    """The generator as a supervisor task: submits through the HTTP API until cancelled."""
-
-    async def run(service: Service, url: str) -> None:
-        rng = random.Random(seed)
-        run_id = secrets.token_hex(3)  # a restart with the same seed submits new names
-        headers = {t: {"Authorization": f"Bearer {tok}"} for t, tok in tokens.items()}
-        timeout = aiohttp.ClientTimeout(total=10)
-        sent = 0
-        async with aiohttp.ClientSession(base_url=url, timeout=timeout) as session:
-            while True:
-                await asyncio.sleep(rng.expovariate(per_second))
-                if _pending(service) > MAX_PENDING:
-                    continue
-                tenant, body = draw_manifest(rng, run_id, sent)
-                sent += 1
-                try:
-                    async with session.post("/v1/jobs", json=body, headers=headers[tenant]) as r:
-                        if r.status >= 400:
-                            text = await r.text()
-                            log.warning("workload: submit answered %s: %s", r.status, text)
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    log.warning("workload: submit failed: %s", exc)
-
-    return run
-
-
-def _pending(service: Service) -> int:
-    return sum(q.pending for q in service.view.queues())
 
 
 # --- the live view ---------------------------------------------------------------------
@@ -306,21 +261,23 @@ async def _snapshots(service: Service, interval: float) -> AsyncIterator[Snapsho
         service.bus.unsubscribe(sub)
 
 
-def live_view(console: Console, header: Callable[[str], RenderableType],
+def live_view(console: Console, header: Callable[[Service, str], RenderableType],
               interval: float) -> TaskFactory:  # fmt: skip
-    """The view redrawn in place every ``interval`` seconds under ``header(url)``."""
+    """The view redrawn in place every ``interval`` seconds under ``header(service, url)``."""
 
     async def run(service: Service, url: str) -> None:
-        top = header(url)
+        top = header(service, url)
         await live(console, (render(s, top) async for s in _snapshots(service, interval)))
 
     return run
 
 
-def status_lines(out: TextIO, interval: float) -> TaskFactory:
-    """A status line every ``interval`` seconds (``--plain``)."""
+def status_lines(out: TextIO, first: Callable[[Service, str], str], interval: float) -> TaskFactory:
+    """``first(service, url)`` (the banner), then a status line every ``interval`` seconds
+    (``--plain``)."""
 
     async def run(service: Service, url: str) -> None:
+        print(first(service, url), file=out, flush=True)
         await plain(out, (status_line(s) async for s in _snapshots(service, interval)))
 
     return run
@@ -335,12 +292,17 @@ def add_demo_command(sub: Any) -> None:
     cmd.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
     cmd.add_argument(
         "--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-        help=f"where the jobs and the log file are kept (default {DEFAULT_DATA_DIR})",
+        help=f"where the jobs, the tokens and the log file are kept (default {DEFAULT_DATA_DIR})",
     )  # fmt: skip
     cmd.add_argument("--no-workload", action="store_true",
                      help="do not generate jobs (default: generate them)")  # fmt: skip
     cmd.add_argument("--seed", type=int, default=1,
                      help="seeds the workload and run times (default 1)")  # fmt: skip
+    cmd.add_argument(
+        "--rate", type=float, default=RATE, metavar="JOBS_PER_SECOND",
+        help=f"how many jobs a second the generator submits, on average (default {RATE:g}, "
+        f"at most {MAX_RATE:g})",
+    )  # fmt: skip
     add_plain(cmd)
     add_interval(cmd)
     cmd.add_argument(
@@ -363,40 +325,43 @@ def run_demo(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
     environ = os.environ if environ is None else environ
     log_path = None if args.log_stderr else args.data_dir / LOG_FILE
     try:
-        tokens, generated = demo_tokens(environ)
         if not 0 <= args.port <= 65_535:
             raise DemoError(f"--port must be within 0..65535, not {args.port}")
+        if not 0 < args.rate <= MAX_RATE:
+            raise DemoError(f"--rate must be above 0 and at most {MAX_RATE:g}, not {args.rate:g}")
         try:
             args.data_dir.mkdir(parents=True, exist_ok=True)
+            tokens = demo_tokens(environ, args.data_dir)  # its errors still on the terminal
             if log_path is not None:
                 _log_to_file(log_path)
         except OSError as exc:
             raise DemoError(f"--data-dir {args.data_dir}: {exc.strerror}") from None
-        config = demo_config(args.data_dir, tokens)
+        config = demo_config(args.data_dir, tokens.tokens)
     except (DemoError, ConfigError) as exc:
         sys.stderr.write(f"fedbroker: error: {exc}\n")
         return EXIT_USAGE
     is_plain = use_plain(args.plain, sys.stdout, environ)
     interval = interval_of(args, is_plain)
-    configure_logging(logging.INFO, secrets=tokens.values())
+    configure_logging(logging.INFO, secrets=tokens.tokens.values())
     logging.captureWarnings(True)  # into the log, not onto the view
 
-    def on_listening(url: str) -> None:
-        if is_plain:
-            print(banner(url, tokens, generated, args.data_dir, log_path), flush=True)
+    # The banners are made once the state is rebuilt: they say what was restored.
+    def text(service: Service, url: str) -> str:
+        restored = restored_said(service.recovery.rebuilt)
+        return banner(url, tokens, args.data_dir, log_path, restored)
+
+    def header(service: Service, url: str) -> RenderableType:
+        restored = restored_said(service.recovery.rebuilt)
+        return banner_view(url, tokens, args.data_dir, log_path, restored)
 
     if is_plain:
-        table = status_lines(sys.stdout, interval)
+        table = status_lines(sys.stdout, text, interval)
     else:
-
-        def header(url: str) -> RenderableType:
-            return banner_view(url, tokens, generated, args.data_dir, log_path)
-
         table = live_view(Console(file=sys.stdout), header, interval)
     code = run_loop(
         serve(
-            config, host=args.host, port=args.port, on_listening=on_listening, table=table,
-            workload=None if args.no_workload else workload(tokens, args.seed),
+            config, host=args.host, port=args.port, table=table,
+            workload=None if args.no_workload else workload(tokens.tokens, args.seed, args.rate),
             run_seconds=seeded_run_seconds(args.seed),
         )
     )  # fmt: skip
@@ -407,6 +372,6 @@ def run_demo(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
 
 
 __all__ = [
-    "DemoError", "add_demo_command", "banner", "banner_view", "draw_manifest", "parse_tokens",
-    "run_demo", "snapshot",
+    "DemoError", "Tokens", "add_demo_command", "banner", "banner_view", "demo_tokens",
+    "parse_tokens", "restored_said", "run_demo", "snapshot",
 ]  # fmt: skip

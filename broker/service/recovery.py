@@ -25,7 +25,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncGenerator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import aiohttp
 
@@ -68,6 +68,15 @@ async def _entries(records: list[JobRecord]) -> list[Pending]:
             await asyncio.sleep(0)
         entries.append(pending_of(record))
     return entries
+
+
+class Rebuilt(NamedTuple):
+    """What a rebuild found: the active jobs it read, those restored from their pods, and
+    those placed or running that it requeued (their pods gone, or unreadable)."""
+
+    jobs: int
+    restored: int
+    requeued: int
 
 
 @dataclasses.dataclass(slots=True)
@@ -114,6 +123,7 @@ class Recovery:
         self.found: Found | None = None  # read back at start, for the first election
         self._workloads: Workloads = {}  # read back with the pods (pin mode's workloads)
         self._pools: asyncio.Task[None] | None = None
+        self.rebuilt: Rebuilt | None = None  # the last rebuild's, for the demo's banner
 
     async def elected(self) -> None:
         """Won the lease: rebuild the queue and reservations from the store, then place.
@@ -126,10 +136,10 @@ class Recovery:
         async with s.lock:
             started = time.perf_counter()
             with _collector_paused():
-                jobs, restored = await self._rebuild(found)
+                self.rebuilt = rebuilt = await self._rebuild(found)
             s.rebuilt = True
         # The restart benchmark (broker/bench/restart.py) reads this line: keep its shape.
-        log.info(REBUILT_LOG, jobs, time.perf_counter() - started, restored)
+        log.info(REBUILT_LOG, rebuilt.jobs, time.perf_counter() - started, rebuilt.restored)
         if s.pools:
             self._pools = s.tasks.keep("burst-pools", lambda: s.pools.run(s.lock))
         s.wake.set()
@@ -158,17 +168,16 @@ class Recovery:
         for pending in s.queue.pending():
             s.queue.remove(pending.job.key)
 
-    async def _rebuild(self, found: Found | None) -> tuple[int, int]:
+    async def _rebuild(self, found: Found | None) -> Rebuilt:
         """Every active job of the store back into the queue (under the lock). The jobs the
         store says are Placed or Running on a Kubernetes member get their reservations back
-        from our labelled pods instead of being requeued. Returns how many jobs it read, and
-        how many of them it restored so."""
+        from our labelled pods instead of being requeued."""
         s = self.s
         self._drop("rebuilding")
         if found is None:
             found = await self._read_back()
         now = s.clock()
-        jobs = restored = 0
+        jobs = restored = requeued = 0
         # Paged by seq, and each page's requeues written as one batch: time to ready grows
         # per job by reading it, not by a commit of its own; memory by three pages at a time.
         # Two batches are in flight: the store writes the next page's while this one's
@@ -180,6 +189,7 @@ class Recovery:
                     jobs += len(page)
                     in_flight.append(self._requeue(page, found, now))
                     restored += len(page) - len(in_flight[-1].queued)
+                    requeued += len(in_flight[-1].stale)
                     if len(in_flight) > 1:
                         await self._settle(in_flight[0])
                         del in_flight[0]
@@ -191,7 +201,7 @@ class Recovery:
             raise
         if s.kube:
             await self._collect_garbage_locked()  # leftovers of jobs that were requeued
-        return jobs, restored
+        return Rebuilt(jobs, restored, requeued)
 
     async def _pages(self) -> AsyncGenerator[list[JobRecord], None]:
         """The active jobs by seq, a page at a time, the next page read while the caller

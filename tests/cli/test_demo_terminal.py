@@ -4,9 +4,13 @@ item 1).
 The acceptance test runs the demo under a pseudo-terminal and reads the screen back with a
 terminal emulator: after about 20 s of workload the banner is on screen (its tokens work),
 the view shows every demo cluster and queue, and no log line ever reached the terminal
-(the log file has them). Every wait is bounded by a deadline. The screen it captured is
-drawn as an SVG: into the test's directory always, into docs/terminal.svg with
-FEDBROKER_UPDATE_SCREENSHOT=1 (or ``python tests/cli/terminal.py``).
+(the log file has them). Then the README's walkthrough, as printed (``walkthrough``):
+once the generator, at two and a half times its pace, has filled the on-prem clusters and
+claimed the burst pool, the pool still has the README's job's 4 nodes, and that job,
+submitted as the README says, is Running within a minute. Every wait is bounded by a
+deadline. The screen it captured is drawn as an SVG: into the test's directory always,
+into docs/terminal.svg with FEDBROKER_UPDATE_SCREENSHOT=1 (or ``python
+tests/cli/terminal.py``).
 """
 
 from __future__ import annotations
@@ -26,10 +30,15 @@ from pathlib import Path
 import pytest
 from terminal import ROOT, SCREENSHOT, Terminal, screen_svg
 from test_runtime import TOKENS, TOKENS_ENV, Demo, free_port, http_get
+from walkthrough import walk_the_readme
 
 CLUSTERS = ("onprem-a", "onprem-b", "cloud-burst")
 QUEUES = ("training", "inference", "research")
 WORKLOAD_SECONDS = 20.0
+# The generator at two and a half times its default pace: the federation is as full, and
+# the burst pool as claimed, after 20 s as after a minute and more of `make run`.
+RATE = "5"
+README_JOB_SECONDS = 60.0  # the README: "Running within a minute of your submit"
 DEADLINE_SECONDS = 90.0
 LOG_MARKS = ('"level"', "listening on", " INFO ", "WARNING", "Traceback", "broker.")
 
@@ -45,7 +54,7 @@ def run_demo_on_a_terminal(data_dir: Path) -> tuple[Terminal, float]:
     running) and when the view first showed."""
     env = {k: v for k, v in os.environ.items() if k != "FEDBROKER_DEMO_TOKENS"}
     argv = [sys.executable, "-m", "broker.cli", "demo", "--port", str(free_port()),
-            "--data-dir", str(data_dir), "--interval", "0.5"]  # fmt: skip
+            "--data-dir", str(data_dir), "--interval", "0.5", "--rate", RATE]  # fmt: skip
     terminal = Terminal(argv, env=env)
     try:
         deadline = time.monotonic() + DEADLINE_SECONDS
@@ -108,6 +117,9 @@ def test_demo_on_a_terminal_draws_the_view_and_no_log_line(
     assert svg.startswith("<svg") and "onprem-a" in svg.replace("&#160;", " ")
     if os.environ.get("FEDBROKER_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.write_text(svg, encoding="utf-8")
+
+    # The README's walkthrough as printed, on this busy federation: its job runs.
+    walk_the_readme(terminal, url[1], tokens, README_JOB_SECONDS)
 
     assert terminal.stop(time.monotonic() + 30.0) == 0
     assert "fedbroker demo stopped (exit 0)" in terminal.text
