@@ -75,6 +75,33 @@ async def _copy(
         out.flush()
 
 
+# ``logs -l``: the keys a selector may name, each a field of the pods answer (a pod's
+# labels are the member's, not the tenant's, so its fields are what a user can select on).
+SELECTOR_KEYS = {"pod-set": "podSet", "cluster": "cluster", "node": "node", "phase": "phase"}
+
+
+def parse_selector(text: str) -> dict[str, str]:
+    """``pod-set=worker,phase=Running`` as {field: value}; ValueError names what is wrong."""
+    out: dict[str, str] = {}
+    for term in text.split(","):
+        key, eq, value = term.strip().partition("=")
+        if not eq or not key or not value:
+            raise ValueError(f"{term.strip()!r} is not KEY=VALUE")
+        if key not in SELECTOR_KEYS:
+            raise ValueError(f"unknown key {key!r} (keys: {', '.join(SELECTOR_KEYS)})")
+        out[SELECTOR_KEYS[key]] = value
+    return out
+
+
+def matches(pod: dict[str, Any], wanted: dict[str, str]) -> bool:
+    return all(str(pod.get(field)) == value for field, value in wanted.items())
+
+
+def _said(wanted: dict[str, str]) -> str:
+    keys = {v: k for k, v in SELECTOR_KEYS.items()}
+    return ",".join(f"{keys[f]}={v}" for f, v in wanted.items())
+
+
 async def all_pods(args: argparse.Namespace, params: dict[str, str], out: BinaryIO) -> None:
     """Every pod's log of ``args.name`` to ``out``, prefixed (``params``: the log query)."""
     base = server_url(args)
@@ -86,9 +113,11 @@ async def all_pods(args: argparse.Namespace, params: dict[str, str], out: Binary
             whose = {k: v for k, v in params.items() if k == "tenant"}  # --tenant, -A
             async with broker.get(f"/v1/jobs/{quote(args.name, safe='')}/pods", whose) as resp:
                 doc = await (await broker.checked(resp)).json()
-            pods = sorted(str(p.get("name")) for p in doc.get("pods") or [])
+            wanted: dict[str, str] = getattr(args, "selector", None) or {}
+            pods = sorted(str(p.get("name")) for p in doc.get("pods") or [] if matches(p, wanted))
             if not pods:
-                raise ClientError(f"job {args.name!r} has no pods yet")
+                what = f" matching {_said(wanted)}" if wanted else " yet"
+                raise ClientError(f"job {args.name!r} has no pods{what}")
             if not args.follow:
                 for pod in pods:
                     await _copy(broker, args, params, pod, out)
@@ -111,4 +140,4 @@ async def _all_at_once(reads: list[Any]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["all_pods", "prefixed"]
+__all__ = ["SELECTOR_KEYS", "all_pods", "matches", "parse_selector", "prefixed"]

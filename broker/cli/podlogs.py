@@ -32,7 +32,7 @@ from broker.cli.connection import (
     trust,
     unreachable,
 )
-from broker.cli.gang_logs import all_pods
+from broker.cli.gang_logs import SELECTOR_KEYS, all_pods, parse_selector
 from broker.cli.listing import sorted_answer
 from broker.cli.output import add_output_options, add_sort_option, formatted
 from broker.cli.render import table
@@ -58,6 +58,9 @@ def add_pods_commands(sub: Any) -> None:
     logs.add_argument("-f", "--follow", action="store_true", help="keep streaming")
     logs.add_argument("--all-pods", action="store_true", help="every pod of the job, each "
                       "line after [pod/NAME] (not with -p)")  # fmt: skip
+    logs.add_argument("-l", "--selector", metavar="KEY=VALUE[,...]", type=_selector,
+                      help="the pods whose fields match, as with --all-pods; keys: "
+                      f"{', '.join(SELECTOR_KEYS)}")  # fmt: skip
     logs.add_argument("--timestamps", action="store_true",
                       help="each line after when it was written (RFC 3339)")  # fmt: skip
     logs.add_argument("--previous", action="store_true",
@@ -65,13 +68,20 @@ def add_pods_commands(sub: Any) -> None:
     add_tenant_options(logs)
 
 
+def _selector(text: str) -> dict[str, str]:
+    try:
+        return parse_selector(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run_pods(args: argparse.Namespace) -> int:
     return _run(args, sys.stdout.buffer)
 
 
 def _run(args: argparse.Namespace, out: BinaryIO) -> int:
-    if args.command == "logs" and args.all_pods and args.pod is not None:
-        sys.stderr.write("fedbroker: error: --all-pods: not with -p/--pod\n")
+    if args.command == "logs" and (args.all_pods or args.selector) and args.pod is not None:
+        sys.stderr.write("fedbroker: error: --all-pods/-l: not with -p/--pod\n")
         return EXIT_USAGE
     try:
         asyncio.run(call(args, out))
@@ -96,7 +106,7 @@ async def call(args: argparse.Namespace, out: BinaryIO) -> None:
     """Send the command's request; write the table or the log to ``out``."""
     await find_tenant(args, list_jobs)
     path, params = _request(args)
-    if args.command == "logs" and args.all_pods:
+    if args.command == "logs" and (args.all_pods or args.selector):
         await all_pods(args, params, out)
         return
     base = server_url(args)

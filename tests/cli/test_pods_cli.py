@@ -18,7 +18,7 @@ from test_job_logs import Stack, running_job
 
 from adapters.simulated import simulated_log_line
 from broker.cli.client import ClientError
-from broker.cli.gang_logs import prefixed
+from broker.cli.gang_logs import parse_selector, prefixed
 from broker.cli.main import build_parser
 from broker.cli.podlogs import POD_HEADER, call, run_pods
 from broker.http.app import make_app
@@ -126,3 +126,21 @@ async def test_pods_and_logs_of_a_finished_job(tmp_path: Path) -> None:
     finally:
         await client.close()
         await s.service.close()
+
+
+async def test_logs_of_the_pods_a_selector_picks(served: tuple[Any, Stack, str]) -> None:
+    client, s, server = served
+    await running_job(client, s)
+    pods = ("train-worker-0", "train-worker-1")
+    every = [f"[pod/{p}] ".encode() + simulated_log_line(p, i) for p in pods for i in range(5)]
+    assert await run(server, "logs", "train", "-l", "pod-set=worker") == b"".join(every)
+    with pytest.raises(ClientError, match=r"^job 'train' has no pods matching pod-set=master$"):
+        await run(server, "logs", "train", "-l", "pod-set=master")
+    for bad in ("pod-set", "color=red"):
+        with pytest.raises(SystemExit) as usage:  # argparse's one line, exit 2
+            build_parser().parse_args(["logs", "train", "-l", bad])
+        assert usage.value.code == 2
+    assert parse_selector("pod-set=worker,phase=Running") == {
+        "podSet": "worker",
+        "phase": "Running",
+    }
