@@ -76,3 +76,16 @@ __all__ = [
     "Figure",
     "gang",
 ]
+
+
+def span(seconds: float) -> str:
+    """A span of time as every answer writes it: ``45s``, ``2m``, ``2m30s``, ``1h5m``
+    (the live view's columns keep their own fixed width: ``broker.cli.view.duration``)."""
+    s = max(0, round(seconds))
+    if s >= 3600:
+        h, m = divmod(s // 60, 60)
+        return f"{h}h{m}m" if m else f"{h}h"
+    if s >= 60:
+        m, r = divmod(s, 60)
+        return f"{m}m{r}s" if r else f"{m}m"
+    return f"{s}s"

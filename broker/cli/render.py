@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from broker.figures import ALLOCATED, FREE, LARGEST_GANG, RESERVED, STRANDED, TOTAL, gang
+from broker.figures import ALLOCATED, FREE, LARGEST_GANG, RESERVED, STRANDED, TOTAL, gang, span
 
 
 def _age(seconds: float | None) -> str:
@@ -101,22 +101,10 @@ def _render_placed(head: str, name: str) -> str:
 # -- explain of a waiting job: what happens next ------------------------------------------
 
 
-def _span(seconds: float) -> str:
-    """'45s', '2m', '2m30s', '1h5m'."""
-    s = max(0, round(seconds))
-    if s >= 3600:
-        h, m = divmod(s // 60, 60)
-        return f"{h}h{m}m" if m else f"{h}h"
-    if s >= 60:
-        m, r = divmod(s, 60)
-        return f"{m}m{r}s" if r else f"{m}m"
-    return f"{s}s"
-
-
 def _when(at: float) -> str:
     """'now', or 'in 25s' from the wall clock."""
     left = at - time.time()
-    return "now" if left <= 0 else f"in {_span(left)}"
+    return "now" if left <= 0 else f"in {span(left)}"
 
 
 def _ordinal(n: int) -> str:
@@ -147,7 +135,7 @@ def _burst_lines(b: dict[str, Any]) -> list[str]:
         coming = b["nodes"] - b["newNodes"]
         grow = f"+{b['newNodes']} nodes" + (f" ({coming} more already coming up)" if coming else "")
         return [
-            f"pool {where} grows by {grow}, up ~{_span(b.get('provisionSeconds') or 0)} "
+            f"pool {where} grows by {grow}, up ~{span(b.get('provisionSeconds') or 0)} "
             f"after the scale-up, {cost}; eligible {_when(b.get('eligibleAt') or 0)} "
             f"(burstAfterSeconds {b.get('burstAfterSeconds'):g})",
             *_refusal_lines(b),  # pools not read yet
@@ -248,7 +236,7 @@ def render_finished(job: dict[str, Any]) -> str:
         lines.append(f"  how:   {how}")
     if where:
         started = next((h.get("at") for h in history if h.get("state") == "Running"), None)
-        took = f", ran for {_span(ended - started)}" if started and ended else ""
+        took = f", ran for {span(ended - started)}" if started and ended else ""
         lines.append(f"  where: {where}{took}")
     else:
         lines.append("  where: never placed (it ended while it waited)")

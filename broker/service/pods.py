@@ -13,6 +13,7 @@ can show no other job's pods. A log read without a pod names the job's first pod
 
 from __future__ import annotations
 
+from broker.figures import span
 from broker.ports import (
     LaunchSpec,
     LogRequest,
@@ -101,16 +102,4 @@ class JobPods:
         return await reader.logs(cluster, spec, request)
 
 
-def span(seconds: float) -> str:
-    """'45s', '10m', '2h5m'."""
-    s = max(0, round(seconds))
-    if s >= 3600:
-        h, m = divmod(s // 60, 60)
-        return f"{h}h{m}m" if m else f"{h}h"
-    if s >= 60:
-        m, r = divmod(s, 60)
-        return f"{m}m{r}s" if r else f"{m}m"
-    return f"{s}s"
-
-
-__all__ = ["FINISHED_STATES", "SHOWN_STATES", "JobPods", "span"]
+__all__ = ["FINISHED_STATES", "SHOWN_STATES", "JobPods"]
