@@ -59,7 +59,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from adapters.simulated import SimulatedFederation, split_round_robin
@@ -69,7 +69,7 @@ from broker.core.ledger import Ledger
 from broker.core.queue import QueueSpec
 from broker.core.scheduler import SchedulerSettings
 from broker.model import MILLI_PER_GPU, Node
-from broker.sim.arrivals import Workload, build_workload
+from broker.sim.arrivals import PREEMPTIBLE_QUEUE, Workload, build_workload
 from broker.sim.replay_burst import BurstConfig, burst_config, burst_doc, start_bursting
 from broker.sim.replay_kube import KubeRun, run_events
 from broker.sim.replay_run import ReplayRun
@@ -111,6 +111,9 @@ class ReplayConfig:
     # Racks (and blocks) laid over each cluster's nodes, and the gangs' request
     # (``broker.sim.replay_topology``); None: no topology, as before.
     topology: TopologyConfig | None = None
+    # The share of generated one-pod jobs in the low-priority reclaimable queue
+    # (``arrivals.PREEMPTIBLE_QUEUE``, added to ``queues`` when above 0).
+    preemptible_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,8 +365,11 @@ def replay(
     """The same workload replayed once per policy."""
     gpus = sum(n.allocatable.gpus for n in nodes)
     workload = build_workload(
-        pods, gpus, config.jobs, config.seed, config.time_scale, config.gang_load_pct
-    )
+        pods, gpus, config.jobs, config.seed, config.time_scale, config.gang_load_pct,
+        config.preemptible_share,
+    )  # fmt: skip
+    if config.preemptible_share > 0 and PREEMPTIBLE_QUEUE not in config.queues:
+        config = replace(config, queues=(*config.queues, PREEMPTIBLE_QUEUE))
     return workload, [replay_policy(nodes, workload, name, config) for name in policies]
 
 
@@ -384,6 +390,7 @@ def run_replay(
         scan_misses=getattr(args, "scan_misses", DEFAULT_SCAN_MISSES),
         burst=burst_config(args),
         topology=topology_config(args),
+        preemptible_share=getattr(args, "preemptible", 0.0),
     )
     workload, results = replay(nodes, pods, policies, config)
     gpus = sum(n.allocatable.gpus for n in nodes)
@@ -397,6 +404,7 @@ def run_replay(
             "seed": config.seed,
             "time_scale": config.time_scale,
             "gang_load_pct": config.gang_load_pct,
+            "preemptible_share": config.preemptible_share,
             "trace_jobs": workload.trace_jobs,
             "generated_jobs": workload.generated_jobs,
             "horizon_s": round(workload.horizon, 3),

@@ -140,3 +140,12 @@ def test_cli_prints_both_rows_with_the_figures(
     assert auto["partial_gang_gpu_hours"] == 0.0
     assert auto["gpu_util_pct"] == auto["mean_gpu_util_pct"]
     assert kube["partial_gang_gpu_hours"] > 0.0
+
+
+def test_simulate_help_lists_kube_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--help"])
+    assert done.value.code == 0
+    # argparse wraps lines at hyphens too: compare without the breaks.
+    text = "".join(capsys.readouterr().out.split())
+    assert "fgd,kube-default;kube-defaultiskube-scheduler'sdefaultprofile" in text
