@@ -42,6 +42,7 @@ from broker.model import (
     Resources,
 )
 from broker.sim.arrivals import Arrival, Workload
+from broker.taints import Toleration
 from policies import Policy
 
 
@@ -124,12 +125,12 @@ class KubeRun:
         """Every waiting pod tried once in queue order; a gang whose last pod is bound
         starts. A pod shape found not to fit in a cluster is not tried again in this pass:
         binding only takes capacity away."""
-        misfits: set[tuple[str, Resources, frozenset[GpuType]]] = set()
+        misfits: set[tuple[str, Resources, frozenset[GpuType], frozenset[Toleration]]] = set()
         for key, gang in list(self.waiting.items()):
             left = []
             for name, pod_job in gang.todo:
-                res = pod_job.pod_sets[0].resources
-                shape = (gang.cluster, res, pod_job.gpu_types)
+                pod_set = pod_job.pod_sets[0]
+                shape = (gang.cluster, pod_set.resources, pod_job.gpu_types, pod_set.tolerations)
                 decision = None if shape in misfits else self._bind(name, pod_job, gang)
                 if decision is None:
                     misfits.add(shape)
