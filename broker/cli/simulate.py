@@ -261,8 +261,9 @@ def _print_fill_table(
         f"seeds {seeds[0]}..{seeds[-1]}"
     )
     print("GPU allocation (%) at arrived load:")
+    width = max([10, *(len(p) + 1 for p in policies)])
     header = (
-        f"{'policy':<10}"
+        f"{'policy':<{width}}"
         + "".join(f"{str(load) + '%':>9}" for load in load_pcts)
         + f"{'placed':>9}{'failed':>9}"
     )
@@ -270,4 +271,4 @@ def _print_fill_table(
     for p in policies:
         last = by[(p, load_pcts[-1])]
         cells = "".join(f"{by[(p, load)]['gpu_alloc_pct']:>9.2f}" for load in load_pcts)
-        print(f"{p:<10}{cells}{last['placed']:>9}{last['failed']:>9}")
+        print(f"{p:<{width}}{cells}{last['placed']:>9}{last['failed']:>9}")

@@ -53,10 +53,11 @@ def print_table(
             " a scale-up; utilisation counts on-prem GPUs only"
         )
     print("waits in simulated seconds; unstarted jobs count with their wait so far")
-    print(f"{'policy':<13}" + "".join(f"{head:>11}" for head, _ in _COLUMNS))
+    width = max([10, *(len(str(row["policy"])) + 1 for row in rows)])
+    print(f"{'policy':<{width}}" + "".join(f"{head:>11}" for head, _ in _COLUMNS))
     for row in rows:
         cells = "".join(f"{_cell(row[key]):>11}" for _, key in _COLUMNS)
-        print(f"{row['policy']!s:<13}{cells}")
+        print(f"{row['policy']!s:<{width}}{cells}")
 
 
 def _cell(value: object) -> str:
