@@ -47,6 +47,12 @@ nodes, billed node-hours, idle node-hours (added nodes up with no pod on them), 
 (node-hours x the pool's price per node-hour) and provisioning failures; all zero without a
 pool.
 
+``gpu_util_pct`` counts the GPU-time of pods whose job runs; ``mean_gpu_util_pct`` also
+counts the GPUs held by gangs some of whose pods wait (``partial_gang_gpu_hours``), which
+only ``kube-default`` has: it is replayed pod by pod, without gang atomicity, by
+``broker.sim.replay_kube`` instead of the core, on the same federation and clock.
+``jobs_never_started`` is ``unstarted``, under the name the before/after comparison uses.
+
 Topology (``ReplayConfig.topology``, the CLI's ``--racks-of``): racks and blocks laid over
 each cluster's nodes and a rack-level request on every gang; the report adds how many
 domains each gang spans (``broker.sim.replay_topology``).
@@ -233,8 +239,9 @@ def _replay_kube(nodes: Sequence[Node], workload: Workload, config: ReplayConfig
     no burst pool and no racks, whatever the config asks."""
     fed, ledger = federation(nodes, config.clusters)
     total_milli = sum(n.allocatable.gpus for n in nodes) * MILLI_PER_GPU
-    run = KubeRun(make_policy(KUBE_DEFAULT), ledger, tuple(fed.clusters), total_milli)
-    run.late_from = workload.horizon / 2
+    run = KubeRun(
+        make_policy(KUBE_DEFAULT), ledger, tuple(fed.clusters), total_milli, workload.horizon / 2
+    )
     series = run_events(run, workload, config.samples)
     run.integrate(max(run.now, workload.horizon))
     return _result(KUBE_DEFAULT, workload, run, series, total_milli, workload.horizon)
