@@ -9,9 +9,19 @@ from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
 from policies.framework import Policy
 from policies.gang import GangPolicy
+from policies.kube_default import kube_default
 from policies.scoring import binpack, firstfit, random_policy, spread
 
-POLICY_NAMES = ("auto", "gang", "binpack", "spread", "firstfit", "random", "fgd")
+POLICY_NAMES = (
+    "auto",
+    "gang",
+    "binpack",
+    "spread",
+    "firstfit",
+    "random",
+    "fgd",
+    "kube-default",
+)
 
 
 class AutoPolicy:
@@ -48,6 +58,8 @@ def make_policy(
             return random_policy(seed)
         case "fgd":
             return fgd(workload or DEFAULT_WORKLOAD)
+        case "kube-default":
+            return kube_default()
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 

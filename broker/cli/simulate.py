@@ -28,6 +28,7 @@ from broker.cli.args import (
 from broker.cli.output import add_output_options, yaml_from_json
 from broker.model import Node
 from broker.sim.traces import TracePod, read_nodes, read_openb_pods
+from policies import POLICY_NAMES
 
 _BURST_HELP = (
     "replay: no burst pool (by default one simulated cloud pool grows a third, empty cluster "
@@ -56,7 +57,14 @@ def _add_inputs(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--pods", type=Path, help="pod list CSV (default: a generated openb-like workload)"
     )
-    cmd.add_argument("--policy", type=policy, action="append", help="policy to run (repeatable)")
+    cmd.add_argument(
+        "--policy",
+        type=policy,
+        action="append",
+        help=f"policy to run (repeatable): {', '.join(POLICY_NAMES)}; kube-default is "
+        "kube-scheduler's default profile, pod by pod (in the replay a gang's pods are "
+        "bound as they fit and hold their GPUs until the last one is: the baseline)",
+    )
     cmd.add_argument(
         "--clusters",
         type=positive("--clusters"),
@@ -98,6 +106,10 @@ _REPLAY_FLAGS: tuple[tuple[str, Callable[[str], Callable[[str], Any]], object, s
      "replay: GPU load the generated jobs offer over the trace span, %% of all GPUs "
      "(default 90 with --pods; 130 for the generated workload: a federation short of "
      "GPUs, where bursting matters)"),
+    ("--preemptible", fraction, 0.0,
+     "replay: share of the generated one-pod jobs sent to the low-priority reclaimable "
+     "queue preemptible (evicted for the default queue's jobs; kube-default ignores "
+     "queues)"),
     ("--cycle-seconds", positive_float, 10.0,
      "replay: simulated seconds between scheduling cycles (also run on every event)"),
     ("--scan-misses", positive, 32,
@@ -249,8 +261,9 @@ def _print_fill_table(
         f"seeds {seeds[0]}..{seeds[-1]}"
     )
     print("GPU allocation (%) at arrived load:")
+    width = max([10, *(len(p) + 1 for p in policies)])
     header = (
-        f"{'policy':<10}"
+        f"{'policy':<{width}}"
         + "".join(f"{str(load) + '%':>9}" for load in load_pcts)
         + f"{'placed':>9}{'failed':>9}"
     )
@@ -258,4 +271,4 @@ def _print_fill_table(
     for p in policies:
         last = by[(p, load_pcts[-1])]
         cells = "".join(f"{by[(p, load)]['gpu_alloc_pct']:>9.2f}" for load in load_pcts)
-        print(f"{p:<10}{cells}{last['placed']:>9}{last['failed']:>9}")
+        print(f"{p:<{width}}{cells}{last['placed']:>9}{last['failed']:>9}")

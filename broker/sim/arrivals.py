@@ -32,15 +32,21 @@ Generated gangs (no public trace has multi-pod gangs; see ../shared/traces/READM
   long enough (``broker.core.burst``). One-pod jobs, generated or from the trace, never burst: a
   whole cloud node of 8 GPUs bought for one pod of 1-4 GPUs would mostly be paid for idle,
   and such pods find room in the federation's fragments soon enough.
+- a low-priority queue (``preemptible_share``, default 0): that share of the generated
+  one-pod jobs, drawn with their own seeded stream (the other draws do not move), go to
+  the queue ``preemptible`` at priority -1, which the replay declares reclaimable
+  (``PREEMPTIBLE_QUEUE``): they soak up idle GPUs and are evicted, and requeued, when a
+  job of the default queue needs them.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from adapters.simulated import GangShape, draw_gang
+from broker.core.queue import QueueSpec
 from broker.model import Job, PodSet
 from broker.sim.traces import TracePod
 from policies.fgd import PodShape, popular_shapes
@@ -48,6 +54,7 @@ from policies.fgd import PodShape, popular_shapes
 DEFAULT_TRACE_SPAN_S = 86_400.0  # trace seconds, for pod lists without any times
 DEFAULT_POD_RUN_S = 3_600.0  # trace seconds, mean run of a pod when no pod has times
 GANG_RUN_SIGMA = 1.0
+PREEMPTIBLE_QUEUE = QueueSpec("preemptible", priority=-1, reclaimable=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,7 @@ def build_workload(
     seed: int,
     time_scale: float,
     gang_load_pct: float,
+    preemptible_share: float = 0.0,
 ) -> Workload:
     """Trace pods plus ``jobs`` generated gangs, sorted by arrival (ties: trace first)."""
     if time_scale <= 0:
@@ -96,6 +104,8 @@ def build_workload(
     horizon = span / time_scale
     trace = _trace_arrivals(pods, span, time_scale, random.Random(f"trace-times-{seed}"))
     gangs = _gang_arrivals(jobs, horizon, federation_gpus, gang_load_pct, random.Random(seed))
+    if preemptible_share > 0:
+        gangs = _preemptible(gangs, preemptible_share, random.Random(f"preemptible-{seed}"))
     # A stable sort keeps each source's own order among equal times, so the FIFO is defined.
     arrivals = sorted(trace + gangs, key=lambda a: a.at)
     return Workload(tuple(arrivals), horizon, len(trace), len(gangs))
@@ -155,3 +165,14 @@ def _gang_arrivals(
         )
         for i, (s, at, raw) in enumerate(drawn)
     ]
+
+
+def _preemptible(arrivals: list[Arrival], share: float, rng: random.Random) -> list[Arrival]:
+    """``share`` of the one-pod jobs moved to the low-priority reclaimable queue."""
+    moved = []
+    for a in arrivals:
+        if a.job.total_pods == 1 and rng.random() < share:
+            job = replace(a.job, queue=PREEMPTIBLE_QUEUE.name, priority=-1)
+            a = Arrival(a.at, job, a.run_seconds)
+        moved.append(a)
+    return moved

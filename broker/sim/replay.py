@@ -47,6 +47,12 @@ nodes, billed node-hours, idle node-hours (added nodes up with no pod on them), 
 (node-hours x the pool's price per node-hour) and provisioning failures; all zero without a
 pool.
 
+``gpu_util_pct`` counts the GPU-time of pods whose job runs; ``mean_gpu_util_pct`` also
+counts the GPUs held by gangs some of whose pods wait (``partial_gang_gpu_hours``), which
+only ``kube-default`` has: it is replayed pod by pod, without gang atomicity, by
+``broker.sim.replay_kube`` instead of the core, on the same federation and clock.
+``jobs_never_started`` is ``unstarted``, under the name the before/after comparison uses.
+
 Topology (``ReplayConfig.topology``, the CLI's ``--racks-of``): racks and blocks laid over
 each cluster's nodes and a rack-level request on every gang; the report adds how many
 domains each gang spans (``broker.sim.replay_topology``).
@@ -59,7 +65,7 @@ import json
 import math
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from adapters.simulated import SimulatedFederation, split_round_robin
@@ -69,9 +75,11 @@ from broker.core.ledger import Ledger
 from broker.core.queue import QueueSpec
 from broker.core.scheduler import SchedulerSettings
 from broker.model import MILLI_PER_GPU, Node
-from broker.sim.arrivals import Workload, build_workload
+from broker.sim.arrivals import PREEMPTIBLE_QUEUE, Workload, build_workload
 from broker.sim.replay_burst import BurstConfig, burst_config, burst_doc, start_bursting
+from broker.sim.replay_kube import KubeRun, run_events
 from broker.sim.replay_run import ReplayRun
+from broker.sim.replay_table import print_table
 from broker.sim.replay_topology import (
     Spans,
     TopologyConfig,
@@ -83,6 +91,7 @@ from broker.sim.replay_topology import cluster as topology_cluster
 from broker.sim.replay_topology import print_table as print_topology_table
 from broker.sim.traces import TracePod
 from policies import make_policy
+from policies.kube_default import NAME as KUBE_DEFAULT
 
 DEFAULT_GANG_LOAD_PCT = 90.0
 DEFAULT_CYCLE_SECONDS = 10.0
@@ -108,6 +117,9 @@ class ReplayConfig:
     # Racks (and blocks) laid over each cluster's nodes, and the gangs' request
     # (``broker.sim.replay_topology``); None: no topology, as before.
     topology: TopologyConfig | None = None
+    # The share of generated one-pod jobs in the low-priority reclaimable queue
+    # (``arrivals.PREEMPTIBLE_QUEUE``, added to ``queues`` when above 0).
+    preemptible_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +162,11 @@ class ReplayResult:
     blocks_spanned_max: float | None = None
     topology_gang_wait_p50_s: float | None = None
     topology_gang_wait_p95_s: float | None = None
+    # GPU-time of pods whose gang runs / (on-prem GPUs x window); mean_gpu_util_pct also
+    # counts the GPUs held by gangs not all of whose pods are placed (kube-default only).
+    gpu_util_pct: float = 0.0
+    partial_gang_gpu_hours: float = 0.0
+    jobs_never_started: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """The JSON row: every field but the per-job waits and per-queue peaks."""
@@ -187,6 +204,8 @@ def replay_policy(
 ) -> ReplayResult:
     """Replay ``workload`` with one policy on a fresh federation. ``audit`` (for tests) is
     called after every scheduling cycle with the clock, the ledger and the controller."""
+    if policy_name == KUBE_DEFAULT:
+        return _replay_kube(nodes, workload, config)
     topo = config.topology
     workload = with_requests(workload, topo)
     fed, ledger = federation(nodes, config.clusters, topo)
@@ -213,6 +232,19 @@ def replay_policy(
     run.integrate(max(run.now, workload.horizon))
     total_milli = sum(n.allocatable.gpus for n in nodes) * MILLI_PER_GPU
     return _result(policy_name, workload, run, series, total_milli, workload.horizon)
+
+
+def _replay_kube(nodes: Sequence[Node], workload: Workload, config: ReplayConfig) -> ReplayResult:
+    """kube-default: pod by pod on the same federation and clock (``broker.sim.replay_kube``);
+    no burst pool and no racks, whatever the config asks."""
+    fed, ledger = federation(nodes, config.clusters)
+    total_milli = sum(n.allocatable.gpus for n in nodes) * MILLI_PER_GPU
+    run = KubeRun(
+        make_policy(KUBE_DEFAULT), ledger, tuple(fed.clusters), total_milli, workload.horizon / 2
+    )
+    series = run_events(run, workload, config.samples)
+    run.integrate(max(run.now, workload.horizon))
+    return _result(KUBE_DEFAULT, workload, run, series, total_milli, workload.horizon)
 
 
 def _run_events(
@@ -266,7 +298,7 @@ def _run_events(
 def _result(
     policy_name: str,
     workload: Workload,
-    run: ReplayRun,
+    run: ReplayRun | KubeRun,
     series: list[tuple[float, float]],
     total_milli: int,
     horizon: float,
@@ -282,6 +314,8 @@ def _result(
     window = total_milli * horizon
     mean = 100.0 * run.area / window if window > 0 else 0.0
     late = 200.0 * run.late_area / window if window > 0 else 0.0
+    partial = run.partial_area if isinstance(run, KubeRun) else 0.0
+    running = 100.0 * (run.area - partial) / window if window > 0 else 0.0
     stats = PoolStats()
     cost_per_node_hour, burst_placements = 0.0, 0
     if run.burst is not None:
@@ -316,6 +350,9 @@ def _result(
         preemptions=run.preemptions,
         quota_refusals=run.quota_refusals,
         peak_queue_gpus=dict(run.peak_queue_gpus),
+        gpu_util_pct=round(running, 2),
+        partial_gang_gpu_hours=round(partial / MILLI_PER_GPU / 3600.0, 4),
+        jobs_never_started=len(waiting),
         **span_fields(run.spans, gang_waits, percentile),  # type: ignore[arg-type]
     )
 
@@ -335,8 +372,11 @@ def replay(
     """The same workload replayed once per policy."""
     gpus = sum(n.allocatable.gpus for n in nodes)
     workload = build_workload(
-        pods, gpus, config.jobs, config.seed, config.time_scale, config.gang_load_pct
-    )
+        pods, gpus, config.jobs, config.seed, config.time_scale, config.gang_load_pct,
+        config.preemptible_share,
+    )  # fmt: skip
+    if config.preemptible_share > 0 and PREEMPTIBLE_QUEUE not in config.queues:
+        config = replace(config, queues=(*config.queues, PREEMPTIBLE_QUEUE))
     return workload, [replay_policy(nodes, workload, name, config) for name in policies]
 
 
@@ -357,6 +397,7 @@ def run_replay(
         scan_misses=getattr(args, "scan_misses", DEFAULT_SCAN_MISSES),
         burst=burst_config(args),
         topology=topology_config(args),
+        preemptible_share=getattr(args, "preemptible", 0.0),
     )
     workload, results = replay(nodes, pods, policies, config)
     gpus = sum(n.allocatable.gpus for n in nodes)
@@ -370,6 +411,7 @@ def run_replay(
             "seed": config.seed,
             "time_scale": config.time_scale,
             "gang_load_pct": config.gang_load_pct,
+            "preemptible_share": config.preemptible_share,
             "trace_jobs": workload.trace_jobs,
             "generated_jobs": workload.generated_jobs,
             "horizon_s": round(workload.horizon, 3),
@@ -379,7 +421,7 @@ def run_replay(
         }
         print(json.dumps(doc))
     else:
-        _print_table(rows, workload, len(nodes), gpus, config)
+        print_table(rows, workload, len(nodes), gpus, config)
         if config.topology is not None:
             print_topology_table(rows, config.topology)
     if args.plot:
@@ -394,54 +436,3 @@ def run_replay(
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
-
-
-_COLUMNS = (
-    ("placed", "placements"),
-    ("util%", "mean_gpu_util_pct"),
-    ("late util%", "late_gpu_util_pct"),
-    ("gang p50", "gang_wait_p50_s"),
-    ("gang p95", "gang_wait_p95_s"),
-    ("gang p99", "gang_wait_p99_s"),
-    ("job p50", "job_wait_p50_s"),
-    ("unstarted", "unstarted"),
-    ("bursts", "burst_scale_ups"),
-    ("burst h", "burst_node_hours"),
-    ("idle h", "idle_burst_node_hours"),
-    ("cost $", "burst_cost"),
-)
-
-
-def _print_table(
-    rows: Sequence[dict[str, object]],
-    workload: Workload,
-    nodes: int,
-    gpus: int,
-    config: ReplayConfig,
-) -> None:
-    print(
-        f"replay protocol: {nodes} nodes, {gpus} GPUs, {config.clusters} cluster(s), "
-        f"seed {config.seed}; {workload.trace_jobs} trace pods + {workload.generated_jobs} "
-        f"generated jobs over {workload.horizon / 3600:.1f} simulated hours "
-        f"(time scale {config.time_scale:g}, gang load {config.gang_load_pct:g} %)"
-    )
-    if config.burst is None:
-        print("no burst pool")
-    else:
-        pool = config.burst.pool
-        print(
-            f"burst pool {pool.name}: up to {pool.max_nodes} x {pool.node.gpus} {pool.gpu_type}"
-            f" nodes at {pool.cost_per_node_hour:g}/h, up {pool.provision_seconds:g} s after"
-            " a scale-up; utilisation counts on-prem GPUs only"
-        )
-    print("waits in simulated seconds; unstarted jobs count with their wait so far")
-    print(f"{'policy':<10}" + "".join(f"{head:>11}" for head, _ in _COLUMNS))
-    for row in rows:
-        cells = "".join(f"{_cell(row[key]):>11}" for _, key in _COLUMNS)
-        print(f"{row['policy']!s:<10}{cells}")
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return "-" if value is None else str(value)

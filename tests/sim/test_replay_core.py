@@ -8,8 +8,8 @@ import dataclasses
 
 from broker.core.queue import QueueSpec
 from broker.model import GpuType, Job, Node, PodSet, Resources
-from broker.sim.arrivals import Arrival, Workload
-from broker.sim.replay import ReplayConfig, ReplayResult, replay_policy
+from broker.sim.arrivals import PREEMPTIBLE_QUEUE, Arrival, Workload, build_workload
+from broker.sim.replay import ReplayConfig, ReplayResult, replay, replay_policy
 
 BATCH_QUOTA = 8  # GPUs
 QUEUES = (
@@ -75,3 +75,28 @@ def test_a_queue_that_is_not_reclaimable_is_never_preempted() -> None:
     result = run(kept)
     assert result.preemptions == 0
     assert waits(result)["hi"] == 1000.0 - 2.0  # until lo-1 ends at t=1000
+
+
+# -- the generated mix's low-priority queue ------------------------------------------------
+
+
+def test_the_preemptible_share_moves_one_pod_jobs_only_and_no_other_draw() -> None:
+    plain = build_workload([], 64, 200, 3, 60.0, 90.0)
+    mixed = build_workload([], 64, 200, 3, 60.0, 90.0, preemptible_share=0.5)
+    assert [(a.at, a.run_seconds, a.job.pod_sets) for a in plain.arrivals] == [
+        (a.at, a.run_seconds, a.job.pod_sets) for a in mixed.arrivals
+    ]
+    moved = [a.job for a in mixed.arrivals if a.job.queue == PREEMPTIBLE_QUEUE.name]
+    singles = [a for a in mixed.arrivals if a.job.total_pods == 1]
+    assert moved and len(moved) < len(singles)
+    assert all(j.total_pods == 1 and j.priority == -1 for j in moved)
+    assert all(a.job.queue == "default" for a in plain.arrivals)
+
+
+def test_the_default_queue_preempts_the_preemptible_jobs() -> None:
+    nodes_ = nodes()
+    cfg = ReplayConfig(clusters=1, seed=5, jobs=60, time_scale=30.0, samples=10)
+    _, (control,) = replay(nodes_, [], ["auto"], cfg)
+    _, (mixed,) = replay(nodes_, [], ["auto"], dataclasses.replace(cfg, preemptible_share=1.0))
+    assert control.preemptions == 0
+    assert mixed.preemptions > 0
