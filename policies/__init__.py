@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
+from policies.fgd_share import fgd_share
 from policies.framework import Policy
 from policies.gang import GangPolicy
 from policies.scoring import binpack, firstfit, random_policy, spread
 
-POLICY_NAMES = ("auto", "gang", "binpack", "spread", "firstfit", "random", "fgd")
+POLICY_NAMES = ("auto", "gang", "binpack", "spread", "firstfit", "random", "fgd", "fgd-share")
 
 
 class AutoPolicy:
@@ -48,6 +49,8 @@ def make_policy(
             return random_policy(seed)
         case "fgd":
             return fgd(workload or DEFAULT_WORKLOAD)
+        case "fgd-share":
+            return fgd_share(workload or DEFAULT_WORKLOAD)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 

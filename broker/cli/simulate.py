@@ -28,6 +28,7 @@ from broker.cli.args import (
 from broker.cli.output import add_output_options, yaml_from_json
 from broker.model import Node
 from broker.sim.traces import TracePod, read_nodes, read_openb_pods
+from policies import POLICY_NAMES
 
 _BURST_HELP = (
     "replay: no burst pool (by default one simulated cloud pool grows a third, empty cluster "
@@ -56,7 +57,12 @@ def _add_inputs(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument(
         "--pods", type=Path, help="pod list CSV (default: a generated openb-like workload)"
     )
-    cmd.add_argument("--policy", type=policy, action="append", help="policy to run (repeatable)")
+    cmd.add_argument(
+        "--policy",
+        type=policy,
+        action="append",
+        help=f"policy to run (repeatable): {', '.join(POLICY_NAMES)}",
+    )
     cmd.add_argument(
         "--clusters",
         type=positive("--clusters"),
