@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
+from policies.fgd_share import fgd_share
 from policies.framework import Policy
 from policies.gang import GangPolicy
 from policies.kube_default import kube_default
@@ -20,6 +21,7 @@ POLICY_NAMES = (
     "firstfit",
     "random",
     "fgd",
+    "fgd-share",
     "kube-default",
 )
 
@@ -58,6 +60,8 @@ def make_policy(
             return random_policy(seed)
         case "fgd":
             return fgd(workload or DEFAULT_WORKLOAD)
+        case "fgd-share":
+            return fgd_share(workload or DEFAULT_WORKLOAD)
         case "kube-default":
             return kube_default()
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
