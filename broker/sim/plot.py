@@ -62,10 +62,7 @@ def plot_replay(rows: Sequence[Row], path: Path, title: str = "") -> None:
             raise TypeError(f"util_series of {row['policy']} is not a sequence")
         hours = [float(p[0]) / 3600.0 for p in points]
         pct = [float(p[1]) for p in points]
-        label = str(row["policy"])
-        if "mean_gpu_util_pct" in row:
-            label += f" (mean {_number(row, 'mean_gpu_util_pct'):.1f} %)"
-        ax.step(hours, pct, where="post", label=label)
+        ax.step(hours, pct, where="post", label=replay_label(row))
     ax.set_title(title or "Replay: GPU utilisation over time")
     ax.set_xlabel("simulated time (hours)")
     ax.set_ylabel("GPU utilisation (% of federation GPUs)")
@@ -73,6 +70,21 @@ def plot_replay(rows: Sequence[Row], path: Path, title: str = "") -> None:
     ax.grid(True, alpha=0.3)
     ax.legend()
     _save(fig, path)
+
+
+def replay_label(row: Row) -> str:
+    """A replay line's legend: the policy and its mean. The line is the GPUs bound to pods,
+    which for kube-default includes those held by gangs still missing pods; when that part
+    is not zero the legend names both means, so the plot does not overstate the GPUs that
+    run work."""
+    label = str(row["policy"])
+    if "mean_gpu_util_pct" not in row:
+        return label
+    allocated = _number(row, "mean_gpu_util_pct")
+    running = _number(row, "gpu_util_pct") if "gpu_util_pct" in row else allocated
+    if round(running, 1) == round(allocated, 1):
+        return f"{label} (mean {allocated:.1f} %)"
+    return f"{label} (mean {allocated:.1f} % allocated, {running:.1f} % running)"
 
 
 def _figure() -> Figure:

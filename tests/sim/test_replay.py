@@ -292,6 +292,16 @@ def test_cli_replay_plot_writes_a_png(
     assert f"plot written to {png}" in capsys.readouterr().out
 
 
+def test_replay_legend_names_both_means_when_partial_gangs_hold_gpus() -> None:
+    from broker.sim.plot import replay_label
+
+    atomic = {"policy": "auto", "mean_gpu_util_pct": 77.74, "gpu_util_pct": 77.74}
+    partial = {"policy": "kube-default", "mean_gpu_util_pct": 66.1, "gpu_util_pct": 65.3}
+    assert replay_label(atomic) == "auto (mean 77.7 %)"
+    assert replay_label(partial) == "kube-default (mean 66.1 % allocated, 65.3 % running)"
+    assert replay_label({"policy": "fgd"}) == "fgd"
+
+
 def test_cli_fill_plot_writes_a_png(
     csv_inputs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
