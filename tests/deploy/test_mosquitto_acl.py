@@ -108,6 +108,18 @@ async def shipped_mosquitto(
     lines, ports, anonymous = _settings(passwd, pki)
     mosquitto = PrivateMosquitto(directory, anonymous=anonymous, extra=lines)
     await mosquitto.start()
+    # start() waits for the first listener; a client of the TLS one must not meet it closed
+    # (its first refusal would cost it a reconnect backoff).
+    async with asyncio.timeout(PrivateMosquitto.START_SECONDS):
+        for port in ports.values():
+            while True:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    await asyncio.sleep(0.02)  # polling pace, bounded by the timeout
+                    continue
+                writer.close()
+                break
     return mosquitto, ports
 
 
