@@ -119,6 +119,10 @@ def _sigmoid_score(delta: float) -> int:
 
 
 class FgdChooser:
+    # Among a shared pod's GPUs with the same score: False, the lowest index (the paper's);
+    # True, the fullest first, then the lowest index (``fgd-share``).
+    fullest_shared_first = False
+
     def __init__(self, workload: Sequence[tuple[PodShape, float]]) -> None:
         self.frag = Fragmentation(workload)
         self._scores: dict[tuple[_StateKey, int, int, int], tuple[int, tuple[int, ...]]] = {}
@@ -140,18 +144,20 @@ class FgdChooser:
         before = self.frag.of(gpu_type, state.cpu_free, tuple(sorted(state.gpu_free)))
         cpu_after = state.cpu_free - res.cpu_milli
         frees = list(state.gpu_free)
+        result: tuple[int, tuple[int, ...]] | None
         if res.gpu_milli:
-            best: tuple[int, tuple[int, ...]] | None = None
+            fullest = self.fullest_shared_first
+            best: tuple[tuple[int, int], int] | None = None
             for i, free in enumerate(state.gpu_free):
                 if free < res.gpu_milli:
                     continue
                 frees[i] = free - res.gpu_milli
                 after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
                 frees[i] = free
-                score = _sigmoid_score(before - after)
-                if best is None or score > best[0]:
-                    best = (score, (i,))
-            result = best
+                rank = (_sigmoid_score(before - after), -free if fullest else 0)
+                if best is None or rank > best[0]:
+                    best = (rank, i)
+            result = None if best is None else (best[0][0], (best[1],))
         else:
             for i in gpus:
                 frees[i] = 0
