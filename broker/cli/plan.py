@@ -59,16 +59,6 @@ def add_inspect_command(sub: Any) -> None:
     add_output_options(p)
 
 
-async def inspect_clusters(
-    kubeconfig: Path,
-    contexts: Sequence[str] = (),
-    *,
-    gpu: GpuConfig | None = None,
-    timeout: float = DEFAULT_TIMEOUT,
-) -> dict[str, Any]:
-    return snapshot_document(await read_clusters(kubeconfig, contexts, gpu=gpu, timeout=timeout))
-
-
 async def read_clusters(
     kubeconfig: Path,
     contexts: Sequence[str] = (),

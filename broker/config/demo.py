@@ -25,6 +25,19 @@ def _openb_shapes(*gpu_types: str) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _burst_pools() -> list[dict[str, Any]]:
+    """The demo's one pool: A100 x8 nodes for cloud-burst, up to 16."""
+    return [
+        {"name": "cloud-a100", "cluster": "cloud-burst", "gpuType": "A100", "gpus": 8,
+         "cpu": "96", "memory": "1152Gi", "minNodes": 0, "maxNodes": 16,
+         "costPerNodeHour": 32.77, "provisionSeconds": 20.0, "scaleDownAfterSeconds": 60.0,
+         # A gang waits 10 s, not the default 30, before it bursts: the README's job, when
+         # the on-prem clusters are full, runs well within a minute.
+         "burstAfterSeconds": 10.0,
+         "source": {"simulated": {}}},
+    ]  # fmt: skip
+
+
 def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
     """The federation ``fedbroker demo`` runs: two on-prem clusters of real openb node
     shapes (counts scaled to a few dozen nodes, no H100 anywhere) and a cloud burst pool.
@@ -50,15 +63,6 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
         {"name": "cloud-burst", "kind": "cloud", "labels": {"region": "eu"},
          "costPerGpuHour": 4.1, "source": {"simulated": cloud}},
     ]  # fmt: skip
-    burst_pools: list[dict[str, Any]] = [
-        {"name": "cloud-a100", "cluster": "cloud-burst", "gpuType": "A100", "gpus": 8,
-         "cpu": "96", "memory": "1152Gi", "minNodes": 0, "maxNodes": 16,
-         "costPerNodeHour": 32.77, "provisionSeconds": 20.0, "scaleDownAfterSeconds": 60.0,
-         # A gang waits 10 s, not the default 30, before it bursts: the README's job, when
-         # the on-prem clusters are full, runs well within a minute.
-         "burstAfterSeconds": 10.0,
-         "source": {"simulated": {}}},
-    ]  # fmt: skip
     queues: list[dict[str, Any]] = [
         {"name": "training", "policy": "gang", "priority": 100, "weight": 2.0, "borrow": True,
          "quota": {"G2": 160, "G3": 48, "V100M32": 8, "A100": 128}},
@@ -80,7 +84,7 @@ def demo_config(data_dir: Path, tokens: Mapping[str, str]) -> Config:
         # Generous per tenant: the demo's load generator and the crash test submit fast.
         "api": {"rateLimitPerTenant": {"requestsPerSecond": 2000.0, "burst": 4000}},
         "clusters": clusters,
-        "burstPools": burst_pools,
+        "burstPools": _burst_pools(),
         "queues": queues,
         "tenants": tenants,
     }

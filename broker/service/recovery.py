@@ -71,8 +71,7 @@ async def _entries(records: list[JobRecord]) -> list[Pending]:
 
 
 class Rebuilt(NamedTuple):
-    """What a rebuild found: the active jobs it read, those restored from their pods, and
-    those placed or running that it requeued (their pods gone, or unreadable)."""
+    """A rebuild's active jobs read, restored from their pods, and requeued from running."""
 
     jobs: int
     restored: int
