@@ -13,21 +13,18 @@ label keys)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import Clock
 from controllers import Member, Mode
 from controllers.base import JOBS, PODS, Obj
 from controllers.schedulers import COSCHED, NODES
 from kmock_namespaces import NamespacedEmulator
 from test_topology_federation import foreign_pod, node_obj
-from workload_matrix import T0, config_text, launched, manifest, ours, pod_template, serve
+from workload_matrix import broker as matrix_broker
+from workload_matrix import launched, manifest, ours, pod_template, serve
 
-from broker.config import parse_config
 from broker.service.facade import Service
 
 pytestmark = pytest.mark.kmock(cls=NamespacedEmulator)
@@ -47,16 +44,9 @@ def racked(k8s: NamespacedEmulator, mode: Mode) -> Member:
     return member
 
 
-@contextlib.asynccontextmanager
-async def broker(k8s: NamespacedEmulator, tmp_path: Path, mode: Mode) -> AsyncIterator[Service]:
-    text = config_text(tmp_path, str(k8s.url).rstrip("/"), mode)
-    text = text.replace("- name: east\n", "- name: east\n" + LEVELS, 1)
-    service = Service(parse_config(text, "test"), clock=Clock(T0))
-    await service.start()
-    try:
-        yield service
-    finally:
-        await service.close()
+def broker(k8s: NamespacedEmulator, tmp_path: Path, mode: Mode) -> Any:
+    """The broker on the member, the member's cluster declaring the levels."""
+    return matrix_broker(k8s, tmp_path, mode, LEVELS)
 
 
 def job(rack: bool, selector: dict[str, str] | None = None) -> Any:

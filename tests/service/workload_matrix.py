@@ -176,9 +176,13 @@ def config_text(tmp_path: Path, server: str, mode: Mode) -> str:
 
 
 @contextlib.asynccontextmanager
-async def broker(k8s: NamespacedEmulator, tmp_path: Path, mode: Mode) -> AsyncIterator[Service]:
-    """The broker on the member (started, then closed), on a clock of its own."""
+async def broker(
+    k8s: NamespacedEmulator, tmp_path: Path, mode: Mode, cluster_keys: str = ""
+) -> AsyncIterator[Service]:
+    """The broker on the member (started, then closed), on a clock of its own;
+    ``cluster_keys``: YAML lines added to the member's cluster entry."""
     text = config_text(tmp_path, str(k8s.url).rstrip("/"), mode)
+    text = text.replace("- name: east\n", "- name: east\n" + cluster_keys, 1)
     service = Service(parse_config(text, "test"), clock=Clock(T0))
     await service.start()
     try:
