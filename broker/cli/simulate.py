@@ -205,6 +205,12 @@ def _run_fill(
 ) -> int:
     from broker.sim.fill import as_dict, fill, mean_by_policy_and_load
 
+    # The protocol tunes the list by GPU request against the nodes' GPUs: without both it
+    # has nothing to tune (and would never stop growing the list).
+    if not any(n.allocatable.gpus for n in nodes):
+        raise UsageError(f"--nodes {args.nodes}: no node has a GPU; the fill protocol needs some")
+    if not any(p.resources.gpu_request_milli for p in pods):
+        raise UsageError(f"--pods {args.pods}: no pod asks for a GPU; the fill protocol needs some")
     seeds = list(range(args.seed, args.seed + args.seeds))
     dump = None
     if args.dump_placements:

@@ -40,6 +40,8 @@ class FillResult:
 def tune(pods: Sequence[TracePod], total_milli: int, rng: random.Random) -> list[TracePod]:
     """Grow (random copies) or shrink (random removals) the list to 130 % of the GPUs, then
     shuffle it. Copies are named ``<pod>#k`` for the k-th copy."""
+    if not any(p.resources.gpu_request_milli for p in pods):
+        raise ValueError("no pod asks for a GPU: there is nothing to tune the list by")
     target = total_milli * TUNE_TARGET_PCT // 100
     tuned = list(pods)
     load = sum(p.resources.gpu_request_milli for p in tuned)

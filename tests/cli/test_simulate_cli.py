@@ -72,6 +72,24 @@ def test_unknown_policy_lists_the_known_ones(traces: tuple[Path, Path]) -> None:
     assert_one_line_error(proc, "bestest", "binpack", "fgd")
 
 
+@pytest.mark.parametrize(
+    ("which", "text", "needle"),
+    [
+        ("pods", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1,0,0\n", "no pod asks"),
+        ("nodes", "sn,cpu_milli,memory_mib,gpu,model\nn1,32000,131072,0,\n", "no node has"),
+    ],
+)
+def test_fill_needs_gpus_on_both_sides(
+    tmp_path: Path, traces: tuple[Path, Path], which: str, text: str, needle: str
+) -> None:
+    # Tuning to 130 % of the GPUs by GPU request has nothing to go by without them.
+    bad = tmp_path / f"{which}-without-gpus.csv"
+    bad.write_text(text)
+    nodes, pods = (bad, traces[1]) if which == "nodes" else (traces[0], bad)
+    proc = run_cli("simulate", "--nodes", str(nodes), "--pods", str(pods))
+    assert_one_line_error(proc, f"--{which} {bad}", needle)
+
+
 @pytest.mark.parametrize("loads", ["-5", "80,-10", "eighty", "0"])
 def test_bad_loads(loads: str, traces: tuple[Path, Path]) -> None:
     proc = run_cli(
