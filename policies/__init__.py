@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
+from policies.fgd_cpu import fgd_cpu
 from policies.fgd_share import fgd_share
 from policies.framework import Policy
 from policies.gang import GangPolicy
@@ -22,6 +23,7 @@ POLICY_NAMES = (
     "random",
     "fgd",
     "fgd-share",
+    "fgd-cpu",
     "kube-default",
 )
 
@@ -62,6 +64,8 @@ def make_policy(
             return fgd(workload or DEFAULT_WORKLOAD)
         case "fgd-share":
             return fgd_share(workload or DEFAULT_WORKLOAD)
+        case "fgd-cpu":
+            return fgd_cpu(workload or DEFAULT_WORKLOAD)
         case "kube-default":
             return kube_default()
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")

@@ -1,11 +1,13 @@
-"""fgd-share: deterministic for a seed, and its one departure from fgd (the fullest GPU
-among equally scored ones takes a shared pod)."""
+"""The fgd- variants: deterministic for a seed; fgd-share's one departure from fgd (the
+fullest GPU among equally scored ones takes a shared pod). fgd-cpu's own: test_fgd_cpu."""
 
 from __future__ import annotations
 
 import io
 import json
 import random
+
+import pytest
 
 from broker.model import GpuType, Node, NodeState, Resources
 from broker.sim.fill import fill
@@ -31,22 +33,27 @@ def pods(n: int, seed: int) -> list[TracePod]:
     return out
 
 
-def placements(seed: int) -> list[dict[str, object]]:
+def placements(policy: str, seed: int) -> list[dict[str, object]]:
     out = io.StringIO()
-    fill(nodes(4), pods(40, seed), ["fgd-share"], 1, [seed], dump=out)
+    fill(nodes(4), pods(40, seed), [policy], 1, [seed], dump=out)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-def test_same_seed_gives_the_same_placements() -> None:
-    first = placements(3)
+VARIANTS = ("fgd-share", "fgd-cpu")
+
+
+@pytest.mark.parametrize("policy", VARIANTS)
+def test_same_seed_gives_the_same_placements(policy: str) -> None:
+    first = placements(policy, 3)
     assert first  # something was placed
-    assert placements(3) == first
-    assert placements(4) != first  # the seed does drive the run
+    assert placements(policy, 3) == first
+    assert placements(policy, 4) != first  # the seed does drive the run
 
 
-def test_is_a_known_policy_name() -> None:
-    assert "fgd-share" in POLICY_NAMES
-    assert make_policy("fgd-share").name == "fgd-share"
+@pytest.mark.parametrize("policy", VARIANTS)
+def test_is_a_known_policy_name(policy: str) -> None:
+    assert policy in POLICY_NAMES
+    assert make_policy(policy).name == policy
 
 
 def test_a_shared_pod_takes_the_fullest_of_equally_scored_gpus() -> None:
