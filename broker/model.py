@@ -195,7 +195,7 @@ class PodSet:
             self.topology.check(self.name, self.count)
 
 
-PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd"]
+PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd", "fgd-cpu"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -337,13 +337,15 @@ def ledger_state(ledger: Ledger) -> dict[str, object]:
     }
 
 
-def measure_point(clusters: int, nodes_per_cluster: int, decisions: int, seed: int) -> Point:
+def measure_point(
+    clusters: int, nodes_per_cluster: int, decisions: int, seed: int, single_policy: str = "binpack"
+) -> Point:
     """Build one federation, time both kinds of decision on it, and let it go."""
     fed = build_federation(clusters, nodes_per_cluster, seed)
     jobs_rng = random.Random(seed + 1)
     singles, gangs = single_pod_jobs(jobs_rng), gang_jobs(jobs_rng)
     warmup = min(500, max(1, decisions // 10))
-    single = measure(fed.ledger, make_policy("binpack", seed), singles, decisions, warmup)
+    single = measure(fed.ledger, make_policy(single_policy, seed), singles, decisions, warmup)
     gang = measure(fed.ledger, make_policy("gang", seed), gangs, decisions, warmup)
     return Point(
         clusters,
@@ -380,37 +382,31 @@ def run_bench(args: argparse.Namespace) -> int:
         sizes += [(max(1, nodes // npc), npc) for nodes in SCALING_NODES]
     # Ascending, so each point's peak RSS is that federation's, not a larger earlier one's.
     sizes = sorted(set(sizes), key=lambda s: s[0] * s[1])
-    points = [measure_point(c, per_cluster, args.decisions, args.seed) for c, per_cluster in sizes]
+    points = [
+        measure_point(c, per_cluster, args.decisions, args.seed, args.single_policy)
+        for c, per_cluster in sizes
+    ]
     main = points[sizes.index((args.clusters, npc))]
     if args.json:
+        # The main point's figures (the Point's fields), then how they were measured.
         doc: dict[str, object] = {
-            "clusters": main.clusters,
-            "nodes": main.nodes,
-            "single_pod_decisions_per_s": main.single_pod_decisions_per_s,
-            "gang_decisions_per_s": main.gang_decisions_per_s,
-            "single_pod_decisions_per_cpu_s": main.single_pod_decisions_per_cpu_s,
-            "gang_decisions_per_cpu_s": main.gang_decisions_per_cpu_s,
-            "nodes_per_cluster": main.nodes_per_cluster,
-            "gpus": main.gpus,
-            "gpu_alloc_pct": main.gpu_alloc_pct,
+            **asdict(main),
+            "single_pod_policy": args.single_policy,
             "decisions": args.decisions,
             "rounds": ROUNDS,
             "seed": args.seed,
-            "build_s": main.build_s,
-            "prefill_s": main.prefill_s,
-            "max_rss_mib": main.max_rss_mib,
-            "single_pod_unplaceable": main.single_pod_unplaceable,
-            "gang_unplaceable": main.gang_unplaceable,
         }
         if args.scaling:
             doc["scaling"] = [asdict(p) for p in points]
         print(json.dumps(doc))
     else:
-        _print_table(points, main, args.decisions, args.seed)
+        _print_table(points, main, args.decisions, args.seed, args.single_policy)
     return 0
 
 
-def _print_table(points: Sequence[Point], main: Point, decisions: int, seed: int) -> None:
+def _print_table(
+    points: Sequence[Point], main: Point, decisions: int, seed: int, single_policy: str
+) -> None:
     print(
         f"placement core on one CPU core: {decisions} decisions of each kind per row "
         f"(snapshot + decide + assume + forget), median of {ROUNDS} rounds, seed {seed}"
@@ -426,7 +422,9 @@ def _print_table(points: Sequence[Point], main: Point, decisions: int, seed: int
             f"{p.gang_decisions_per_s:>9.0f}"
             f"{p.single_pod_unplaceable + p.gang_unplaceable:>9}{p.max_rss_mib:>12.0f}"
         )
-    print("single: one pod (1/2/4 GPUs or a share) by binpack; gang: 8 pods x 8 GPUs by gang")
+    print(
+        f"single: one pod (1/2/4 GPUs or a share) by {single_policy}; gang: 8 pods x 8 GPUs by gang"
+    )
     if len(points) > 1:
         print(f"scaling: the federation grows by clusters of {main.nodes_per_cluster} nodes")
     print(

@@ -12,6 +12,10 @@ from typing import Any
 from broker.cli.args import plot_file, positive
 from broker.cli.output import add_output_options, yaml_from_json
 
+# The policies the service offers for single pods (broker.model.PolicyName but auto and gang,
+# which place single pods by binpack); named here so the help needs no import of policies.
+SINGLE_POLICIES = ("binpack", "spread", "firstfit", "random", "fgd", "fgd-cpu")
+
 
 def add_bench_command(sub: Any) -> None:
     cmd = sub.add_parser("bench", help="measure placement decisions per second of the core")
@@ -29,6 +33,10 @@ def add_bench_command(sub: Any) -> None:
         "--scaling", action="store_true", help="also measure at 2,000 and 50,000 nodes"
     )
     cmd.add_argument("--seed", type=int, default=0, help="random seed of the generated jobs")
+    cmd.add_argument(
+        "--single-policy", choices=SINGLE_POLICIES, default="binpack",
+        help="the policy that places the single-pod jobs (default binpack, as auto does)",
+    )  # fmt: skip
     add_output_options(cmd)
     cmd.add_argument(
         "--e2e", action="store_true", help="submit -> placed through HTTP and the real service"

@@ -8,6 +8,7 @@ import gc
 import json
 import random
 from collections.abc import Iterator
+from typing import get_args
 
 import pytest
 
@@ -20,8 +21,9 @@ from broker.bench.decisions import (
     single_pod_jobs,
     snapshot_state,
 )
+from broker.cli.bench import SINGLE_POLICIES
 from broker.cli.main import main
-from broker.model import MILLI_PER_GPU
+from broker.model import MILLI_PER_GPU, PolicyName
 from policies import make_policy
 
 TINY = ["bench", "--clusters", "2", "--nodes-per-cluster", "20", "--decisions", "6"]
@@ -69,6 +71,20 @@ def test_json_has_the_issue_keys_with_positive_figures(
     assert isinstance(doc["build_s"], float)
     assert isinstance(doc["prefill_s"], float)
     assert "scaling" not in doc
+
+
+def test_single_pods_can_be_timed_with_any_policy_the_service_offers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The bench's choices are the service's policies that place single pods themselves.
+    assert set(SINGLE_POLICIES) == set(get_args(PolicyName)) - {"auto", "gang"}
+    assert run_json(capsys)["single_pod_policy"] == "binpack"
+    doc = run_json(capsys, "--single-policy", "fgd-cpu")
+    assert doc["single_pod_policy"] == "fgd-cpu"
+    assert isinstance(doc["single_pod_decisions_per_s"], float)
+    assert doc["single_pod_decisions_per_s"] > 0
+    assert main([*TINY, "--single-policy", "fgd-cpu"]) == 0
+    assert "by fgd-cpu;" in capsys.readouterr().out
 
 
 def test_scaling_reports_every_size_in_node_order(
