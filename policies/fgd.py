@@ -177,10 +177,14 @@ class FgdChooser:
             scored = self.score(state, res)
             if scored is None:
                 continue
-            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res)
+            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res) - self.penalty(state, res)
             if best is None or score > best[2] or (score == best[2] and state.name < best[0]):
                 best = (state.name, scored[1], score)
         return best
+
+    def penalty(self, state: NodeState, res: Resources) -> float:
+        """What a variant takes off a node's score besides FGD's (``fgd``: nothing)."""
+        return 0.0
 
 
 DEFAULT_WORKLOAD: tuple[tuple[PodShape, float], ...] = (

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker.model import NodeGroup, Resources
-from policies.fgd import _TIE_WEIGHT, DEFAULT_WORKLOAD, FgdChooser, PodShape
-from policies.framework import Choice, Overlay, candidate_states
-from policies.scoring import NodeScoringPolicy, bestfit_score, by_name
+from broker.model import NodeState, Resources
+from policies.fgd import DEFAULT_WORKLOAD, FgdChooser, PodShape
+from policies.scoring import NodeScoringPolicy, by_name
 
 # d/dx of 100 x sigmoid(x / 1000) at x = 0: FGD's score change per milli of fragmentation.
 _PER_MILLI = 100 / 4 / 1000
@@ -49,23 +48,12 @@ class FgdCpuChooser(FgdChooser):
         super().__init__(workload)
         self.ratio = cpu_per_gpu_milli(workload)
 
-    def __call__(
-        self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources
-    ) -> Choice | None:
-        ratio = self.ratio
-        best: Choice | None = None
-        for state in candidate_states(overlay, groups, res.gpu_request_milli):
-            scored = self.score(state, res)
-            if scored is None:
-                continue
-            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res)
-            if ratio is not None:
-                cpu, free = state.cpu_free, state.free_milli
-                more = stranded(cpu - res.cpu_milli, free - res.gpu_request_milli, ratio)
-                score -= _PER_MILLI * (more - stranded(cpu, free, ratio))
-            if best is None or score > best[2] or (score == best[2] and state.name < best[0]):
-                best = (state.name, scored[1], score)
-        return best
+    def penalty(self, state: NodeState, res: Resources) -> float:
+        if self.ratio is None:
+            return 0.0
+        cpu, free = state.cpu_free, state.free_milli
+        more = stranded(cpu - res.cpu_milli, free - res.gpu_request_milli, self.ratio)
+        return _PER_MILLI * (more - stranded(cpu, free, self.ratio))
 
 
 def fgd_cpu(workload: Sequence[tuple[PodShape, float]] = DEFAULT_WORKLOAD) -> NodeScoringPolicy:
