@@ -122,6 +122,8 @@ class FgdChooser:
     # Among a shared pod's GPUs with the same score: False, the lowest index (the paper's);
     # True, the fullest first, then the lowest index (``fgd-share``).
     fullest_shared_first = False
+    # Whether ``penalty`` takes anything off (checked once per call: this is the hot loop).
+    penalised = False
 
     def __init__(self, workload: Sequence[tuple[PodShape, float]]) -> None:
         self.frag = Fragmentation(workload)
@@ -173,11 +175,14 @@ class FgdChooser:
         self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources
     ) -> Choice | None:
         best: Choice | None = None
+        penalised = self.penalised
         for state in candidate_states(overlay, groups, res.gpu_request_milli):
             scored = self.score(state, res)
             if scored is None:
                 continue
-            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res) - self.penalty(state, res)
+            score = scored[0] + _TIE_WEIGHT * bestfit_score(state, res)
+            if penalised:
+                score -= self.penalty(state, res)
             if best is None or score > best[2] or (score == best[2] and state.name < best[0]):
                 best = (state.name, scored[1], score)
         return best
