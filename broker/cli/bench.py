@@ -7,14 +7,15 @@ while others ask for dry runs)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, get_args
 
 from broker.cli.args import plot_file, positive
 from broker.cli.output import add_output_options, yaml_from_json
+from broker.model import PolicyName
 
-# The policies the service offers for single pods (broker.model.PolicyName but auto and gang,
-# which place single pods by binpack); named here so the help needs no import of policies.
-SINGLE_POLICIES = ("binpack", "spread", "firstfit", "random", "fgd", "fgd-cpu")
+# The policies the service offers that place single pods themselves (auto and gang hand
+# single pods to binpack).
+SINGLE_POLICIES = tuple(p for p in get_args(PolicyName) if p not in ("auto", "gang"))
 
 
 def add_bench_command(sub: Any) -> None:
