@@ -63,6 +63,11 @@ async def test_an_agent_with_its_certificate_reports_to_the_broker_with_its_own(
     try:
         await service.start()
         assert service.mqtt is not None
+        # The agent's first heartbeat is not retained: the broker must have subscribed
+        # (connected is set after the SUBACK) before the agent sends it, or the next one is
+        # an interval (10 s) away.
+        mqtt = service.mqtt
+        await until(lambda: mqtt.publisher.connected)
         task = asyncio.create_task(agent.run())
         # The broker hears the agent's reports and heartbeats: the ACL knew both by the
         # CN of their certificates (the agent writes only below agents/edge/).
