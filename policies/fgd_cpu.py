@@ -44,8 +44,6 @@ def stranded(cpu_free: int, gpu_free_milli: int, ratio: float) -> float:
 
 
 class FgdCpuChooser(FgdChooser):
-    penalised = True
-
     def __init__(self, workload: Sequence[tuple[PodShape, float]]) -> None:
         super().__init__(workload)
         self.ratio = cpu_per_gpu_milli(workload)
