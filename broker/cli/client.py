@@ -400,7 +400,12 @@ async def exchange(
 async def watch_list(args: argparse.Namespace) -> int:
     """``list --watch`` and ``get --watch`` (``broker.cli.watching``)."""
     await find_tenant(args, list_jobs)  # get -A: the one tenant with that name
-    return await watch(args, list_jobs if args.command == "list" else _one_job)
+    return await watch(args, _sorted_jobs if args.command == "list" else _one_job)
+
+
+async def _sorted_jobs(args: argparse.Namespace) -> dict[str, Any]:
+    """Every answer of ``list --watch`` in ``--sort-by``'s order, as ``list`` prints it."""
+    return sorted_answer("list", await list_jobs(args), args.sort_by)  # type: ignore[no-any-return]
 
 
 async def _one_job(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from builders import until
 from test_api import TOKENS, Harness, manifest, running, settle
 from test_cli_messages import as_user, cli
 
+from broker.cli.args import UsageError
 from broker.cli.client import watch_list
 from broker.cli.completion import bash_script
 from broker.cli.main import build_parser
@@ -94,6 +95,23 @@ async def test_a_piped_list_watch_prints_one_line_per_change(
     # Neither the header nor the unchanged job again; each row under the first table's columns.
     assert changes and all(line.startswith("late ") for line in changes)
     assert all(line.index(line.split()[2]) == header.index("STATE") for line in changes)
+
+
+async def test_a_list_watch_keeps_sort_by_s_order(
+    served: tuple[Harness, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (client, _, _), server = served
+    for name in ("zeta", "alpha", "mid"):  # the list's own order is submission order
+        assert (await client.post("/v1/jobs", json=manifest(name), headers=A)).status == 201
+    capsys.readouterr()
+    printed = Printed(capsys)
+    async with watching(server, "list", "--watch", "--sort-by", "name"):
+        await until(lambda: len(printed.lines()) >= 4)
+    names = [line.split()[0] for line in printed.lines()[1:4]]
+    assert names == ["alpha", "mid", "zeta"]
+    with pytest.raises(UsageError, match="--sort-by nope: no such column"):
+        argv = as_user(server, "list", "-w", "--sort-by", "nope")
+        await asyncio.wait_for(watch_list(build_parser().parse_args(argv)), 10)  # refused at once
 
 
 async def test_get_watch_prints_the_job_s_changes_only(
