@@ -283,5 +283,8 @@ class PublishingStore:
     ) -> list[JobRecord]:
         return await self.inner.active_jobs(after_seq=after_seq, limit=limit)
 
+    async def finished_since(self, since: float, limit: int) -> list[JobRecord]:
+        return await self.inner.finished_since(since, limit)
+
 
 __all__ = ["Event", "EventBus", "PublishingStore", "Subscription", "job_event"]

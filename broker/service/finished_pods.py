@@ -7,8 +7,10 @@ live while kept (``live``), ``JobPods`` reads their pods and logs, and ``run`` (
 supervised task) deletes the pods of those past the retention through the launcher, for
 every kind of member alike. A resubmission of the name forgets its entry and deletes its
 pods first (``forget``), so the next run never adopts the last one's ended pods. The book
-is memory only, bounded by ``MAX_KEPT`` (past it the oldest go first): a restart or a new
-leader forgets it, and the first garbage collection then deletes what it held.
+is in memory, bounded by ``MAX_KEPT`` (past it the oldest go first). A new leader (after a
+restart or a takeover) refills it from the store before its first garbage collection
+(``restore``): the jobs that finished within the retention, on the cluster each was placed
+on, so their pods outlive the broker's restart as long as they would have outlived none.
 """
 
 from __future__ import annotations
@@ -16,16 +18,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from broker.core.lifecycle import Launch
 from broker.model import Placement
+from broker.store import JobRecord
 
 log = logging.getLogger(__name__)
 
 Delete = Callable[[Placement, Launch | None], Awaitable[None]]
+
+# The ends a run's pods are kept after (a cancelled job's are deleted at once).
+ENDED_RUNS = frozenset({"Succeeded", "Failed"})
 
 MAX_KEPT = 10_000
 # How often kept pods past the retention are looked for, at most (a shorter retention:
@@ -35,15 +41,12 @@ SWEEP_SECONDS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Kept:
-    """A finished job's launch (where its pods are, and the spec that deletes them) and
-    when it ended."""
+    """A finished job's placement (where its pods are), when it ended, and its launch (the
+    spec that deletes a workload's object) when this leader launched or restored it."""
 
-    launch: Launch
+    placement: Placement
     ended_at: float
-
-    @property
-    def placement(self) -> Placement:
-        return self.launch.placement
+    launch: Launch | None = None
 
 
 class FinishedPods:
@@ -58,9 +61,24 @@ class FinishedPods:
     def add(self, launch: Launch, ended_at: float) -> None:
         """A job ended with its pods in place (with a retention of 0: deleted at the next
         sweep or garbage collection)."""
-        key = launch.placement.job
+        self._keep(Kept(launch.placement, ended_at, launch))
+
+    def restore(self, finished: Sequence[JobRecord]) -> int:
+        """A new leader's book: those of ``finished`` (the store's jobs that ended within
+        the retention, oldest first) whose run ended on a cluster; how many. Where a job's
+        pods are is its cluster: deleting them and reading them go by its labels there."""
+        kept = 0
+        for record in finished:
+            if record.state in ENDED_RUNS and record.cluster:
+                key = f"{record.tenant}/{record.name}"
+                self._keep(Kept(Placement(key, record.cluster, ()), record.updated_at))
+                kept += 1
+        return kept
+
+    def _keep(self, kept: Kept) -> None:
+        key = kept.placement.job
         self._kept.pop(key, None)
-        self._kept[key] = Kept(launch, ended_at)
+        self._kept[key] = kept
         while len(self._kept) > MAX_KEPT:
             self._due.append(self._kept.popitem(last=False)[1])
 
@@ -71,9 +89,13 @@ class FinishedPods:
         """The job's entry, taken out of the book (its pods are the caller's to delete)."""
         return self._kept.pop(key, None)
 
+    def cutoff(self) -> float:
+        """When a job must have ended, at the earliest, for its pods to be kept now."""
+        return self.clock() - self.keep_seconds
+
     def live(self, cluster: str) -> set[str]:
         """The jobs whose pods are kept on ``cluster`` now (not garbage)."""
-        cutoff = self.clock() - self.keep_seconds
+        cutoff = self.cutoff()
         return {
             key
             for key, kept in self._kept.items()
@@ -82,7 +104,7 @@ class FinishedPods:
 
     def due(self) -> list[Kept]:
         """The entries past the retention (or pushed out), taken out of the book."""
-        cutoff = self.clock() - self.keep_seconds
+        cutoff = self.cutoff()
         out, self._due = self._due, []
         while self._kept:
             key, kept = next(iter(self._kept.items()))
@@ -120,4 +142,4 @@ class FinishedPods:
                 await self.sweep(delete)
 
 
-__all__ = ["MAX_KEPT", "SWEEP_SECONDS", "Delete", "FinishedPods", "Kept"]
+__all__ = ["ENDED_RUNS", "MAX_KEPT", "SWEEP_SECONDS", "Delete", "FinishedPods", "Kept"]

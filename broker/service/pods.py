@@ -24,6 +24,7 @@ from broker.ports import (
     PodRow,
 )
 from broker.service.admission import Admission, Conflict, NotFound
+from broker.service.finished_pods import MAX_KEPT
 from broker.service.state import Shared
 from broker.store import JobRecord
 
@@ -71,7 +72,7 @@ class JobPods:
             )
         raise NotFound(
             f"{finished}; its pods are no longer in the cluster (deleted by someone else, or "
-            "by the garbage collection after a broker restart)"
+            f"early, as more than {MAX_KEPT:,} finished jobs' pods were kept)"
         )
 
     async def pods(self, tenant: str, name: str) -> list[PodRow]:

@@ -11,9 +11,10 @@ requeued like the rest, their objects left to the garbage collection that ends t
 A pinned workload job is restored from its workload object instead (the plan recorded on
 it, its pods as they stand: ``restore_workloads``), so one whose first pods finished while
 the broker was away, their successors gated, goes on as it was, nothing deleted or rerun.
-Lost: stop placing at once and drop the state the next leader rebuilds. It also connects
-the Kubernetes members at start, keeps their staleness current, and deletes our objects
-that belong to no live job.
+Jobs finished within the retention go back into the ``FinishedPods`` book: their pods are
+no garbage. Lost: stop placing at once and drop the state the next leader rebuilds. It also
+connects the Kubernetes members at start, keeps their staleness current, and deletes our
+objects that belong to no live job.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from broker.ports import LaunchError, WatchError, WorkloadFound
 from broker.service.binding import Binding
 from broker.service.cycle import Cycles
 from broker.service.failures import Failure, report
+from broker.service.finished_pods import MAX_KEPT
 from broker.service.members import ClusterLauncher
 from broker.service.restore_workloads import pods_adoptable, workload_adoptable
 from broker.service.state import Shared, pending_of
@@ -49,10 +51,8 @@ log = logging.getLogger(__name__)
 Found = dict[str, dict[str, list[PodBound]]]  # cluster -> job key -> our pods read back
 Workloads = dict[str, dict[str, WorkloadFound]]  # cluster -> job key -> its workload read back
 _UNREACHABLE = (LaunchError, aiohttp.ClientError, OSError, TimeoutError)
-# Active jobs read, and requeued in one transaction, at a time. Larger pages mean fewer
-# commits and fewer hand-offs between the loop and the store's threads: 100,000 jobs on
-# SQLite (two cores) rebuilt in 4.4-5.2 s at 1,000 a page, 3.5-3.8 s at 4,000, for a peak
-# resident size of 193 MB instead of 157 MB (two pages of records held at once).
+# Active jobs read, and requeued in one transaction, at a time: larger pages mean fewer
+# commits and loop-thread hand-offs, for two pages of records in memory (docs/benchmarks.md).
 REBUILD_PAGE = 4000
 ENTRIES_PER_TURN = 100  # queue entries built (about 1 ms) between two turns of the loop
 RESTART_REASON = "requeued after broker restart"
@@ -80,8 +80,7 @@ class Rebuilt(NamedTuple):
 
 @dataclasses.dataclass(slots=True)
 class _Requeue:
-    """A page of the rebuild: the jobs to queue, those of them to move to Queued first, and
-    that batch's write in flight."""
+    """A page of the rebuild: jobs to queue, those to move to Queued first, that write."""
 
     queued: list[JobRecord]
     stale: list[JobRecord]
@@ -99,10 +98,9 @@ async def _cancelled(requeues: list[_Requeue]) -> None:
 
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
-    """The cyclic collector off while a rebuild loads every live job (bounded work): its
-    passes would walk the growing heap again and again, and what the rebuild keeps is frozen
-    out of later passes afterwards (``broker.process.settle_heap``). Reference counting
-    still frees the rebuild's garbage."""
+    """The cyclic collector off while a rebuild loads every live job: its passes would walk
+    the growing heap again and again; what the rebuild keeps is frozen out of later passes
+    afterwards (``broker.process.settle_heap``), and reference counting frees the rest."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -198,6 +196,8 @@ class Recovery:
         except BaseException:  # a stored spec the rules refuse now: the batches settled first
             await _cancelled(in_flight)
             raise
+        book = s.finished_pods  # the pods of jobs finished within the retention: no garbage
+        book.restore(await s.store.finished_since(book.cutoff(), MAX_KEPT))
         if s.kube:
             await self._collect_garbage_locked()  # leftovers of jobs that were requeued
         return Rebuilt(jobs, restored, requeued)

@@ -223,6 +223,11 @@ class Store(Protocol):
         ``limit`` of them after the cursor ``after_seq`` (the last seq of the page before)."""
         ...
 
+    async def finished_since(self, since: float, limit: int) -> list[JobRecord]:
+        """At most ``limit`` jobs in a final state last changed at or after ``since``, the
+        most recent of them, oldest first: the finished jobs a new leader keeps the pods of."""
+        ...
+
 
 def open_store(url: str) -> Store:
     """A store for ``url`` (not yet opened: call ``await store.open()``).

@@ -23,6 +23,7 @@ from broker.store.sql import (
     active_jobs,
     count_active,
     delete_finished_job,
+    finished_since,
     generations,
     history,
     insert_job,
@@ -85,6 +86,7 @@ def hot_statements(dialect: Dialect) -> dict[str, Statement]:
         "generations": generations(dialect, "team-a", "job-1"),
         "purge finished": purge_finished_jobs(dialect, 40.0, 1000),
         "purge generations": purge_generations(dialect, 40.0),
+        "finished since": finished_since(dialect, 40.0, 10_000),
         "delete finished": delete_finished_job(dialect, "team-a", "job-1"),
     }
 

@@ -378,6 +378,10 @@ class PostgresStore:
         rows = await self._fetch("active_jobs", query)
         return [sql.active_job_from_row(tuple(row)) for row in rows]
 
+    async def finished_since(self, since: float, limit: int) -> list[JobRecord]:
+        rows = await self._fetch("finished_since", sql.finished_since("postgres", since, limit))
+        return [_job(row) for row in reversed(rows)]
+
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetch("count_active", sql.count_active("postgres", tenant))
         return int(rows[0][0])

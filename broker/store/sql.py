@@ -217,6 +217,18 @@ def active_jobs(
     )
 
 
+def finished_since(dialect: Dialect, since: float, limit: int) -> Statement:
+    """The ``limit`` finished jobs last changed most recently at or after ``since``, the
+    newest first: the partial index on finished jobs' updated_at walks just them, backwards
+    from its end. Rows are JOB_COLUMNS."""
+    st = Statement(dialect)
+    jobs = "jobs INDEXED BY jobs_finished_updated" if dialect == "sqlite" else "jobs"
+    return st.done(
+        f"SELECT {JOB_COLUMNS} FROM {jobs} WHERE {FINAL_LITERALS} AND updated_at >= {st(since)} "
+        f"ORDER BY updated_at DESC LIMIT {st(limit)}"
+    )
+
+
 def count_active(dialect: Dialect, tenant: str) -> Statement:
     st = Statement(dialect)
     return st.done(f"SELECT count(*) FROM jobs WHERE tenant = {st(tenant)} AND {ACTIVE_LITERALS}")

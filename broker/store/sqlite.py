@@ -370,6 +370,10 @@ class SqliteStore:
         query = sql.active_jobs("sqlite", after_seq, limit)
         return [sql.active_job_from_row(tuple(row)) for row in await self._fetchall(query)]
 
+    async def finished_since(self, since: float, limit: int) -> list[JobRecord]:
+        rows = await self._fetchall(sql.finished_since("sqlite", since, limit))
+        return [_job(row) for row in reversed(rows)]
+
     async def count_active(self, tenant: str) -> int:
         rows = await self._fetchall(sql.count_active("sqlite", tenant))
         return int(rows[0][0])

@@ -12,6 +12,7 @@ from builders import Clock, until
 from kmock_namespaces import NamespacedEmulator
 from test_kube_service import k8s, kubelet, make_config, manifest, our_pod
 
+from broker.config import Config
 from broker.service.admission import NotFound
 from broker.service.facade import Service
 
@@ -59,3 +60,45 @@ async def test_a_finished_jobs_pods_stay_for_the_retention_then_go(
             await service.pods("team-a", "job")
     finally:
         await service.close()
+
+
+async def test_a_restart_keeps_a_finished_jobs_pods_for_the_rest_of_the_retention(
+    k8s: kmock.KubernetesEmulator, tmp_path: Path
+) -> None:
+    def config() -> Config:
+        server = str(k8s.url).rstrip("/")
+        return make_config(tmp_path, server, "launchMode: pin, podPollSeconds: 0.02")
+
+    clock = Clock()
+    service = Service(config(), clock=clock)
+    await service.start()
+    try:
+        await service.submit("team-a", manifest("job"))
+        await service.schedule_once()
+        await until(lambda: our_pod(k8s, "job-worker-0") is not None)
+        await kubelet(k8s, "job-worker-0", "Running", node="n1")
+        await service.launches_done(timeout=10)
+        await kubelet(k8s, "job-worker-0", "Succeeded")
+        await service.runs_done(timeout=10)
+        assert (await service.get("team-a", "job")).state == "Succeeded"
+    finally:
+        await service.close()
+
+    clock.now += 300  # away for half the retention
+    restarted = Service(config(), clock=clock)
+    await restarted.start()  # its rebuild ends with a garbage collection
+    try:
+        await collect(restarted)
+        assert our_pod(k8s, "job-worker-0") is not None
+        rows = await restarted.pods("team-a", "job")
+        assert [(r.name, r.phase) for r in rows] == [("job-worker-0", "Succeeded")]
+        clock.now += 299
+        await collect(restarted)
+        assert our_pod(k8s, "job-worker-0") is not None
+        clock.now += 1  # 600 s after it finished
+        await collect(restarted)
+        assert our_pod(k8s, "job-worker-0") is None
+        with pytest.raises(NotFound, match=r"its pods were deleted 10m after it finished"):
+            await restarted.pods("team-a", "job")
+    finally:
+        await restarted.close()

@@ -123,3 +123,23 @@ async def test_count_active_counts_a_tenants_unfinished_jobs(store: Store) -> No
     assert await store.count_active("team-a") == 3
     assert await store.count_active("team-b") == 1
     assert await store.count_active("nobody") == 0
+
+
+async def test_finished_since_gives_the_most_recent_finished_jobs_oldest_first(
+    store: Store,
+) -> None:
+    ends = {"a": 50.0, "b": 300.0, "c": 100.0, "d": 200.0, "e": 100.0}
+    for name, at in ends.items():
+        await store.create_job("team-a", name, "q", 1, MANIFEST, 10.0)
+        await _finish(store, name, "Cancelled" if name == "e" else "Succeeded", at)
+    for i, state in enumerate(ACTIVE_STATES):  # active ones never, however recent
+        await store.create_job("team-a", f"active-{i}", "q", 1, MANIFEST, 400.0)
+        if state != "Queued":
+            await store.transition("team-a", f"active-{i}", state, "x", 400.0, cluster="c")
+
+    since = await store.finished_since(100.0, limit=10)  # at the cutoff counts; c, e tie
+    assert [j.name for j in since] in (["c", "e", "d", "b"], ["e", "c", "d", "b"])
+    assert (since[-1].cluster, since[-1].state, since[-1].updated_at) == ("c", "Succeeded", 300.0)
+    # bounded: the most recent ones
+    assert [j.name for j in await store.finished_since(0.0, limit=2)] == ["d", "b"]
+    assert await store.finished_since(301.0, limit=10) == []
