@@ -1,17 +1,22 @@
-"""FGD's per-shape memo of node scores changes no decision: the fgd family decides, pod by
-pod, exactly as the same chooser scoring every node afresh."""
+"""FGD's memos change no decision: the fgd family decides, job by job, exactly as the same
+chooser scoring every node afresh. Two memos are checked: a node's score by its state and
+the pod's shape (the chooser's), and a node group's best node for a shape (in the cluster
+view's memo, forgotten when a node of the group changes)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core.decide import decide
-from broker.model import GpuType, Job, Node, Placement, PodSet, Resources
+from broker.model import GpuType, Job, Node, NodeGroup, Placement, PodSet, Resources
 from broker.sim.fill import federation
 from policies.fgd import FgdChooser, PodShape
 from policies.fgd_cpu import FgdCpuChooser
 from policies.fgd_share import FgdShareChooser
+from policies.framework import Choice, Overlay, candidate_states
 from policies.scoring import NodeScoringPolicy, by_name
 
 WORKLOAD = (
@@ -22,61 +27,77 @@ WORKLOAD = (
 )
 
 
-def _unmemoised(cls: type[FgdChooser]) -> FgdChooser:
+def _afresh(cls: type[FgdChooser]) -> FgdChooser:
+    """The chooser with both memos bypassed: every candidate node scored on every call."""
+
     class Afresh(cls):  # type: ignore[valid-type,misc]
         def _memo_for(self, res: Resources) -> dict:  # type: ignore[type-arg]
             return {}
 
+        def __call__(
+            self, overlay: Overlay, groups: Sequence[NodeGroup], res: Resources
+        ) -> Choice | None:
+            states = candidate_states(overlay, groups, res.gpu_request_milli)
+            return self._best(states, res)  # type: ignore[no-any-return]
+
     return Afresh(WORKLOAD)
 
 
-# Nodes alike in GPUs and CPU but not in memory share a memo entry only with nodes where
-# the pod's memory fits alike: the memory column checks that the key keeps them apart.
+# Nodes alike in GPUs and CPU but not in memory share a score memo entry only where the
+# pod's memory fits alike: the memory column checks that the key keeps them apart. Two GPU
+# types and two clusters make several node groups, each with its own best node.
 _NODES = st.lists(
-    st.tuples(st.sampled_from([2, 4, 8]), st.sampled_from([16, 64]), st.sampled_from([8, 64])),
+    st.tuples(
+        st.sampled_from([2, 4, 8]),
+        st.sampled_from([16, 64]),
+        st.sampled_from([8, 64]),
+        st.sampled_from(["G2", "T4"]),
+    ),
     min_size=2,
-    max_size=8,
+    max_size=10,
 )
-_PODS = st.lists(
+_JOBS = st.lists(
     st.tuples(
         st.sampled_from([(1, 0), (0, 250), (0, 500), (0, 750), (2, 0), (4, 0), (0, 0)]),
         st.sampled_from([1, 4, 8, 16]),
         st.sampled_from([1, 16, 48]),
+        st.sampled_from([1, 1, 1, 2, 3]),  # pods: a gang's later pods see the earlier ones
     ),
     min_size=1,
     max_size=40,
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     spec=_NODES,
-    pods=_PODS,
+    jobs=_JOBS,
     cls=st.sampled_from([FgdChooser, FgdShareChooser, FgdCpuChooser]),
 )
 def test_memoised_choices_are_those_of_scoring_every_node_afresh(
-    spec: list[tuple[int, int, int]],
-    pods: list[tuple[tuple[int, int], int, int]],
+    spec: list[tuple[int, int, int, str]],
+    jobs: list[tuple[tuple[int, int], int, int, int]],
     cls: type[FgdChooser],
 ) -> None:
-    spec = [(8, 64, 64), *spec]  # the first pod always fits this one, empty
+    spec = [(8, 64, 64, "G2"), *spec]  # the first pod always fits this one, empty
     nodes = [
-        Node(f"n-{i}", GpuType("G2"), Resources(gpus=g, cpu_milli=c * 1000, memory_mib=m << 10))
-        for i, (g, c, m) in enumerate(spec)
+        Node(f"n-{i}", GpuType(t), Resources(gpus=g, cpu_milli=c * 1000, memory_mib=m << 10))
+        for i, (g, c, m, t) in enumerate(spec)
     ]
     memoised = NodeScoringPolicy("m", cls(WORKLOAD), by_name, best_cluster=True)
-    afresh = NodeScoringPolicy("a", _unmemoised(cls), by_name, best_cluster=True)
-    ledger = federation(nodes, 1)
+    afresh = NodeScoringPolicy("a", _afresh(cls), by_name, best_cluster=True)
+    ledger = federation(nodes, 2)
     placed = 0
-    for i, ((gpus, milli), cores, gib) in enumerate(pods):
+    for i, ((gpus, milli), cores, gib, count) in enumerate(jobs):
         res = Resources(gpus=gpus, gpu_milli=milli, cpu_milli=cores * 1000, memory_mib=gib << 10)
-        job = Job(f"p-{i}", (PodSet("pod", 1, res),))
+        job = Job(f"p-{i}", (PodSet("pod", count, res),))
         want = decide(job, ledger.snapshot(), afresh).decision
         got = decide(job, ledger.snapshot(), memoised).decision
         assert type(got) is type(want)
         if isinstance(want, Placement):
             assert isinstance(got, Placement)
+            assert got.cluster == want.cluster
             assert [(p.node, p.gpus) for p in got.pods] == [(p.node, p.gpus) for p in want.pods]
             ledger.assume(got)
             placed += 1
-    assert placed
+    assert placed or jobs[0][3] > 1  # a single first pod always fits the big node
