@@ -23,6 +23,7 @@ last one, and reads the others' best nodes. Still the most thorough policy.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -94,6 +95,9 @@ _NodeKey = tuple[GpuType | None, int, tuple[int, ...], bool]
 _Scored = tuple[float, tuple[int, ...]]
 _NO_FIT: _Scored = (-math.inf, ())
 _MEMO_LIMIT = 2_000_000
+# One number per (chooser class, workload): instances alike share their view memo entries.
+_TAGS: dict[tuple[type, tuple[tuple[PodShape, float], ...]], int] = {}
+_TAG_NUMBERS = itertools.count()
 
 
 class Fragmentation:
@@ -142,8 +146,9 @@ class FgdChooser:
         # by (GPU type, free CPU, free milli per GPU, whether the pod's memory fits).
         self._memos: dict[tuple[int, int, int], dict[_NodeKey, _Scored]] = {}
         self._memo_size = 0
-        # What names this chooser's entries in the views' memos: its kind and workload.
-        self._tag = (type(self), self.frag.workload)
+        # What names this chooser's entries in the views' memos: its kind and workload, as
+        # a number (the workload's tuple would be hashed again for every group and call).
+        self._tag = _TAGS.setdefault((type(self), self.frag.workload), next(_TAG_NUMBERS))
 
     def score(self, state: NodeState, res: Resources) -> tuple[int, tuple[int, ...]] | None:
         """FGD's integer score of placing ``res`` on ``state`` and the GPUs it takes there,
