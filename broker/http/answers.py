@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from broker.config import QueuePolicy
 from broker.core.burst_option import OptionCode
 from broker.figures import ALLOCATED, FREE, RESERVED, STRANDED, TOTAL
 from broker.http.openapi_pods import POD_MODELS
@@ -210,7 +211,7 @@ class Clusters(Out):
 
 class QueueInfo(Out):
     name: str
-    policy: Literal["gang", "binpack", "auto"]
+    policy: QueuePolicy
     priority: int
     weight: float
     quota: dict[str, float]
