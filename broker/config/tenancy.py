@@ -13,7 +13,7 @@ from broker.config.section import Section
 from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
 
 # The policy of a queue's jobs that ask for ``auto``. fgd and fgd-cpu pack shared and small
-# pods best and cost about four binpack decisions (docs/benchmarks.md); the baselines
+# pods best and cost about three binpack decisions (docs/benchmarks.md); the baselines
 # (spread, firstfit, random) and kube-default are for the simulator.
 QueuePolicy = Literal["gang", "binpack", "auto", "fgd", "fgd-cpu"]
 # Kubernetes' Pod Security Standards levels, as the Pod Security Admission labels spell them.
