@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 Delete = Callable[[Placement, Launch | None], Awaitable[None]]
 
 # The ends a run's pods are kept after (a cancelled job's are deleted at once).
-ENDED_RUNS = frozenset({"Succeeded", "Failed"})
+FINISHED_STATES = ("Succeeded", "Failed")
 
 MAX_KEPT = 10_000
 # How often kept pods past the retention are looked for, at most (a shorter retention:
@@ -69,7 +69,7 @@ class FinishedPods:
         pods are is its cluster: deleting them and reading them go by its labels there."""
         kept = 0
         for record in finished:
-            if record.state in ENDED_RUNS and record.cluster:
+            if record.state in FINISHED_STATES and record.cluster:
                 key = f"{record.tenant}/{record.name}"
                 self._keep(Kept(Placement(key, record.cluster, ()), record.updated_at))
                 kept += 1
@@ -142,4 +142,4 @@ class FinishedPods:
                 await self.sweep(delete)
 
 
-__all__ = ["ENDED_RUNS", "MAX_KEPT", "SWEEP_SECONDS", "Delete", "FinishedPods", "Kept"]
+__all__ = ["FINISHED_STATES", "MAX_KEPT", "SWEEP_SECONDS", "Delete", "FinishedPods", "Kept"]

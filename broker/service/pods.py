@@ -24,12 +24,11 @@ from broker.ports import (
     PodRow,
 )
 from broker.service.admission import Admission, Conflict, NotFound
-from broker.service.finished_pods import MAX_KEPT
+from broker.service.finished_pods import FINISHED_STATES, MAX_KEPT
 from broker.service.state import Shared
 from broker.store import JobRecord
 
 SHOWN_STATES = ("Placed", "Running", "Succeeded", "Failed")
-FINISHED_STATES = ("Succeeded", "Failed")
 
 
 class JobPods:
@@ -71,8 +70,9 @@ class JobPods:
                 "(retention.finishedPodsSeconds)"
             )
         raise NotFound(
-            f"{finished}; its pods are no longer in the cluster (deleted by someone else, or "
-            f"early, as more than {MAX_KEPT:,} finished jobs' pods were kept)"
+            f"{finished}; its pods are no longer in the cluster (deleted by someone else, lost "
+            "with a simulated member when the broker restarted, or deleted early: more than "
+            f"{MAX_KEPT:,} finished jobs' pods were kept)"
         )
 
     async def pods(self, tenant: str, name: str) -> list[PodRow]:
@@ -103,4 +103,4 @@ class JobPods:
         return await reader.logs(cluster, spec, request)
 
 
-__all__ = ["FINISHED_STATES", "SHOWN_STATES", "JobPods"]
+__all__ = ["SHOWN_STATES", "JobPods"]
