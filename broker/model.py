@@ -195,7 +195,9 @@ class PodSet:
             self.topology.check(self.name, self.count)
 
 
-PolicyName = Literal["auto", "gang", "binpack", "spread", "firstfit", "random", "fgd", "fgd-cpu"]
+PolicyName = Literal[
+    "auto", "gang", "binpack", "spread", "firstfit", "random", "fgd", "fgd-cpu", "fgd-lp"
+]
 
 
 @dataclass(frozen=True, slots=True)

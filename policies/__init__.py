@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from broker.model import CapacitySnapshot, Job, Placement, Unplaceable
 from policies.fgd import DEFAULT_WORKLOAD, PodShape, fgd
 from policies.fgd_cpu import fgd_cpu
+from policies.fgd_lp import fgd_lp
 from policies.fgd_share import fgd_share
 from policies.framework import Policy
 from policies.gang import GangPolicy
@@ -24,6 +25,7 @@ POLICY_NAMES = (
     "fgd",
     "fgd-share",
     "fgd-cpu",
+    "fgd-lp",
     "kube-default",
 )
 
@@ -66,6 +68,8 @@ def make_policy(
             return fgd_share(workload or DEFAULT_WORKLOAD)
         case "fgd-cpu":
             return fgd_cpu(workload or DEFAULT_WORKLOAD)
+        case "fgd-lp":
+            return fgd_lp(workload or DEFAULT_WORKLOAD)
         case "kube-default":
             return kube_default()
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")

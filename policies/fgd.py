@@ -150,9 +150,9 @@ class FgdChooser:
         # a number (the workload's tuple would be hashed again for every group and call).
         self._tag = _TAGS.setdefault((type(self), self.frag.workload), next(_TAG_NUMBERS))
 
-    def score(self, state: NodeState, res: Resources) -> tuple[int, tuple[int, ...]] | None:
-        """FGD's integer score of placing ``res`` on ``state`` and the GPUs it takes there,
-        or None when it does not fit."""
+    def score(self, state: NodeState, res: Resources) -> tuple[float, tuple[int, ...]] | None:
+        """FGD's integer score of placing ``res`` on ``state`` (a variant may change it) and
+        the GPUs it takes there, or None when it does not fit."""
         gpus = state.gpus_for(res)  # also filters CPU, memory and GPU fit
         if gpus is None:
             return None

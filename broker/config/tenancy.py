@@ -12,10 +12,10 @@ from broker.config.auth import BearerTokenRef, StaticToken
 from broker.config.section import Section
 from broker.manifest import MAX_PRIORITY, DnsLabel, GpuTypeName
 
-# The policy of a queue's jobs that ask for ``auto``. fgd and fgd-cpu pack shared and small
-# pods best and cost about three binpack decisions (docs/benchmarks.md); the baselines
+# The policy of a queue's jobs that ask for ``auto``. The fgd family packs shared and small
+# pods best and costs about three binpack decisions (docs/benchmarks.md); the baselines
 # (spread, firstfit, random) and kube-default are for the simulator.
-QueuePolicy = Literal["gang", "binpack", "auto", "fgd", "fgd-cpu"]
+QueuePolicy = Literal["gang", "binpack", "auto", "fgd", "fgd-cpu", "fgd-lp"]
 # Kubernetes' Pod Security Standards levels, as the Pod Security Admission labels spell them.
 PodSecurityLevel = Literal["privileged", "baseline", "restricted"]
 # A RuntimeClass's name (a DNS-1123 subdomain) and a taint's key (a qualified name).

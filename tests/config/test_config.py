@@ -122,11 +122,12 @@ def test_defaults_follow_the_design() -> None:
     ]  # fmt: skip
 
 
-def test_a_queue_may_place_its_jobs_by_fgd_cpu() -> None:
-    config = parse_config("queues: [{name: inference, policy: fgd-cpu}]", "q.yaml", {})
+@pytest.mark.parametrize("policy", ["fgd-cpu", "fgd-lp"])
+def test_a_queue_may_place_its_jobs_by_an_fgd_policy(policy: str) -> None:
+    config = parse_config(f"queues: [{{name: inference, policy: {policy}}}]", "q.yaml", {})
     book = PolicyBook(JobQueue([QueueSpec(q.name, q.policy) for q in config.queues]))
     job = Job("j", (PodSet("p", 1, Resources(gpu_milli=500, cpu_milli=1000)),), queue="inference")
-    assert book.for_job(Pending(job, 0, 0.0)).name == "fgd-cpu"  # the job asks for auto
+    assert book.for_job(Pending(job, 0, 0.0)).name == policy  # the job asks for auto
 
 
 def test_a_tenants_node_access_is_its_runtime_classes_and_the_reserved_taints() -> None:
@@ -160,7 +161,7 @@ ERRORS: list[tuple[str, str, str]] = [
      "queues[1].quota.A100", "must be >= 0"),
     ("queues: [{name: a, quota: {A 100: 1}}]", 'queues[0].quota["A 100"]', "key "),
     ("queues: [{name: a, weight: 0}]", "queues[0].weight", "must be > 0"),
-    ("queues: [{name: a, policy: spread}]", "queues[0].policy", "'auto', 'fgd' or 'fgd-cpu'"),
+    ("queues: [{name: a, policy: spread}]", "queues[0].policy", "'fgd-cpu' or 'fgd-lp'"),
     ("queues: [{name: a}, {name: a}]", "queues[1].name", "duplicate name 'a'"),
     ("queues: [{name: Training}]", "queues[0].name", "DNS-1123"),
     ("queues: [{name: a, borrow: yes please}]", "queues[0].borrow", "must be a boolean"),

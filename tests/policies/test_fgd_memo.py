@@ -15,6 +15,7 @@ from broker.model import GpuType, Job, Node, NodeGroup, Placement, PodSet, Resou
 from broker.sim.fill import federation
 from policies.fgd import FgdChooser, PodShape
 from policies.fgd_cpu import FgdCpuChooser
+from policies.fgd_lp import FgdLpChooser
 from policies.fgd_share import FgdShareChooser
 from policies.framework import Choice, Overlay, candidate_states
 from policies.scoring import NodeScoringPolicy, by_name
@@ -72,7 +73,7 @@ _JOBS = st.lists(
 @given(
     spec=_NODES,
     jobs=_JOBS,
-    cls=st.sampled_from([FgdChooser, FgdShareChooser, FgdCpuChooser]),
+    cls=st.sampled_from([FgdChooser, FgdShareChooser, FgdCpuChooser, FgdLpChooser]),
 )
 def test_memoised_choices_are_those_of_scoring_every_node_afresh(
     spec: list[tuple[int, int, int, str]],

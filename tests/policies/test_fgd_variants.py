@@ -39,7 +39,7 @@ def placements(policy: str, seed: int) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-VARIANTS = ("fgd-share", "fgd-cpu")
+VARIANTS = ("fgd-share", "fgd-cpu", "fgd-lp")
 
 
 @pytest.mark.parametrize("policy", VARIANTS)

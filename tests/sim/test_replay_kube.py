@@ -148,4 +148,7 @@ def test_simulate_help_lists_kube_default(capsys: pytest.CaptureFixture[str]) ->
     assert done.value.code == 0
     # argparse wraps lines at hyphens too: compare without the breaks.
     text = "".join(capsys.readouterr().out.split())
-    assert "fgd,fgd-share,fgd-cpu,kube-default;kube-defaultiskube-scheduler'sdefaultprofile" in text
+    assert (
+        "fgd,fgd-share,fgd-cpu,fgd-lp,kube-default;kube-defaultiskube-scheduler'sdefaultprofile"
+        in text
+    )
