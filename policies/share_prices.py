@@ -20,12 +20,16 @@ mix cannot fill as well: a 230-milli pod beside a 650-milli one, where a 320 wou
 
 The programme is solved by column generation: start from one pattern per size (as many of
 it as fit), read the prices, let the knapsack find the pattern they undervalue most, add it,
-and pivot on (revised simplex, exact fractions, Bland's rule) until no pattern is worth more
-than a GPU. Pure and deterministic: the same mix gives the same prices.
+and pivot on (revised simplex with an explicit basis inverse, Bland's rule) until no pattern
+is worth more than a GPU. The pivots run in floats, which keeps a mix of a hundred sizes
+under a second; the prices are then read back as the nearest fractions, and everything after
+(what a GPU can still hold, what a placement loses) is exact, so placements that lose the
+same tie exactly. Pure and deterministic: the same mix gives the same prices.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -33,10 +37,13 @@ from functools import lru_cache
 
 from broker.model import MILLI_PER_GPU
 
-# A safety net only: column generation for a few dozen sizes ends in tens of pivots.
+# A safety net only: column generation for a hundred sizes ends in a few hundred pivots.
 _MAX_PIVOTS = 10_000
-# Demands are popularities (floats); as fractions they keep this many digits.
-_DEMAND_DENOMINATOR = 10**6
+# Below this a reduced cost or a ratio is rounding, not a difference.
+_EPS = 1e-9
+# Prices and amounts are fractions with small denominators (a basis of patterns of small
+# counts); read back from floats as the nearest fraction with at most this denominator.
+_DENOMINATOR = 10**6
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,53 +66,57 @@ def lp_packing(demand: Mapping[int, float]) -> SharePacking:
     items = tuple(sorted((s, d) for s, d in demand.items() if d > 0 and 0 < s < MILLI_PER_GPU))
     sizes, prices, basis, x = _solve(items)
     return SharePacking(
-        dict(zip(sizes, prices, strict=True)),
+        {s: _fraction(p) for s, p in zip(sizes, prices, strict=True)},
         tuple(
-            ({s: a for s, a in zip(sizes, col, strict=True) if a}, amount)
+            ({s: a for s, a in zip(sizes, col, strict=True) if a}, _fraction(amount))
             for col, amount in zip(basis, x, strict=True)
-            if amount
+            if _fraction(amount)
         ),
     )
+
+
+def _fraction(value: float) -> Fraction:
+    return max(Fraction(0), Fraction(value).limit_denominator(_DENOMINATOR))
 
 
 @lru_cache(maxsize=64)
 def _solve(
     items: tuple[tuple[int, float], ...],
-) -> tuple[list[int], list[Fraction], list[list[int]], list[Fraction]]:
+) -> tuple[list[int], list[float], list[list[int]], list[float]]:
     sizes = [s for s, _ in items]
-    d = [Fraction(x).limit_denominator(_DEMAND_DENOMINATOR) for _, x in items]
     n = len(sizes)
+    if not n:
+        return [], [], [], []
     # The basis starts as the single-size patterns: pattern i holds k_i pods of size i.
     basis = [[MILLI_PER_GPU // s if j == i else 0 for j in range(n)] for i, s in enumerate(sizes)]
-    inverse = [
-        [Fraction(1, col[i]) if j == i else Fraction(0) for j in range(n)]
-        for i, col in enumerate(basis)
-    ]
-    x = [inverse[i][i] * d[i] for i in range(n)]
+    inverse = [[1 / col[i] if j == i else 0.0 for j in range(n)] for i, col in enumerate(basis)]
+    x = [inverse[i][i] * d for i, (_, d) in enumerate(items)]
+    knapsack = _Knapsack(sizes)
     for _ in range(_MAX_PIVOTS):
-        y = _duals(inverse)
-        column = _best_pattern(sizes, y)
-        if sum(a * p for a, p in zip(column, y, strict=True)) <= 1:
+        column, worth = knapsack.best(_duals(inverse))
+        if worth <= 1 + _EPS:
             break
         _pivot(inverse, x, basis, column)
     return sizes, _duals(inverse), basis, x
 
 
-def _duals(inverse: list[list[Fraction]]) -> list[Fraction]:
+def _duals(inverse: list[list[float]]) -> list[float]:
     """y = c_B B^-1 with every pattern costing one GPU: the column sums of B^-1, where row
     i of ``inverse`` is the row of B^-1 for the basic pattern i."""
-    n = len(inverse)
-    return [sum((inverse[i][j] for i in range(n)), Fraction(0)) for j in range(n)]
+    return [sum(column) for column in zip(*inverse, strict=True)]
 
 
 def _pivot(
-    inverse: list[list[Fraction]], x: list[Fraction], basis: list[list[int]], column: list[int]
+    inverse: list[list[float]], x: list[float], basis: list[list[int]], column: list[int]
 ) -> None:
     """Bring ``column`` into the basis (the ratio test's leaving pattern: the smallest
     ratio, then the lowest position, Bland's rule) and update B^-1 and the solution."""
     n = len(inverse)
-    u = [sum((inverse[i][j] * column[j] for j in range(n)), Fraction(0)) for i in range(n)]
-    leaving = min((x[i] / u[i], i) for i in range(n) if u[i] > 0)[1]
+    u = [sum(row[j] * column[j] for j in range(n) if column[j]) for row in inverse]
+    leaving, ratio = -1, math.inf
+    for i in range(n):
+        if u[i] > _EPS and x[i] / u[i] < ratio - _EPS:
+            leaving, ratio = i, x[i] / u[i]
     pivot = u[leaving]
     inverse[leaving] = [v / pivot for v in inverse[leaving]]
     x[leaving] /= pivot
@@ -117,54 +128,76 @@ def _pivot(
     basis[leaving] = column
 
 
-def _best_pattern(sizes: list[int], y: list[Fraction]) -> list[int]:
-    """The pattern the prices value most (unbounded knapsack over one GPU's milli, in
-    floats to find it; the caller checks its worth exactly)."""
-    value = [0.0] * (MILLI_PER_GPU + 1)
-    last = [-1] * (MILLI_PER_GPU + 1)
-    prices = [float(p) for p in y]
-    for f in range(1, MILLI_PER_GPU + 1):
-        value[f], last[f] = value[f - 1], -1
-        for i, s in enumerate(sizes):
-            if s <= f and prices[i] > 0 and value[f - s] + prices[i] > value[f] + 1e-12:
-                value[f], last[f] = value[f - s] + prices[i], i
-    counts = [0] * len(sizes)
-    f = MILLI_PER_GPU
-    while f > 0:
-        if last[f] < 0:
-            f -= 1
-        else:
-            counts[last[f]] += 1
-            f -= sizes[last[f]]
-    return counts
+class _Knapsack:
+    """The pattern that prices value most: an unbounded knapsack over one GPU, counted in
+    the sizes' greatest common divisor (10 milli for openb: a hundred cells, not 1000)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.unit = math.gcd(*sizes)
+        self.cells = MILLI_PER_GPU // self.unit
+        self.steps = [s // self.unit for s in sizes]
+
+    def best(self, prices: list[float]) -> tuple[list[int], float]:
+        value = [0.0] * (self.cells + 1)
+        last = [-1] * (self.cells + 1)
+        items = [
+            (i, step, p)
+            for i, (step, p) in enumerate(zip(self.steps, prices, strict=True))
+            if p > 0
+        ]
+        for f in range(1, self.cells + 1):
+            best, took = value[f - 1], -1
+            for i, step, p in items:
+                if step <= f and value[f - step] + p > best + 1e-12:
+                    best, took = value[f - step] + p, i
+            value[f], last[f] = best, took
+        counts = [0] * len(self.steps)
+        f = self.cells
+        while f > 0:
+            if last[f] < 0:
+                f -= 1
+            else:
+                counts[last[f]] += 1
+                f -= self.steps[last[f]]
+        return counts, value[self.cells]
 
 
 class ShareLoss:
     """The pattern value a shared pod loses on a GPU with ``free`` milli: K(f) - y_s - K(f-s),
-    exactly, in milli of a GPU."""
+    exactly, in milli of a GPU. K is counted in the priced sizes' greatest common divisor:
+    no set of them fills the milli below the next multiple."""
 
     def __init__(self, prices: Mapping[int, Fraction]) -> None:
         self.prices = dict(prices)
+        priced = [s for s, p in self.prices.items() if p > 0]
+        self._unit = math.gcd(*priced) if priced else MILLI_PER_GPU
         self._worth = self._knapsack()
         self._tables: dict[int, list[float]] = {}
 
     def _knapsack(self) -> list[Fraction]:
-        worth = [Fraction(0)] * (MILLI_PER_GPU + 1)
-        for f in range(1, MILLI_PER_GPU + 1):
+        unit = self._unit
+        items = [(s // unit, p) for s, p in self.prices.items() if p > 0]
+        worth = [Fraction(0)] * (MILLI_PER_GPU // unit + 1)
+        for f in range(1, len(worth)):
             best = worth[f - 1]
-            for s, p in self.prices.items():
-                if s <= f and p > 0 and worth[f - s] + p > best:
-                    best = worth[f - s] + p
+            for step, p in items:
+                if step <= f and worth[f - step] + p > best:
+                    best = worth[f - step] + p
             worth[f] = best
         return worth
+
+    def worth(self, free: int) -> Fraction:
+        """K(free): the most the prices say ``free`` milli of one GPU can still hold."""
+        return self._worth[free // self._unit]
 
     def milli(self, free: int, size: int) -> float:
         table = self._tables.get(size)
         if table is None:
             price = self.prices.get(size, Fraction(0))
-            worth = self._worth
             table = self._tables[size] = [
-                float(MILLI_PER_GPU * (worth[f] - price - worth[f - size])) if f >= size else 0.0
+                float(MILLI_PER_GPU * (self.worth(f) - price - self.worth(f - size)))
+                if f >= size
+                else 0.0
                 for f in range(MILLI_PER_GPU + 1)
             ]
         return table[free]

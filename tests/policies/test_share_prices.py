@@ -65,6 +65,28 @@ def test_the_prices_and_the_packing_are_both_optimal(mix: dict[int, int]) -> Non
     assert gpus == sum(packing.prices[s] * n for s, n in mix.items())
 
 
+def _most_a_gpu_holds(prices: dict[int, Fraction]) -> Fraction:
+    """The best pattern's worth at ``prices`` (an unbounded knapsack over 1000 milli)."""
+    worth = [Fraction(0)] * 1001
+    for f in range(1, 1001):
+        worth[f] = max([worth[f - 1]] + [worth[f - s] + p for s, p in prices.items() if s <= f])
+    return worth[1000]
+
+
+@settings(max_examples=15, deadline=None)
+@given(mix=st.dictionaries(st.integers(1, 999), st.floats(0.001, 1.0), min_size=6, max_size=40))
+def test_a_mix_of_many_sizes_is_solved_to_optimality(mix: dict[int, float]) -> None:
+    # Too many patterns to list: dual feasibility by a knapsack, optimality by equal values.
+    packing = lp_packing(mix)
+    assert _most_a_gpu_holds(packing.prices) <= 1 + Fraction(1, 10**6)
+    for size, demand in mix.items():
+        covered = sum((p.get(size, 0) * x for p, x in packing.patterns), Fraction(0))
+        assert covered >= Fraction(demand) - Fraction(1, 10**6), size
+    gpus = sum((x for _, x in packing.patterns), Fraction(0))
+    worth = sum((packing.prices[s] * Fraction(d) for s, d in mix.items()), Fraction(0))
+    assert abs(gpus - worth) <= Fraction(1, 10**5) * max(gpus, Fraction(1))
+
+
 PRICES = {
     650: Fraction(2, 3),
     550: Fraction(2, 3),
