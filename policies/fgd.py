@@ -165,15 +165,18 @@ class FgdChooser:
                 frees[i] = 0
             after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
             return _sigmoid_score(before - after), gpus
-        fullest = self.fullest_shared_first
-        best: tuple[tuple[int, int], int] | None = None
+        fullest, size = self.fullest_shared_first, res.gpu_milli
+        best: tuple[tuple[float, int], int] | None = None
         for i, free in enumerate(state.gpu_free):
-            if free < res.gpu_milli:
+            if free < size:
                 continue
-            frees[i] = free - res.gpu_milli
+            frees[i] = free - size
             after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
             frees[i] = free
-            rank = (_sigmoid_score(before - after), -free if fullest else 0)
+            rank = (
+                _sigmoid_score(before - after) - self.gpu_cost(free, size),
+                -free if fullest else 0,
+            )
             if best is None or rank > best[0]:
                 best = (rank, i)
         return None if best is None else (best[0][0], (best[1],))
@@ -247,6 +250,11 @@ class FgdChooser:
 
     def penalty(self, state: NodeState, res: Resources) -> float:
         """What a variant takes off a node's score besides FGD's (``fgd``: nothing)."""
+        return 0.0
+
+    def gpu_cost(self, free: int, size: int) -> float:
+        """What a variant takes off FGD's score for a shared pod of ``size`` milli on a GPU
+        with ``free`` milli (``fgd``: nothing)."""
         return 0.0
 
 

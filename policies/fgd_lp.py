@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker.model import MILLI_PER_GPU, NodeState, Resources
-from policies.fgd import DEFAULT_WORKLOAD, PodShape, _sigmoid_score
+from broker.model import MILLI_PER_GPU
+from policies.fgd import DEFAULT_WORKLOAD, PodShape
 from policies.fgd_cpu import FgdCpuChooser
 from policies.scoring import NodeScoringPolicy, by_name
 from policies.share_prices import ShareLoss, lp_prices
@@ -48,30 +48,8 @@ class FgdLpChooser(FgdCpuChooser):
         super().__init__(workload)
         self.loss = ShareLoss(lp_prices(share_mix(self.frag.workload)))
 
-    def score(self, state: NodeState, res: Resources) -> tuple[float, tuple[int, ...]] | None:
-        """FGD's score less the pattern value lost, for a shared pod on its best GPU;
-        ``fgd``'s for any other pod."""
-        if not res.shared:
-            return super().score(state, res)
-        if state.gpus_for(res) is None:  # CPU, memory and GPU type
-            return None
-        gpu_type, size = state.node.gpu_type, res.gpu_milli
-        before = self.frag.of(gpu_type, state.cpu_free, tuple(sorted(state.gpu_free)))
-        cpu_after = state.cpu_free - res.cpu_milli
-        frees = list(state.gpu_free)
-        best: tuple[float, int] | None = None
-        for i, free in enumerate(state.gpu_free):
-            if free < size:
-                continue
-            frees[i] = free - size
-            after = self.frag.of(gpu_type, cpu_after, tuple(sorted(frees)))
-            frees[i] = free
-            value = _sigmoid_score(before - after) - _POINTS_PER_LOST_MILLI * self.loss.milli(
-                free, size
-            )
-            if best is None or value > best[0]:
-                best = (value, i)
-        return None if best is None else (best[0], (best[1],))
+    def gpu_cost(self, free: int, size: int) -> float:
+        return _POINTS_PER_LOST_MILLI * self.loss.milli(free, size)
 
 
 def fgd_lp(workload: Sequence[tuple[PodShape, float]] = DEFAULT_WORKLOAD) -> NodeScoringPolicy:
