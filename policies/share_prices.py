@@ -41,8 +41,8 @@ from broker.model import MILLI_PER_GPU
 _MAX_PIVOTS = 10_000
 # Below this a reduced cost or a ratio is rounding, not a difference.
 _EPS = 1e-9
-# Prices and amounts are fractions with small denominators (a basis of patterns of small
-# counts); read back from floats as the nearest fraction with at most this denominator.
+# Prices and amounts are mostly fractions with small denominators (a basis of patterns of
+# small counts); read back from floats as the nearest fraction with at most this denominator.
 _DENOMINATOR = 10**6
 
 
@@ -76,7 +76,12 @@ def lp_packing(demand: Mapping[int, float]) -> SharePacking:
 
 
 def _fraction(value: float) -> Fraction:
-    return max(Fraction(0), Fraction(value).limit_denominator(_DENOMINATOR))
+    """``value`` as the nearest fraction of small denominator where that is ``value`` up to
+    rounding (prices and amounts are mostly ratios of small counts), else exactly."""
+    if value <= 0:
+        return Fraction(0)
+    near = Fraction(value).limit_denominator(_DENOMINATOR)
+    return near if abs(float(near) - value) <= 1e-12 * value else Fraction(value)
 
 
 @lru_cache(maxsize=64)
