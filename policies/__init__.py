@@ -29,6 +29,9 @@ POLICY_NAMES = (
     "kube-default",
 )
 
+# The policies placed against a workload (a pod shape distribution): the fgd family.
+WORKLOAD_POLICIES = frozenset({"fgd", "fgd-share", "fgd-cpu", "fgd-lp"})
+
 
 class AutoPolicy:
     """Gang for jobs of more than one pod, binpack for single pods. (Which policy a queue
@@ -75,4 +78,4 @@ def make_policy(
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 
-__all__ = ["POLICY_NAMES", "AutoPolicy", "Policy", "make_policy"]
+__all__ = ["POLICY_NAMES", "WORKLOAD_POLICIES", "AutoPolicy", "Policy", "make_policy"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -66,7 +66,13 @@ def popular_shapes(
 ) -> tuple[tuple[PodShape, float], ...]:
     """The most frequent shapes covering at least ``coverage`` of the pods (the shape that
     crosses the line is kept), each with its popularity among the kept ones."""
-    counts = Counter(shapes)
+    return popular_of_counts(Counter(shapes), coverage)
+
+
+def popular_of_counts(
+    counts: Mapping[PodShape, int], coverage: float = 0.95
+) -> tuple[tuple[PodShape, float], ...]:
+    """``popular_shapes`` of pods already counted by shape."""
     total = sum(counts.values())
     kept: list[tuple[PodShape, int]] = []
     covered = 0
@@ -98,6 +104,8 @@ _MEMO_LIMIT = 2_000_000
 # One number per (chooser class, workload): instances alike share their view memo entries.
 _TAGS: dict[tuple[type, tuple[tuple[PodShape, float], ...]], int] = {}
 _TAG_NUMBERS = itertools.count()
+# The service makes a policy again when its learnt pod mix moves: one entry each.
+_TAGS_LIMIT = 1_000
 
 
 class Fragmentation:
@@ -148,6 +156,8 @@ class FgdChooser:
         self._memo_size = 0
         # What names this chooser's entries in the views' memos: its kind and workload, as
         # a number (the workload's tuple would be hashed again for every group and call).
+        if len(_TAGS) > _TAGS_LIMIT:  # new numbers never reuse old ones: forgetting is safe
+            _TAGS.clear()
         self._tag = _TAGS.setdefault((type(self), self.frag.workload), next(_TAG_NUMBERS))
 
     def score(self, state: NodeState, res: Resources) -> tuple[float, tuple[int, ...]] | None:

@@ -22,7 +22,7 @@ The programme is solved by column generation: start from one pattern per size (a
 it as fit), read the prices, let the knapsack find the pattern they undervalue most, add it,
 and pivot on (revised simplex with an explicit basis inverse, Bland's rule) until no pattern
 is worth more than a GPU. The pivots run in floats, which keeps a mix of a hundred sizes
-under a second; the prices are then read back as the nearest fractions, and everything after
+to about a second; the prices are then read back as the nearest fractions, and everything after
 (what a GPU can still hold, what a placement loses) is exact, so placements that lose the
 same tie exactly. Pure and deterministic: the same mix gives the same prices.
 """

@@ -38,6 +38,7 @@ from broker.core.decide import decide
 from broker.core.holds import Holds, hidden_with, nodes_to_hold
 from broker.core.ledger import ConflictError, Ledger
 from broker.core.lifecycle import Launch, Lifecycle, Outcome
+from broker.core.pod_mix import PodMix
 from broker.core.preemption import choose_victims
 from broker.core.queue import JobQueue, Ordering, Pending, gpu_milli_by_type
 from broker.core.shapes import UnplaceableShapes, shape_of
@@ -50,7 +51,7 @@ from broker.model import (
     ReasonCode,
     Unplaceable,
 )
-from policies import Policy, make_policy
+from policies import WORKLOAD_POLICIES, Policy, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,28 +85,35 @@ class CycleResult:
 
 class PolicyBook:
     """The one per-queue choice of policy: the job's own unless ``auto``, else its queue's
-    (which may be ``auto`` too: gang or binpack by the job's size). One instance per name."""
+    (which may be ``auto`` too: gang or binpack by the job's size). One instance per name;
+    the fgd family's is made again when the pod mix it places against has moved."""
 
-    def __init__(self, queue: JobQueue, seed: int = 0) -> None:
+    def __init__(self, queue: JobQueue, seed: int = 0, mix: PodMix | None = None) -> None:
         self._queue = queue
         self._seed = seed
-        self._made: dict[str, Policy] = {}
+        self.mix = mix if mix is not None else PodMix()
+        self._made: dict[str, tuple[int, Policy]] = {}
 
     def name_for(self, pending: Pending) -> str:
         name: str = pending.job.policy
         return self._queue.spec(pending.job.queue).policy if name == "auto" else name
 
     def for_job(self, pending: Pending) -> Policy:
+        self.mix.observe(pending.job)
         name = self.name_for(pending)
-        policy = self._made.get(name)
-        if policy is None:
-            policy = self._made[name] = make_policy(name, self._seed)
-        return policy
+        version = self.mix.version if name in WORKLOAD_POLICIES else 0
+        made = self._made.get(name)
+        if made is None or made[0] != version:
+            made = self._made[name] = (version, self._make(name))
+        return made[1]
 
     def fresh(self, pending: Pending) -> Policy:
         """A new instance of the policy ``for_job`` gives, sharing no memo and no random
         generator with the cycle's: for a dry run in another thread."""
-        return make_policy(self.name_for(pending), self._seed)
+        return self._make(self.name_for(pending))
+
+    def _make(self, name: str) -> Policy:
+        return make_policy(name, self._seed, self.mix.workload)
 
 
 def federation_capacity(snapshot: CapacitySnapshot) -> tuple[dict[str, int], dict[str, int]]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from broker.core.decide import decide
 from broker.model import GpuType, Job, Node, NodeGroup, Placement, PodSet, Resources
 from broker.sim.fill import federation
-from policies.fgd import FgdChooser, PodShape
+from policies.fgd import _TAGS, _TAGS_LIMIT, FgdChooser, PodShape
 from policies.fgd_cpu import FgdCpuChooser
 from policies.fgd_lp import FgdLpChooser
 from policies.fgd_share import FgdShareChooser
@@ -102,3 +102,11 @@ def test_memoised_choices_are_those_of_scoring_every_node_afresh(
             ledger.assume(got)
             placed += 1
     assert placed or jobs[0][3] > 1  # a single first pod always fits the big node
+
+
+def test_choosers_made_again_and_again_keep_distinct_tags_and_a_bounded_table() -> None:
+    # The service makes an fgd policy again whenever its pod mix moves: the table naming
+    # the choosers' view-memo entries is forgotten past its limit, never reused.
+    tags = [FgdChooser(((PodShape(1000 + i, 1000, 1), 1.0),))._tag for i in range(1_050)]
+    assert len(set(tags)) == len(tags)
+    assert len(_TAGS) <= _TAGS_LIMIT + 1
