@@ -30,10 +30,11 @@ same tie exactly. Pure and deterministic: the same mix gives the same prices.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import TypeVar
 
 from broker.model import MILLI_PER_GPU
 
@@ -65,12 +66,13 @@ def lp_packing(demand: Mapping[int, float]) -> SharePacking:
     """The cutting-stock programme of ``demand``, solved: prices and packing."""
     items = tuple(sorted((s, d) for s, d in demand.items() if d > 0 and 0 < s < MILLI_PER_GPU))
     sizes, prices, basis, x = _solve(items)
+    amounts = [_fraction(amount) for amount in x]
     return SharePacking(
         {s: _fraction(p) for s, p in zip(sizes, prices, strict=True)},
         tuple(
-            ({s: a for s, a in zip(sizes, col, strict=True) if a}, _fraction(amount))
-            for col, amount in zip(basis, x, strict=True)
-            if _fraction(amount)
+            ({s: a for s, a in zip(sizes, col, strict=True) if a}, amount)
+            for col, amount in zip(basis, amounts, strict=True)
+            if amount
         ),
     )
 
@@ -133,29 +135,37 @@ def _pivot(
     basis[leaving] = column
 
 
+N = TypeVar("N", float, Fraction)
+
+
+def _knapsack(
+    steps: Sequence[int], prices: Sequence[N], cells: int, zero: N, slack: N
+) -> tuple[list[N], list[int]]:
+    """An unbounded knapsack over ``cells``: the most ``prices`` fit in f cells, for every f,
+    and the item taken last for it (-1: none). ``slack``: how much more counts as more."""
+    value = [zero] * (cells + 1)
+    last = [-1] * (cells + 1)
+    items = [(i, step, p) for i, (step, p) in enumerate(zip(steps, prices, strict=True)) if p > 0]
+    for f in range(1, cells + 1):
+        best, took = value[f - 1], -1
+        for i, step, p in items:
+            if step <= f and value[f - step] + p > best + slack:
+                best, took = value[f - step] + p, i
+        value[f], last[f] = best, took
+    return value, last
+
+
 class _Knapsack:
-    """The pattern that prices value most: an unbounded knapsack over one GPU, counted in
-    the sizes' greatest common divisor (10 milli for openb: a hundred cells, not 1000)."""
+    """The pattern that prices value most: the knapsack over one GPU, counted in the sizes'
+    greatest common divisor (10 milli for openb: a hundred cells, not 1000), in floats."""
 
     def __init__(self, sizes: list[int]) -> None:
-        self.unit = math.gcd(*sizes)
-        self.cells = MILLI_PER_GPU // self.unit
-        self.steps = [s // self.unit for s in sizes]
+        unit = math.gcd(*sizes)
+        self.cells = MILLI_PER_GPU // unit
+        self.steps = [s // unit for s in sizes]
 
     def best(self, prices: list[float]) -> tuple[list[int], float]:
-        value = [0.0] * (self.cells + 1)
-        last = [-1] * (self.cells + 1)
-        items = [
-            (i, step, p)
-            for i, (step, p) in enumerate(zip(self.steps, prices, strict=True))
-            if p > 0
-        ]
-        for f in range(1, self.cells + 1):
-            best, took = value[f - 1], -1
-            for i, step, p in items:
-                if step <= f and value[f - step] + p > best + 1e-12:
-                    best, took = value[f - step] + p, i
-            value[f], last[f] = best, took
+        value, last = _knapsack(self.steps, prices, self.cells, 0.0, 1e-12)
         counts = [0] * len(self.steps)
         f = self.cells
         while f > 0:
@@ -176,20 +186,11 @@ class ShareLoss:
         self.prices = dict(prices)
         priced = [s for s, p in self.prices.items() if p > 0]
         self._unit = math.gcd(*priced) if priced else MILLI_PER_GPU
-        self._worth = self._knapsack()
+        steps = [s // self._unit for s in self.prices]
+        cells = MILLI_PER_GPU // self._unit
+        zero = Fraction(0)
+        self._worth, _ = _knapsack(steps, list(self.prices.values()), cells, zero, zero)
         self._tables: dict[int, list[float]] = {}
-
-    def _knapsack(self) -> list[Fraction]:
-        unit = self._unit
-        items = [(s // unit, p) for s, p in self.prices.items() if p > 0]
-        worth = [Fraction(0)] * (MILLI_PER_GPU // unit + 1)
-        for f in range(1, len(worth)):
-            best = worth[f - 1]
-            for step, p in items:
-                if step <= f and worth[f - step] + p > best:
-                    best = worth[f - step] + p
-            worth[f] = best
-        return worth
 
     def worth(self, free: int) -> Fraction:
         """K(free): the most the prices say ``free`` milli of one GPU can still hold."""
